@@ -1,0 +1,31 @@
+# The two commands a fresh machine needs: `make sweep` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: install sweep test test-fast lint bench clean
+
+# One pip command, as the stack notes say: installing in steps lets later packages
+# downgrade pyarrow / python-dateutil. torch stays pinned in pyproject.toml (CPU wheel).
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	DS_BUILD_OPS=0 $(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+sweep: install
+	$(PY) jobs/sifter_sweep.py --preset smoke $(ARGS)
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: install
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf outputs mlruns .pytest_cache

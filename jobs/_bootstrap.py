@@ -1,0 +1,36 @@
+"""Shared start-up for every entry point in jobs/ (kept tiny on purpose).
+
+``python jobs/x.py`` puts ``jobs/`` on ``sys.path``, not the repo root, and on a Ray cluster
+the project is a ``--working-dir`` copy rather than an installed package; so the repo root is
+put on the path here. ``run(main)`` turns a :class:`SieveError` into one line on stderr and
+exit code 2, with no traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def run(main) -> None:
+    from orchestrator.errors import SieveError
+
+    try:
+        code = main()
+    except SieveError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+    sys.exit(code or 0)

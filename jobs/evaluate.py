@@ -1,0 +1,65 @@
+"""Evaluate an encoder on the STS tasks.
+
+    python jobs/evaluate.py --model default --pooling mean \
+        --tasks sts12,sts13,sts14,sts15,sts16,stsb,sickr --json OUT.json
+    python jobs/evaluate.py --model PATH --sts-file my_pairs.tsv
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import _bootstrap
+
+
+def main() -> int:
+    from orchestrator import storage
+    from orchestrator.errors import ConfigError
+    from orchestrator.evaluation import sts
+    from orchestrator.evaluation.encode import POOLINGS, HFEncoder
+    from orchestrator.models import load_encoder
+    from orchestrator.seed import seed_everything
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="default", help="local folder, s3:// URI, or 'default'")
+    ap.add_argument("--pooling", default="mean", choices=POOLINGS)
+    ap.add_argument("--tasks", default=",".join(sts.SEVEN_TASKS), help="comma-separated; '' for none")
+    ap.add_argument("--sts-file", action="append", default=[], help="extra TSV(s) with sentence1, sentence2, score")
+    ap.add_argument("--json", help="write results here (local path or s3://)")
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--max-length", type=int, default=128)
+    ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args()
+
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    unknown = [t for t in tasks if t not in sts.TASK_FILES]
+    if unknown:
+        raise ConfigError(f"--tasks: unknown task(s) {', '.join(unknown)} (known: {', '.join(sts.TASK_FILES)})")
+    if not tasks and not args.sts_file:
+        raise ConfigError("--tasks is empty and no --sts-file given: nothing to evaluate")
+    # Validate every input file before loading the model (fail fast on bad input).
+    for f in args.sts_file:
+        sts.read_sts_tsv(f)
+
+    seed_everything(args.seed)
+    model, tokenizer = load_encoder(args.model, add_pooling_layer=args.pooling == "cls")
+    encoder = HFEncoder(model, tokenizer, pooling=args.pooling, batch_size=args.batch_size,
+                        max_length=args.max_length, progress=not args.no_progress)
+    result = sts.evaluate(encoder, tasks, extra_files=args.sts_file)
+    result = {"model": args.model, "pooling": args.pooling, **result}
+    print(sts.format_table(result))
+
+    import mlflow
+
+    if mlflow.active_run() is not None:
+        mlflow.log_metrics(sts.flat_metrics(result))
+    if args.json:
+        storage.write_bytes(args.json, json.dumps(result, indent=2).encode())
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    _bootstrap.run(main)

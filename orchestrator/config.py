@@ -1,0 +1,177 @@
+"""Typed configs: YAML files validated by pydantic models, with ``key=value`` overrides.
+
+Every job loads its config the same way::
+
+    cfg = load_config(SifterConfig, "configs/sifter_simcse/smoke.yaml", ["train.lr=3e-5"])
+
+Unknown keys, wrong types and missing files raise :class:`ConfigError` with one line that
+names the file and the dotted key, e.g.
+``configs/x.yaml: train.lr: Input should be a valid number, unable to parse string as a number (got 'fast')``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from orchestrator.errors import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CONFIG_DIR = REPO_ROOT / "configs"
+
+
+class StrictModel(BaseModel):
+    """Base for every config block: unknown keys are errors, not silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+
+
+Pooling = Literal["cls", "cls_before_pooler", "mean"]
+
+
+class ModelConfig(StrictModel):
+    """Which encoder to start from: ``default`` (packaged MiniLM), a local folder, or ``s3://``."""
+
+    name_or_path: str = "default"
+    max_length: int = Field(32, gt=0, le=8192)
+    pooling: Pooling = "cls_before_pooler"
+
+
+class TrackingConfig(StrictModel):
+    """MLflow: an empty ``tracking_uri`` means env ``MLFLOW_TRACKING_URI``, else the embedded store."""
+
+    tracking_uri: str | None = None
+    experiment: str = "sieve"
+    registry_model_name: str | None = None
+
+
+class StorageConfig(StrictModel):
+    """Where runs, checkpoints and augmented shards live: a local path or an ``s3://`` URI."""
+
+    uri: str = "outputs"
+
+
+class EvalConfig(StrictModel):
+    tasks: list[str] = ["sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr"]
+    batch_size: int = Field(64, gt=0)
+    max_length: int = Field(128, gt=0)
+
+
+T = TypeVar("T", bound=BaseModel)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{path}{where}: invalid YAML: {problem}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of keys, got {type(data).__name__}")
+    return data
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``a.b.c=value`` → (["a", "b", "c"], value parsed as YAML: numbers, bools, lists)."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r}: expected key=value")
+    key, _, raw = item.partition("=")
+    key = key.strip()
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {item!r}: empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str] | None) -> dict[str, Any]:
+    out = json.loads(json.dumps(data))  # deep copy of plain data
+    for item in overrides or []:
+        parts, value = parse_override(item)
+        node = out
+        for part in parts[:-1]:
+            nxt = node.get(part)
+            if nxt is None:
+                nxt = node[part] = {}
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"override {item!r}: {part} is not a mapping")
+            node = nxt
+        node[parts[-1]] = value
+    return out
+
+
+def format_validation_error(exc: ValidationError, source: str) -> str:
+    """One line per problem, prefixed with the source: the first problem is the message."""
+    lines = []
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "<root>"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif "input" in err and not isinstance(err["input"], dict | list):
+            msg = f"{msg} (got {err['input']!r})"
+        lines.append(f"{source}: {key}: {msg}")
+    if len(lines) == 1:
+        return lines[0]
+    return f"{lines[0]} (and {len(lines) - 1} more: " + "; ".join(ln.split(": ", 1)[1] for ln in lines[1:]) + ")"
+
+
+def validate(model_cls: type[T], data: dict[str, Any], source: str) -> T:
+    try:
+        return model_cls.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, source)) from None
+
+
+def resolve_config_path(path_or_preset: str | Path, method: str | None = None) -> Path:
+    """A path as given, or ``configs/<method>/<preset>.yaml`` for a bare preset name."""
+    p = Path(path_or_preset)
+    if p.suffix in {".yaml", ".yml"} or p.exists() or method is None:
+        return p
+    return CONFIG_DIR / method / f"{path_or_preset}.yaml"
+
+
+def load_config(model_cls: type[T], path: str | Path | None, overrides: list[str] | None = None) -> T:
+    """Load YAML (or start from the model's defaults when ``path`` is None), apply overrides, validate."""
+    data: dict[str, Any] = {}
+    source = "<defaults>"
+    if path is not None:
+        data = _read_yaml(Path(path))
+        source = str(path)
+    data = apply_overrides(data, overrides)
+    if overrides:
+        source = f"{source} (+ overrides)"
+    return validate(model_cls, data, source)
+
+
+def config_hash(cfg: BaseModel, *, exclude: set[str] | None = None) -> str:
+    """A short stable hash of a config (sorted JSON), for content addressing and model descriptions."""
+    blob = json.dumps(cfg.model_dump(mode="json", exclude=exclude), sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` → ``{"a.b": 1}`` (for MLflow params)."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out

@@ -1,0 +1,1 @@
+"""Evaluation harnesses (STS, and the method-specific ones as they land)."""

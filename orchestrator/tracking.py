@@ -1,0 +1,175 @@
+"""MLflow tracking and registry, with an embedded default that needs no server.
+
+* Tracking URI: the config's, else ``MLFLOW_TRACKING_URI``, else the embedded store
+  ``sqlite:///<cwd>/mlruns/mlflow.db`` with artifacts in ``<cwd>/mlruns/artifacts`` (the
+  registry works on it; ``mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db`` shows it).
+* An ``http(s)://`` server is checked before any work starts; unreachable → one line naming
+  the URI within a few seconds.
+* Params are flattened (``train.lr``) and anything that looks like a secret is redacted, by key
+  name and by value (the values of secret environment variables never leave the process).
+* Models are registered by version with aliases (``candidate``, ``champion``), never stages.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from orchestrator.config import flatten
+from orchestrator.errors import TrackingError
+
+EMBEDDED_DIRNAME = "mlruns"
+SECRET_ENV_VARS = (
+    "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID", "MLFLOW_TRACKING_PASSWORD",
+    "MLFLOW_TRACKING_TOKEN", "RAY_AUTH_TOKEN", "HF_TOKEN", "DATABRICKS_TOKEN",
+)
+_SECRET_KEY = re.compile(r"(secret|password|passwd|token|credential|api[_-]?key|access[_-]?key)", re.I)
+REDACTED = "***"
+MAX_PARAM_LEN = 6000
+
+
+def embedded_uri(base: str | Path | None = None) -> str:
+    root = Path(base or Path.cwd()) / EMBEDDED_DIRNAME
+    root.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{root.resolve() / 'mlflow.db'}"
+
+
+def embedded_artifact_root(tracking_uri: str) -> str | None:
+    """For the embedded SQLite store: ``<dir of db>/artifacts`` as a file URI."""
+    if not tracking_uri.startswith("sqlite:///"):
+        return None
+    db = Path(tracking_uri[len("sqlite:///") :])
+    return (db.parent / "artifacts").resolve().as_uri()
+
+
+def resolve_tracking_uri(configured: str | None = None) -> str:
+    return configured or os.environ.get("MLFLOW_TRACKING_URI") or embedded_uri()
+
+
+def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
+    """Fail fast, naming the URI, when an HTTP tracking server does not answer ``/health``."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    url = uri.rstrip("/") + "/health"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - http(s) only
+            if resp.status >= 500:
+                raise TrackingError(f"MLflow tracking server {uri} unhealthy (HTTP {resp.status})")
+    except urllib.error.HTTPError as exc:
+        if exc.code >= 500:
+            raise TrackingError(f"MLflow tracking server {uri} unhealthy (HTTP {exc.code})") from None
+    except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise TrackingError(f"MLflow tracking server {uri} unreachable ({reason})") from None
+
+
+def setup(tracking_uri: str | None = None, experiment: str = "sieve", *, check: bool = True) -> str:
+    """Point MLflow at the resolved URI, make sure the experiment exists; return the experiment id."""
+    import mlflow
+
+    uri = resolve_tracking_uri(tracking_uri)
+    if check:
+        check_reachable(uri)
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    try:
+        exp = mlflow.get_experiment_by_name(experiment)
+        if exp is None:
+            exp_id = mlflow.create_experiment(experiment, artifact_location=embedded_artifact_root(uri))
+        else:
+            exp_id = exp.experiment_id
+    except Exception as exc:  # noqa: BLE001
+        raise TrackingError(f"MLflow tracking server {uri}: cannot use experiment {experiment!r} ({exc})") from None
+    mlflow.set_experiment(experiment_id=exp_id)
+    return exp_id
+
+
+def secret_values() -> set[str]:
+    return {v for k in SECRET_ENV_VARS if (v := os.environ.get(k)) and len(v) >= 4}
+
+
+def redact(value: Any, key: str = "") -> Any:
+    """Hide secrets: by key name (``aws_secret``…) and by value (any secret env var's value)."""
+    if key and _SECRET_KEY.search(key.split(".")[-1]):
+        return REDACTED
+    if isinstance(value, str):
+        for secret in secret_values():
+            value = value.replace(secret, REDACTED)
+    return value
+
+
+def clean_params(params: dict[str, Any]) -> dict[str, str]:
+    out = {}
+    for k, v in flatten(params).items():
+        v = redact(v, k)
+        text = str(v) if not isinstance(v, str) else v
+        out[k] = text[:MAX_PARAM_LEN]
+    return out
+
+
+def log_params(params: dict[str, Any]) -> None:
+    import mlflow
+
+    mlflow.log_params(clean_params(params))
+
+
+def log_metrics(metrics: dict[str, float], step: int | None = None) -> None:
+    import mlflow
+
+    finite = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}
+    mlflow.log_metrics(finite, step=step)
+
+
+def log_sentence_encoder(model_dir: str | Path, name: str = "model", *, registered_name: str | None = None):
+    """Log an exported encoder folder as an MLflow sentence-transformers model (pyfunc: text → vector).
+
+    Returns the ``ModelInfo``; ``mlflow.pyfunc.load_model(info.model_uri).predict([...])`` gives
+    the embeddings, and the folder itself loads with ``SentenceTransformer``.
+    """
+    import mlflow
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(str(model_dir), device="cpu")
+    return mlflow.sentence_transformers.log_model(
+        st, name=name, registered_model_name=registered_name,
+        input_example=["A man is playing a guitar."],
+    )
+
+
+def register(model_uri: str, name: str, *, alias: str | None = None, description: str | None = None,
+             tags: dict[str, str] | None = None) -> int:
+    """Register ``model_uri`` as a new version of ``name``; optionally point ``alias`` at it."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    try:
+        mv = mlflow.register_model(model_uri, name, tags=tags)
+        client = MlflowClient()
+        if description:
+            client.update_model_version(name, mv.version, description=description)
+        if alias:
+            client.set_registered_model_alias(name, alias, mv.version)
+    except Exception as exc:  # noqa: BLE001
+        raise TrackingError(f"cannot register {model_uri} as {name!r}: {exc}") from None
+    return int(mv.version)
+
+
+def alias_version(name: str, alias: str) -> int | None:
+    """The version ``alias`` points at, or None when the alias (or model) does not exist."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return int(MlflowClient().get_model_version_by_alias(name, alias).version)
+    except MlflowException:
+        return None
+
+
+def set_alias(name: str, alias: str, version: int) -> None:
+    from mlflow import MlflowClient
+
+    MlflowClient().set_registered_model_alias(name, alias, str(version))

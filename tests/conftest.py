@@ -1,0 +1,139 @@
+"""Shared fixtures: real services on loopback, started once per test session.
+
+* ``s3_endpoint``: a real S3-compatible HTTP server (``moto_server``) on 127.0.0.1.
+* ``mlflow_server``: a real ``mlflow server`` on 127.0.0.1 with a SQLite backend.
+* ``ray_cluster``: a real local Ray head (``ray start --head``) shared by every Ray test.
+Nothing here is mocked.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode} before answering {url}")
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except Exception:  # noqa: BLE001
+            time.sleep(0.5)
+    raise TimeoutError(f"{url} did not answer within {timeout_s}s")
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(tmp_path_factory):
+    """A moto S3 server on loopback; sets the AWS env vars for this process and children."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("moto") / "moto.log"
+    proc = subprocess.Popen([str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    env = {"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "testing-key-id",
+           "AWS_SECRET_ACCESS_KEY": "testing-secret-key", "AWS_DEFAULT_REGION": "us-east-1"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        wait_http(url + "/moto-api/", 30, proc)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture
+def s3_bucket(s3_endpoint, request):
+    import re
+
+    import boto3
+
+    name = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower())[:40].strip("-")
+    name = f"test-{name}-{os.getpid()}"
+    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=name)
+    return f"s3://{name}"
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """A real MLflow tracking server on 127.0.0.1 with a SQLite store (about 20 s to start)."""
+    root = tmp_path_factory.mktemp("mlflow-server")
+    port = free_port()
+    proc = subprocess.Popen(
+        [str(BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{root / 'db.sqlite'}",
+         "--default-artifact-root", str(root / "artifacts"), "--serve-artifacts",
+         "--artifacts-destination", str(root / "artifacts"),
+         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+        stdout=open(root / "server.log", "w"), stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(url + "/health", 120, proc)
+        yield url
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(20)
+
+
+@pytest.fixture
+def embedded_tracking(tmp_path, monkeypatch):
+    """An embedded MLflow store in a fresh directory (cwd moved there)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return tmp_path
+
+
+@pytest.fixture(scope="session")
+def default_encoder():
+    from orchestrator.models import load_encoder
+
+    return load_encoder("default")
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_dir(tmp_path_factory):
+    """A tiny random BERT with MiniLM's real vocabulary, saved as a model folder (seeded)."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    from orchestrator.export import export_encoder
+    from orchestrator.models import load_tokenizer
+
+    out = tmp_path_factory.mktemp("tiny") / "tiny-bert"
+    tok = load_tokenizer("default")
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=128)
+    export_encoder(BertModel(cfg), tok, out, pooling="mean")
+    return out

@@ -1,0 +1,83 @@
+import pytest
+from pydantic import Field
+
+from orchestrator.config import (
+    ModelConfig,
+    StrictModel,
+    apply_overrides,
+    config_hash,
+    load_config,
+)
+from orchestrator.errors import ConfigError
+
+
+class Train(StrictModel):
+    lr: float = 1e-5
+    steps: int = Field(10, gt=0)
+
+
+class Cfg(StrictModel):
+    model: ModelConfig = ModelConfig()
+    train: Train = Train()
+    tags: list[str] = []
+
+
+def write(tmp_path, text):
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_loads_yaml_and_applies_overrides(tmp_path):
+    p = write(tmp_path, "train:\n  lr: 3.0e-5\nmodel:\n  pooling: mean\n")
+    cfg = load_config(Cfg, p, ["train.steps=7", "tags=[a, b]", "model.name_or_path=/x"])
+    assert cfg.train.lr == 3e-5 and cfg.train.steps == 7
+    assert cfg.tags == ["a", "b"] and cfg.model.pooling == "mean" and cfg.model.name_or_path == "/x"
+
+
+def test_unknown_key_names_file_and_key(tmp_path):
+    p = write(tmp_path, "train:\n  lrr: 1\n")
+    with pytest.raises(ConfigError) as exc:
+        load_config(Cfg, p)
+    assert str(exc.value) == f"{p}: train.lrr: unknown key"
+
+
+def test_wrong_type_names_key_and_value(tmp_path):
+    p = write(tmp_path, "train:\n  lr: fast\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml: train\.lr: .*number.*'fast'"):
+        load_config(Cfg, p)
+
+
+def test_constraint_violation(tmp_path):
+    with pytest.raises(ConfigError, match=r"train\.steps: Input should be greater than 0 \(got -1\)"):
+        load_config(Cfg, None, ["train.steps=-1"])
+
+
+def test_unknown_override_key_is_an_error():
+    with pytest.raises(ConfigError, match=r"<defaults> \(\+ overrides\): train\.nope: unknown key"):
+        load_config(Cfg, None, ["train.nope=1"])
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match=r"nope\.yaml: config file not found"):
+        load_config(Cfg, tmp_path / "nope.yaml")
+    p = write(tmp_path, "train:\n  lr: [1, 2\nmodel: x\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml:\d+: invalid YAML"):
+        load_config(Cfg, p)
+    p = write(tmp_path, "- a list\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(Cfg, p)
+
+
+def test_malformed_override():
+    with pytest.raises(ConfigError, match="expected key=value"):
+        apply_overrides({}, ["train.lr"])
+    with pytest.raises(ConfigError, match="empty key"):
+        apply_overrides({}, ["train..lr=1"])
+
+
+def test_config_hash_is_stable_and_sensitive():
+    a, b = Cfg(), Cfg()
+    assert config_hash(a) == config_hash(b)
+    b.train.lr = 2e-5
+    assert config_hash(a) != config_hash(b)

@@ -1,0 +1,54 @@
+import json
+import time
+
+import pytest
+
+from orchestrator import storage
+from orchestrator.errors import ModelSourceError
+from orchestrator.models import default_model_path, load_encoder, resolve_model_source
+
+
+def test_default_resolves_to_packaged_minilm():
+    path = resolve_model_source("default")
+    assert path == default_model_path()
+    cfg = json.loads((path / "config.json").read_text())
+    assert cfg["hidden_size"] == 384 and cfg["num_hidden_layers"] == 6
+
+
+@pytest.mark.parametrize("name", ["bert-base-uncased", "sentence-transformers/all-MiniLM-L6-v2"])
+def test_hub_id_fails_at_once(name):
+    t0 = time.time()
+    with pytest.raises(ModelSourceError, match="hub ids are never downloaded"):
+        load_encoder(name)
+    assert time.time() - t0 < 2
+
+
+def test_missing_folder_and_not_a_model(tmp_path):
+    with pytest.raises(ModelSourceError, match="no such folder"):
+        resolve_model_source(str(tmp_path / "missing" / "model"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelSourceError, match="has no config.json"):
+        resolve_model_source(str(tmp_path / "empty"))
+
+
+def test_wrong_architecture_is_refused(tmp_path):
+    from transformers import GPT2Config
+
+    GPT2Config(n_layer=1, n_embd=8, n_head=2, architectures=["GPT2LMHeadModel"]).save_pretrained(tmp_path)
+    with pytest.raises(ModelSourceError, match="not a text encoder"):
+        load_encoder(str(tmp_path))
+
+
+def test_dropout_is_applied(tiny_bert_dir):
+    model, _ = load_encoder(str(tiny_bert_dir), dropout=0.15)
+    assert model.config.hidden_dropout_prob == 0.15
+    assert model.config.attention_probs_dropout_prob == 0.15
+
+
+def test_model_from_s3(s3_bucket, tiny_bert_dir, tmp_path):
+    uri = f"{s3_bucket}/models/tiny"
+    storage.put_dir(tiny_bert_dir, uri)
+    local = resolve_model_source(uri, cache_dir=tmp_path)
+    assert (local / "config.json").is_file()
+    model, tok = load_encoder(uri)
+    assert model.config.hidden_size == 32 and tok("hello")["input_ids"][0] == tok.cls_token_id

@@ -1,0 +1,102 @@
+import os
+import time
+
+import pytest
+
+from orchestrator import storage
+from orchestrator.errors import StorageError
+
+
+def make_tree(root):
+    (root / "sub").mkdir(parents=True)
+    (root / "a.txt").write_text("alpha")
+    (root / "sub" / "b.bin").write_bytes(bytes(range(256)))
+    return root
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_put_get_list_roundtrip(where, tmp_path, request):
+    base = request.getfixturevalue("s3_bucket") if where == "s3" else str(tmp_path / "store")
+    src = make_tree(tmp_path / "src")
+    uri = storage.join(base, "ckpt", "step-3")
+    assert not storage.is_complete(uri)
+    storage.put_dir(src, uri)
+    assert storage.is_complete(uri)
+    assert storage.list_files(uri) == ["_COMPLETE", "a.txt", "sub/b.bin"]
+    assert storage.list_dirs(storage.join(base, "ckpt")) == ["step-3"]
+    out = storage.get_dir(uri, tmp_path / "out", require_complete=True)
+    assert (out / "sub" / "b.bin").read_bytes() == bytes(range(256))
+    storage.write_bytes(storage.join(base, "x.json"), b"{}")
+    assert storage.read_bytes(storage.join(base, "x.json")) == b"{}"
+    assert storage.exists(storage.join(base, "x.json")) and storage.exists(uri)
+    storage.remove(uri)
+    assert not storage.exists(uri)
+
+
+def test_missing_key_error_names_uri(s3_bucket):
+    uri = f"{s3_bucket}/nope/missing.json"
+    with pytest.raises(StorageError) as exc:
+        storage.read_bytes(uri)
+    assert str(exc.value) == f"{uri}: no such key"
+    with pytest.raises(StorageError, match="no such directory or it is empty"):
+        storage.get_dir(f"{s3_bucket}/nope", "/tmp/unused-dir")
+
+
+def test_incomplete_directory_is_refused(s3_bucket, tmp_path):
+    uri = f"{s3_bucket}/partial"
+    storage.write_bytes(f"{uri}/weights.bin", b"half")  # no commit marker: an interrupted upload
+    with pytest.raises(StorageError, match="incomplete"):
+        storage.get_dir(uri, tmp_path / "x", require_complete=True)
+
+
+def test_unreachable_endpoint_fails_fast(monkeypatch, s3_endpoint):
+    from conftest import free_port
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
+    t0 = time.time()
+    with pytest.raises(StorageError, match="S3 endpoint unreachable"):
+        storage.check_access("s3://some-bucket/prefix")
+    assert time.time() - t0 < 30
+
+
+def test_missing_bucket(s3_endpoint):
+    with pytest.raises(StorageError, match="bucket-that-does-not-exist-xyz/p: no such bucket"):
+        storage.check_access("s3://bucket-that-does-not-exist-xyz/p")
+
+
+def test_missing_credentials(monkeypatch, s3_endpoint, tmp_path):
+    # moto does not check keys by default, so a wrong key cannot be shown against it; a missing
+    # one is a real client-side failure that must name the URI.
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with pytest.raises(StorageError, match="s3://b/p: no AWS credentials found"):
+        storage.check_access("s3://b/p")
+
+
+def test_local_atomic_dir_keeps_previous_on_crash(tmp_path):
+    out = tmp_path / "report"
+    with storage.atomic_dir(out) as d:
+        (d / "ok.txt").write_text("v1")
+    with pytest.raises(RuntimeError):
+        with storage.atomic_dir(out) as d:
+            (d / "ok.txt").write_text("v2-partial")
+            raise RuntimeError("crash mid-write")
+    assert (out / "ok.txt").read_text() == "v1"
+    assert [p.name for p in tmp_path.iterdir()] == ["report"]  # no temp left behind
+
+
+def test_local_write_bytes_is_atomic(tmp_path):
+    p = tmp_path / "m.json"
+    storage.write_bytes(str(p), b"1")
+    storage.write_bytes(str(p), b"2")
+    assert p.read_bytes() == b"2" and os.listdir(tmp_path) == ["m.json"]
+
+
+def test_pyarrow_filesystem_reads_s3(s3_bucket):
+    storage.write_bytes(f"{s3_bucket}/pa/x.txt", b"hello")
+    fs, path = storage.pyarrow_filesystem(f"{s3_bucket}/pa/x.txt")
+    with fs.open_input_stream(path) as f:
+        assert f.read() == b"hello"

@@ -1,0 +1,154 @@
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from scipy.stats import pearsonr, spearmanr
+
+from orchestrator.errors import DataError
+from orchestrator.evaluation import sts
+from orchestrator.evaluation.encode import HFEncoder
+
+ROOT = sts.DATA_DIR.parents[1]
+
+
+def test_aggregations_on_hand_computed_toy():
+    # subset A: perfectly monotone (spearman 1); subset B: perfectly reversed (spearman -1), 2x larger
+    sims = np.array([0.1, 0.2, 0.3, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4])
+    gold = np.array([1.0, 2.0, 3.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    subsets = ["A"] * 3 + ["B"] * 6
+    r = sts.aggregate(sims, gold, subsets)
+    assert r["spearman"]["mean"] == pytest.approx(0.0)  # (1 + -1) / 2
+    assert r["spearman"]["wmean"] == pytest.approx((3 * 1 + 6 * -1) / 9)  # -1/3
+    assert r["spearman"]["all"] == pytest.approx(spearmanr(sims, gold)[0])
+    assert r["pearson"]["mean"] == pytest.approx((1.0 + -1.0) / 2)
+    assert r["pearson"]["all"] == pytest.approx(pearsonr(sims, gold)[0])
+    assert r["subsets"]["B"]["n"] == 6
+
+
+class BagOfWordsEncoder:
+    """A cheap, deterministic encoder (hashed word counts) for testing the aggregation on real data."""
+
+    def encode(self, sentences, desc=""):
+        out = np.zeros((len(sentences), 512), dtype=np.float32)
+        for i, s in enumerate(sentences):
+            for w in s.lower().split():
+                out[i, sum(map(ord, w)) * 2654435761 % 512] += 1.0
+        return out
+
+
+def test_all_differs_from_mean_on_real_sts12():
+    r = sts.evaluate(BagOfWordsEncoder(), ["sts12"])["tasks"]["sts12"]
+    assert r["n"] == 3108 and len(r["subsets"]) == 5
+    assert abs(r["spearman"]["all"] - r["spearman"]["mean"]) > 1e-3
+    assert abs(r["spearman"]["wmean"] - r["spearman"]["mean"]) > 1e-4
+
+
+def test_task_sizes_match_senteval():
+    sizes = {t: len(sts.load_task(t)) for t in sts.SEVEN_TASKS}
+    assert sizes == {"sts12": 3108, "sts13": 1500, "sts14": 3750, "sts15": 3000, "sts16": 1186,
+                     "stsb": 1379, "sickr": 4927}
+
+
+@pytest.mark.slow
+def test_stsb_mean_pooling_equals_sentence_transformers(default_encoder):
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.evaluation import EmbeddingSimilarityEvaluator
+
+    from orchestrator.models import default_model_path
+
+    model, tok = default_encoder
+    data = sts.load_task("stsb")
+    ours = sts.evaluate_data(HFEncoder(model, tok, pooling="mean", max_length=256, batch_size=32), data)
+    st = SentenceTransformer(str(default_model_path()), device="cpu")
+    st.max_seq_length = 256
+    ev = EmbeddingSimilarityEvaluator(data.sentence1, data.sentence2, data.scores.tolist(),
+                                      similarity_fn_names=["cosine"], write_csv=False, batch_size=32)
+    ref = ev(st)
+    ref_spearman = next(v for k, v in ref.items() if k.endswith("spearman_cosine"))
+    ref_pearson = next(v for k, v in ref.items() if k.endswith("pearson_cosine"))
+    assert ours["spearman"]["all"] == pytest.approx(ref_spearman, abs=1e-4)
+    assert ours["pearson"]["all"] == pytest.approx(ref_pearson, abs=1e-4)
+    assert ours["spearman"]["all"] == pytest.approx(0.8203, abs=5e-4)  # published all-MiniLM-L6-v2 STS-B
+
+
+@pytest.mark.parametrize("content,match", [
+    ("sentence1\tsentence2\n a\tb\n", r"bad\.tsv:1: missing column\(s\) score"),
+    ("sentence1\tsentence2\tscore\na\tb\t3.0\nc\td\tnot-a-number\n", r"bad\.tsv:3: score 'not-a-number' is not a number"),
+    ("", r"bad\.tsv: empty file"),
+    ("sentence1\tsentence2\tscore\n", r"bad\.tsv: no data rows"),
+    ("sentence1\tsentence2\tscore\na\tb\n", r"bad\.tsv:2: expected 3 tab-separated fields, got 2"),
+])
+def test_bad_input_names_file_and_line(tmp_path, content, match):
+    p = tmp_path / "bad.tsv"
+    p.write_text(content)
+    with pytest.raises(DataError, match=match):
+        sts.read_sts_tsv(p)
+
+
+def test_invalid_utf8_names_line(tmp_path):
+    p = tmp_path / "bad.tsv"
+    p.write_bytes(b"sentence1\tsentence2\tscore\na\tb\t1\n\xff\xfe\tc\t2\n")
+    with pytest.raises(DataError, match=r"bad\.tsv:3: not valid UTF-8"):
+        sts.read_sts_tsv(p)
+
+
+def run_cli(*args, cwd=None):
+    return subprocess.run([sys.executable, str(ROOT / "jobs" / "evaluate.py"), *args],
+                          capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+def test_cli_bad_file_is_one_line_no_traceback(tmp_path):
+    p = tmp_path / "bad.tsv"
+    p.write_text("sentence1\tsentence2\tscore\na\tb\tx\n")
+    res = run_cli("--model", "default", "--sts-file", str(p), "--tasks", "")
+    assert res.returncode == 2
+    assert res.stderr.strip() == f"error: {p}:2: score 'x' is not a number"
+
+
+def test_cli_hub_id_is_one_line(tmp_path):
+    res = run_cli("--model", "bert-base-uncased", "--tasks", "stsb")
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.strip().startswith("error: model 'bert-base-uncased': not a local folder")
+
+
+def test_cli_writes_json_schema(tmp_path, tiny_bert_dir):
+    pairs = tmp_path / "pairs.tsv"
+    rows = ["sentence1\tsentence2\tscore"] + [f"a cat sat {i}\ta dog ran {i % 3}\t{i % 5}" for i in range(20)]
+    pairs.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "out.json"
+    res = run_cli("--model", str(tiny_bert_dir), "--pooling", "mean", "--tasks", "stsb", "--sts-file", str(pairs),
+                  "--json", str(out), "--no-progress")
+    assert res.returncode == 0, res.stderr
+    result = json.loads(out.read_text())
+    assert result["model"] == str(tiny_bert_dir) and result["pooling"] == "mean"
+    assert set(result["tasks"]) == {"stsb", "pairs"}
+    assert result["tasks"]["stsb"]["n"] == 1379
+    assert set(result["tasks"]["stsb"]["spearman"]) >= {"all", "mean", "wmean"}
+    assert -1 <= result["avg"]["spearman_all"] <= 1 and "pearson_all" in result["avg"]
+    assert "| stsb | 1379 |" in res.stdout
+
+
+def test_same_seed_same_numbers(tiny_bert_dir):
+    """Seeded random init → identical evaluation numbers, twice in one process."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    from orchestrator.models import load_tokenizer
+    from orchestrator.seed import seed_everything
+
+    tok = load_tokenizer(str(tiny_bert_dir))
+    data = sts.load_task("stsb_dev")
+    results = []
+    for _ in range(2):
+        seed_everything(123)
+        model = BertModel(BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=1,
+                                     num_attention_heads=2, intermediate_size=32))
+        results.append(sts.evaluate_data(HFEncoder(model, tok, pooling="mean"), data))
+    assert results[0]["spearman"] == results[1]["spearman"]
+    seed_everything(124)
+    other = BertModel(BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=1,
+                                 num_attention_heads=2, intermediate_size=32))
+    assert sts.evaluate_data(HFEncoder(other, tok, pooling="mean"), data)["spearman"] != results[0]["spearman"]
+    torch.use_deterministic_algorithms(False)

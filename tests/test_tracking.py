@@ -1,0 +1,69 @@
+import time
+
+import numpy as np
+import pytest
+
+from orchestrator import tracking
+from orchestrator.errors import TrackingError
+
+
+def _roundtrip(tiny_bert_dir, experiment):
+    import mlflow
+    from sentence_transformers import SentenceTransformer
+
+    tracking.setup(None, experiment)
+    with mlflow.start_run() as run:
+        tracking.log_params({"train": {"lr": 1e-5, "aws_secret": "abc"}, "model": {"name_or_path": "default"}})
+        tracking.log_metrics({"stsb_dev_spearman": 0.5}, step=1)
+        info = tracking.log_sentence_encoder(tiny_bert_dir, name="model")
+    got = mlflow.get_run(run.info.run_id).data
+    assert got.params["train.lr"] == "1e-05" and got.params["train.aws_secret"] == tracking.REDACTED
+    assert got.metrics["stsb_dev_spearman"] == 0.5
+
+    v1 = tracking.register(info.model_uri, "tiny-enc", alias="candidate", description="first")
+    v2 = tracking.register(info.model_uri, "tiny-enc", alias="candidate")
+    assert v2 == v1 + 1 and tracking.alias_version("tiny-enc", "candidate") == v2
+    assert tracking.alias_version("tiny-enc", "champion") is None
+    tracking.set_alias("tiny-enc", "champion", v1)
+    assert tracking.alias_version("tiny-enc", "champion") == v1
+
+    # the registered model loads back (pyfunc) and gives the same vectors as the folder itself
+    loaded = mlflow.pyfunc.load_model("models:/tiny-enc@champion")
+    sentences = ["a man plays a guitar", "the cat sleeps"]
+    got_vec = np.asarray(loaded.predict(sentences))
+    ref = SentenceTransformer(str(tiny_bert_dir), device="cpu").encode(sentences)
+    np.testing.assert_allclose(got_vec, ref, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_embedded_store_roundtrip(embedded_tracking, tiny_bert_dir):
+    _roundtrip(tiny_bert_dir, "embedded")
+    assert (embedded_tracking / "mlruns" / "mlflow.db").is_file()
+    assert any((embedded_tracking / "mlruns" / "artifacts").rglob("MLmodel"))
+
+
+@pytest.mark.slow
+def test_real_server_roundtrip(mlflow_server, tiny_bert_dir, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+    _roundtrip(tiny_bert_dir, "server")
+
+
+def test_unreachable_server_fails_fast_naming_uri():
+    from conftest import free_port
+
+    uri = f"http://127.0.0.1:{free_port()}"
+    t0 = time.time()
+    with pytest.raises(TrackingError, match=f"MLflow tracking server {uri} unreachable"):
+        tracking.setup(uri, "x")
+    assert time.time() - t0 < 10
+
+
+def test_redaction_by_key_and_value(monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "SUPERSECRETVALUE123")
+    params = tracking.clean_params({
+        "storage": {"uri": "s3://b/x?key=SUPERSECRETVALUE123"},
+        "mlflow": {"password": "hunter2"}, "ray": {"auth_token": "t"}, "lr": 0.1,
+    })
+    assert "SUPERSECRETVALUE123" not in str(params)
+    assert params["mlflow.password"] == params["ray.auth_token"] == tracking.REDACTED
+    assert params["lr"] == "0.1"
