@@ -137,3 +137,35 @@ def tiny_bert_dir(tmp_path_factory):
                      intermediate_size=64, max_position_embeddings=128)
     export_encoder(BertModel(cfg), tok, out, pooling="mean")
     return out
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(tmp_path_factory, s3_endpoint):
+    """A real local Ray head (4 logical CPUs, token auth on, dashboard on loopback), shared by all tests.
+
+    Jobs and tests connect through ``RAY_ADDRESS`` with a session-private token file. The S3
+    endpoint's variables are in the head's environment, as a cluster's pod identity would be.
+    """
+    import secrets
+
+    root = tmp_path_factory.mktemp("ray")
+    token = root / "auth_token"
+    token.write_text(secrets.token_hex(32))
+    token.chmod(0o600)
+    port = free_port()
+    env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+    os.environ.update(env)
+    subprocess.run([str(BIN / "ray"), "start", "--head", "--num-cpus=4", f"--port={port}",
+                    "--dashboard-host=127.0.0.1", f"--dashboard-port={free_port()}",
+                    "--disable-usage-stats"], check=True, capture_output=True, timeout=120)
+    os.environ["RAY_ADDRESS"] = f"127.0.0.1:{port}"
+    import ray
+
+    ray.init()
+    try:
+        yield os.environ["RAY_ADDRESS"]
+    finally:
+        ray.shutdown()
+        subprocess.run([str(BIN / "ray"), "stop", "--force"], capture_output=True, timeout=120)
+        for k in [*env, "RAY_ADDRESS"]:
+            os.environ.pop(k, None)

@@ -1,0 +1,34 @@
+"""Connecting to Ray: the same code runs on a laptop and on a cluster.
+
+* Under ``ray job submit`` (``RAY_ADDRESS`` set) or with a ``ray start`` cluster on this machine,
+  connect to it.
+* Otherwise start a local Ray with at least 4 logical CPUs: on a 2-core machine two 1-CPU
+  actors would otherwise take every CPU and a Ray Data read task would never run (a silent
+  hang seen here).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+MIN_LOCAL_CPUS = 4
+
+
+def init_ray(*, num_cpus: int | None = None, quiet: bool = True) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    kwargs = {"log_to_driver": not quiet} if quiet else {}
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(**kwargs)
+        return
+    try:
+        ray.init(address="auto", **kwargs)
+        return
+    except ConnectionError:
+        pass
+    cpus = num_cpus or max(MIN_LOCAL_CPUS, os.cpu_count() or 1)
+    ray.init(num_cpus=cpus, include_dashboard=True, dashboard_host="127.0.0.1", **kwargs)

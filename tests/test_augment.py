@@ -1,0 +1,180 @@
+"""Augmentations on hand-built parses (checked by hand) and on real spaCy / stanza parses."""
+
+import random
+from pathlib import Path
+
+import pytest
+
+from orchestrator.data import augment as A
+from orchestrator.data.parsing import Parse, Token
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def P(spec: str, text: str | None = None) -> Parse:
+    """Build a parse from 'word/UPOS/TAG/head/deprel' items (head is 1-based, 0 = root)."""
+    toks = []
+    for item in spec.split():
+        w, upos, tag, head, rel = item.split("/")
+        toks.append(Token(w, w.lower(), upos, tag, int(head) - 1, rel))
+    for t, nxt in zip(toks, toks[1:] + [None]):
+        t.ws = "" if nxt is not None and nxt.upos == "PUNCT" else " "
+    return Parse(text or A.detok(toks), toks)
+
+
+CAT = P("The/DET/DT/2/det cat/NOUN/NN/3/nsubj sat/VERB/VBD/0/root on/ADP/IN/3/prep "
+        "the/DET/DT/6/det mat/NOUN/NN/4/pobj ./PUNCT/./3/punct")
+CHASE = P("The/DET/DT/2/det dog/NOUN/NN/3/nsubj chased/VERB/VBD/0/root a/DET/DT/5/det cat/NOUN/NN/3/dobj "
+          "and/CCONJ/CC/3/cc she/PRON/PRP/8/nsubj saw/VERB/VBD/3/conj it/PRON/PRP/8/dobj ./PUNCT/./3/punct")
+
+
+def test_backbone_is_root_and_direct_dependents_in_order():
+    assert CAT.text == "The cat sat on the mat."
+    assert [CAT.tokens[i].text for i in A.backbone(CAT)] == ["cat", "sat", "on"]
+    assert A.backbone_view(CAT, random.Random(0)) == "The cat sat on the mat. cat sat on"
+    assert [CAT.tokens[i].text for i in A.backbone(CAT, keep_punct=True)] == ["cat", "sat", "on", "."]
+
+
+def test_triples_and_seeded_choice():
+    found = [tuple(CHASE.tokens[i].text for i in t) for t in A.triples(CHASE)]
+    assert found == [("dog", "chased", "cat"), ("she", "saw", "it")]
+    views = {A.backbone_view(CHASE, random.Random(s), source="triple") for s in range(20)}
+    assert views == {CHASE.text + " dog chased cat", CHASE.text + " she saw it"}
+    assert A.backbone_view(CHASE, random.Random(3), source="triple") == A.backbone_view(
+        CHASE, random.Random(3), source="triple")
+
+
+def test_triple_fallbacks():
+    rng = random.Random(0)
+    assert A.backbone_view(CAT, rng, source="triple", fallback="backbone") == "The cat sat on the mat. cat sat on"
+    assert A.backbone_view(CAT, rng, source="triple", fallback="copy") == CAT.text
+    assert A.backbone_view(CAT, rng, source="triple", fallback="none") is None
+
+
+def test_deletion_removes_articles_conjunctions_pronouns():
+    assert A.deletion_view(CHASE) == "dog chased cat saw."
+    assert A.deletion_view(CAT) == "cat sat on mat."
+    assert A.deletion_view(CAT, classes=["pron"]) == CAT.text  # configurable: nothing to remove
+    # 'this' is a DET but not an article: kept
+    this = P("this/DET/DT/2/det cat/NOUN/NN/0/root")
+    assert A.deletion_view(this) == "this cat"
+
+
+def test_deletion_never_empty():
+    only = P("He/PRON/PRP/0/root and/CCONJ/CC/1/cc she/PRON/PRP/1/conj ./PUNCT/./1/punct")
+    assert A.deletion_view(only) == only.text
+
+
+@pytest.mark.parametrize("ratio", [0.0, 0.3, 0.5, 0.6, 0.7, 1.0])
+def test_tsdae_noise_deletes_exactly_the_stated_fraction(ratio):
+    rng = random.Random(7)
+    for n in range(1, 41):
+        words = [f"w{i}" for i in range(n)]
+        out = A.tsdae_noise(words, ratio, rng)
+        expected_deleted = min(int(ratio * n + 0.5), n - 1)
+        assert len(out) == n - expected_deleted, (n, ratio)
+        it = iter(words)
+        assert all(w in it for w in out)  # a subsequence: order kept, nothing invented
+    # the paper's 0.6 on a 10-word sentence deletes 6 and keeps 4 (sentence-transformers'
+    # example would keep about 6: it keeps a word when random() < del_ratio)
+    assert len(A.tsdae_noise([str(i) for i in range(10)], 0.6, random.Random(0))) == 4
+
+
+def test_tsdae_noise_is_resampled_per_call_and_seeded():
+    words = [f"w{i}" for i in range(20)]
+    a = A.tsdae_noise(words, 0.6, random.Random(1))
+    assert a == A.tsdae_noise(words, 0.6, random.Random(1))
+    rng = random.Random(1)
+    assert len({tuple(A.tsdae_noise(words, 0.6, rng)) for _ in range(10)}) > 1  # new noise each epoch
+    with pytest.raises(ValueError):
+        A.tsdae_noise(words, 1.5, rng)
+
+
+def test_repetition_duplicates_in_place():
+    words = "a b c d e f g h i j".split()
+    rng = random.Random(0)
+    for _ in range(50):
+        out = A.repetition(words, 0.32, rng)
+        assert len(words) <= len(out) <= len(words) + 3
+        dedup = [w for i, w in enumerate(out) if i == 0 or out[i - 1] != w]
+        assert dedup == words
+
+
+def test_dep_to_tree_and_linearize():
+    tree = A.dep_to_tree(CAT)
+    assert tree == ("S", [("NP", [("DT", ["The"]), ("NN", ["cat"])]),
+                          ("VP", [("VBD", ["sat"]), ("PP", [("IN", ["on"]), ("NP", [("DT", ["the"]), ("NN", ["mat"])])])]),
+                          (".", ["."])])
+    assert A.linearize(tree, 3) == "(S (NP (DT) (NN)) (VP (VBD) (PP)) (.))"
+    assert A.linearize(tree, 10) == "(S (NP (DT) (NN)) (VP (VBD) (PP (IN) (NP (DT) (NN)))) (.))"
+    assert A.top_constituents(tree) == ["NP", "VP", "."]
+    bag = A.constituent_bag(tree)
+    assert bag["NP"] == pytest.approx(2 / 12) and bag["DT"] == pytest.approx(2 / 12)  # 12 nodes
+    assert sum(bag.values()) == pytest.approx(1.0)
+
+
+def test_subordinate_clause_becomes_sbar():
+    s = P("I/PRON/PRP/2/nsubj left/VERB/VBD/0/root because/SCONJ/IN/5/mark it/PRON/PRP/5/nsubj "
+          "rained/VERB/VBD/2/advcl ./PUNCT/./2/punct")
+    assert A.linearize(A.dep_to_tree(s), 5) == "(S (NP (PRP)) (VP (VBD) (SBAR (IN) (S (NP) (VP)))) (.))"
+    assert A.linearize(A.dep_to_tree(s), 4) == "(S (NP (PRP)) (VP (VBD) (SBAR (IN) (S))) (.))"
+
+
+def test_ptb_reader_strips_function_tags_and_traces():
+    raw = "( (S (NP-SBJ-1 (NNP Mr.) (NNP Vinken)) (VP (VBZ is) (NP-PRD (-NONE- *T*-1) (NN chairman))) (. .)))"
+    tree = A.clean_ptb(A.read_bracketed(raw))
+    assert A.top_constituents(tree) == ["NP", "VP", "."]
+    assert A.linearize(tree, 3) == "(S (NP (NNP) (NNP)) (VP (VBZ) (NP)) (.))"
+
+
+def test_parser_tree_wins_over_conversion():
+    p = Parse(CAT.text, CAT.tokens, tree="(ROOT (S (NP (DT The) (NN cat)) (VP (VBD sat)) (. .)))")
+    assert A.linearize(A.constituency(p), 3) == "(S (NP (DT) (NN)) (VP (VBD)) (.))"
+
+
+def test_real_spacy_parse():
+    from orchestrator.data.parsing import SpacyParser
+
+    parse = SpacyParser().parse_batch(["The cat sat on the mat."])[0]
+    assert [t.deprel for t in parse.tokens] == ["det", "nsubj", "root", "prep", "det", "pobj", "punct"]
+    assert A.backbone_view(parse, random.Random(0)) == "The cat sat on the mat. cat sat on"
+    assert A.linearize(A.constituency(parse), 3) == "(S (NP (DT) (NN)) (VP (VBD) (PP)) (.))"
+
+
+# ---------------------------------------------------------------- stanza adapter on UD gold
+UD_DEV = SHARED / "ud" / "en_ewt-ud-dev.conllu"
+
+
+@pytest.mark.skipif(not UD_DEV.is_file(), reason="needs ../shared/data/ud")
+def test_stanza_adapter_on_ud_gold_documents():
+    from stanza.utils.conll import CoNLL
+
+    from orchestrator.data.parsing import from_stanza_document
+
+    text = UD_DEV.read_text(encoding="utf-8")
+    blocks = [b for b in text.split("\n\n") if b.strip()][:50]
+    for block in blocks:
+        doc = CoNLL.conll2doc(input_str=block + "\n\n")
+        parse = from_stanza_document(doc)
+        rows = [ln.split("\t") for ln in block.splitlines() if ln and not ln.startswith("#")]
+        words = [r for r in rows if r[0].isdigit()]  # syntactic words (skip 1-2 ranges and 1.1 empties)
+        assert [t.text for t in parse.tokens] == [r[1] for r in words]
+        assert [t.upos for t in parse.tokens] == [r[3] for r in words]
+        assert [t.head for t in parse.tokens] == [int(r[6]) - 1 for r in words]
+        assert [t.deprel for t in parse.tokens] == [r[7].lower() for r in words]
+        roots = [i for i, t in enumerate(parse.tokens) if t.head < 0]
+        assert A.backbone(parse, keep_punct=True) == sorted(
+            i for i, r in enumerate(words) if int(r[6]) == 0 or int(r[6]) - 1 in roots)
+        assert A.deletion_view(parse)  # never empty
+
+
+def test_stanza_pipeline_needs_a_model_dir(tmp_path):
+    from orchestrator.data.parsing import StanzaParser, make_parser
+    from orchestrator.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="parser.stanza_dir: required"):
+        make_parser("stanza")
+    with pytest.raises(ConfigError, match="no such directory"):
+        StanzaParser(str(tmp_path / "missing"))
+    with pytest.raises(ConfigError, match="no resources.json there"):
+        StanzaParser(str(tmp_path))

@@ -1,0 +1,125 @@
+"""The Ray Data corpus pipeline on a real local Ray cluster."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from orchestrator import storage
+from orchestrator.data.corpus import CorpusConfig, clean_records, run_pipeline
+from orchestrator.errors import DataError
+
+ROOT = Path(__file__).resolve().parents[1]
+GOOD = [f"sentence number {w} is about the {w} topic ." for w in
+        ["first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth"]]
+
+
+def dirty_file(path: Path) -> Path:
+    lines = [
+        *(ln.encode() for ln in GOOD),
+        GOOD[0].encode(), GOOD[3].encode(),          # 2 duplicates
+        b"", b"   \t  ",                              # 2 empty
+        b"broken \xff\xfe utf8 here .",               # invalid UTF-8
+        b"a bell \x07 rings here .",                  # control character
+        b"Hi there",                                  # too short
+        b"He met Dr.", b"Smith at noon today .",      # split at an abbreviation: both dropped
+        ("long " * 20000 + ".").encode(),             # 100k characters: truncated, kept
+    ]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path
+
+
+def test_cleaning_rules_without_ray():
+    cfg = CorpusConfig(max_words=5)
+    rows = clean_records([("a  b\tc .", None), ("x y", None), ("one two three four five six", None),
+                          ("He met Dr.", None), ("Smith came .", None), (None, "invalid_utf8")], cfg)
+    assert [r["text"] for r in rows] == ["a b c .", None, "one two three four five", None, None, None]
+    assert [r["skip"] for r in rows] == ["", "too_short", "", "capitalised_split", "after_capitalised_split",
+                                         "invalid_utf8"]
+    assert [r["truncated"] for r in rows] == [False, False, True, False, False, False]
+
+
+def read_shards(out) -> list[dict]:
+    files = sorted(Path(out, "shards").glob("*.parquet"))
+    return [r for f in files for r in pq.read_table(f).to_pylist()]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_manifest_counts_on_dirty_file(ray_cluster, tmp_path):
+    cfg = CorpusConfig(input=str(dirty_file(tmp_path / "dirty.txt")), seed=1, max_words=50,
+                       parser={"workers": 2, "cpus_per_worker": 1})
+    manifest = run_pipeline(cfg, str(tmp_path / "out"), progress=False)
+    assert manifest["read"] == 20
+    assert manifest["written"] == 11
+    assert manifest["skipped"] == {"duplicate": 2, "empty": 2, "invalid_utf8": 1, "control_characters": 1,
+                                   "too_short": 1, "capitalised_split": 1, "after_capitalised_split": 1}
+    assert manifest["truncated"] == 1 and manifest["parser"] == "spacy" and manifest["seed"] == 1
+    on_disk = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert on_disk["written"] == 11
+    rows = read_shards(tmp_path / "out")
+    assert len(rows) == 11 and len({r["text"] for r in rows}) == 11
+    assert set(rows[0]) >= {"text", "words", "backbone_view", "deletion_view", "linearized_parse", "constituent_bag"}
+    long = next(r for r in rows if r["text"].startswith("long"))
+    assert len(long["text"].split()) == 50
+    for r in rows:
+        assert r["backbone_view"].startswith(r["text"]) and r["deletion_view"]
+        assert r["linearized_parse"].startswith("(") and abs(sum(json.loads(r["constituent_bag"]).values()) - 1) < 1e-9
+
+    # same seed → the same order; another seed → another order
+    again = run_pipeline(cfg, str(tmp_path / "out2"), progress=False)
+    assert [r["text"] for r in read_shards(tmp_path / "out2")] == [r["text"] for r in rows]
+    assert again["skipped"] == manifest["skipped"]
+    other = cfg.model_copy(update={"seed": 2})
+    run_pipeline(other, str(tmp_path / "out3"), progress=False)
+    assert [r["text"] for r in read_shards(tmp_path / "out3")] != [r["text"] for r in rows]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_s3_input_and_output(ray_cluster, s3_bucket, tmp_path):
+    storage.write_bytes(f"{s3_bucket}/corpus/part-0.txt", "\n".join(GOOD[:6]).encode())
+    storage.write_bytes(f"{s3_bucket}/corpus/part-1.txt", "\n".join(GOOD[6:]).encode())
+    cfg = CorpusConfig(input=f"{s3_bucket}/corpus", parser={"workers": 1, "cpus_per_worker": 1})
+    manifest = run_pipeline(cfg, f"{s3_bucket}/augmented", progress=False)
+    assert manifest["read"] == 10 and manifest["written"] == 10 and manifest["input_files"] == 2
+    files = storage.list_files(f"{s3_bucket}/augmented")
+    assert "manifest.json" in files and any(f.startswith("shards/") and f.endswith(".parquet") for f in files)
+
+
+def test_missing_and_empty_inputs(tmp_path):
+    from orchestrator.data.corpus import input_files
+
+    with pytest.raises(DataError, match="no such input file or directory"):
+        input_files(str(tmp_path / "nope.txt"))
+    (tmp_path / "d").mkdir()
+    with pytest.raises(DataError, match="input directory is empty"):
+        input_files(str(tmp_path / "d"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_empty_corpus_is_one_clear_error(ray_cluster, tmp_path):
+    p = tmp_path / "empty.txt"
+    p.write_text("\n\n  \n")
+    with pytest.raises(DataError, match=r"empty\.txt: no usable sentences \(read 3"):
+        run_pipeline(CorpusConfig(input=str(p)), str(tmp_path / "out"), progress=False)
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_cli_missing_input_is_one_line(tmp_path):
+    res = subprocess.run([sys.executable, str(ROOT / "jobs" / "augment_corpus.py"), "--input",
+                          str(tmp_path / "missing.txt"), "--output", str(tmp_path / "o")],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2
+    assert res.stderr.strip() == f"error: {tmp_path / 'missing.txt'}: no such input file or directory"
+
+
+def test_cli_bad_override_is_one_line(tmp_path):
+    res = subprocess.run([sys.executable, str(ROOT / "jobs" / "augment_corpus.py"), "--output", str(tmp_path),
+                          "parser.kind=udpipe"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.startswith("error: <defaults> (+ overrides): parser.kind: String should match pattern")
