@@ -16,7 +16,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 MIN_LOCAL_CPUS = 4
 
 
-def init_ray(*, num_cpus: int | None = None, quiet: bool = True) -> None:
+def init_ray(*, num_cpus: int | None = None, quiet: bool = False) -> None:
     import ray
 
     if ray.is_initialized():

@@ -175,3 +175,43 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[key] = v
     return out
+
+
+# ---------------------------------------------------------------- blocks shared by every method
+class TrainLoopConfig(StrictModel):
+    """The optimisation loop. ``batch_size`` is per worker; the global batch is ``batch_size × workers``."""
+
+    lr: float = Field(3e-5, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    batch_size: int = Field(64, gt=0)
+    epochs: int = Field(1, gt=0)
+    max_steps: int | None = Field(None, gt=0, description="stop after this many optimiser steps")
+    eval_steps: int = Field(125, gt=0)
+    lr_schedule: Literal["linear", "constant"] = "linear"
+    grad_clip: float | None = Field(None, gt=0)
+    seed: int = 42
+
+
+class ScalingBlock(StrictModel):
+    num_workers: int = Field(2, ge=1)
+    use_gpu: bool = False
+    cpus_per_worker: float = Field(1.0, gt=0)
+    resources_per_worker: dict[str, float] = {}
+
+
+class DeepSpeedBlock(StrictModel):
+    """ZeRO for large variants; ``stage: 0`` means plain DDP."""
+
+    stage: Literal[0, 1, 2, 3] = 0
+    offload_optimizer: bool = False
+    offload_params: bool = False
+    bf16: Literal["auto", "on", "off"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
+
+
+class RunBlock(StrictModel):
+    """Where a run's checkpoints live and how it survives failures."""
+
+    name: str | None = None
+    storage: str = "outputs/runs"
+    max_failures: int = Field(1, ge=0)
+    num_to_keep: int = Field(2, ge=1)

@@ -178,3 +178,12 @@ def test_stanza_pipeline_needs_a_model_dir(tmp_path):
         StanzaParser(str(tmp_path / "missing"))
     with pytest.raises(ConfigError, match="no resources.json there"):
         StanzaParser(str(tmp_path))
+
+
+def test_coordinated_clauses_and_appositive_comma_follow_ptb():
+    coord = P("He/PRON/PRP/2/nsubj came/VERB/VBD/0/root ,/PUNCT/,/2/punct and/CCONJ/CC/2/cc "
+              "she/PRON/PRP/6/nsubj left/VERB/VBD/2/conj ./PUNCT/./6/punct")
+    assert A.top_constituents(A.dep_to_tree(coord)) == ["S", ",", "CC", "S", "."]
+    appos = P("Vinken/PROPN/NNP/5/nsubj ,/PUNCT/,/1/punct chairman/NOUN/NN/1/appos ,/PUNCT/,/5/punct "
+              "joined/VERB/VBD/0/root ./PUNCT/./5/punct")
+    assert A.linearize(A.dep_to_tree(appos), 3) == "(S (NP (NNP) (,) (NP) (,)) (VP (VBD)) (.))"

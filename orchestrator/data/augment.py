@@ -180,7 +180,7 @@ def dep_to_tree(parse: Parse) -> Tree:
         cat = _category(t)
         if not deps:
             node = leaf(h)
-            if cat == "N" and parent_cat in (None, "V", "P", "C"):
+            if cat == "N" and (parent_cat in (None, "V", "P", "C") or t.deprel == "appos"):
                 return ("NP", [node])
             if cat == "A" and parent_cat in ("V", "C"):
                 return ("ADJP", [node])
@@ -192,27 +192,57 @@ def dep_to_tree(parse: Parse) -> Tree:
             label = {"N": "NP", "P": "PP", "A": "ADJP", "R": "ADVP"}.get(cat, "NP" if cat == "O" else "FRAG")
             parts = sorted(deps + [h])
             return (label, [leaf(i) if i == h else build(i, cat) for i in parts])
+        return clause(h, deps, parent_cat)
+
+    def has_subject(d: int) -> bool:
+        return any(toks[k].deprel in SUBJ for k in kids[d])
+
+    def clause(h: int, deps: list[int], parent_cat: str | None) -> Tree:
+        # Coordinated clauses ("he came , and she left .") are siblings under one S, as in PTB.
+        conj = [d for d in deps if toks[d].deprel == "conj" and _category(toks[d]) == "V" and has_subject(d)]
+        if conj:
+            first = min(conj)
+            end = max(i for i, t in enumerate(toks) if t.upos != "PUNCT")
+            for c in conj:  # sentence-final punctuation hangs off the last clause: lift it out
+                final = [k for k in kids[c] if toks[k].upos == "PUNCT" and k > end]
+                kids[c] = [k for k in kids[c] if k not in final]
+                deps = deps + final
+            coord = [d for d in deps if d in conj or (d > h and d < max(conj) and toks[d].deprel in ("cc", "punct"))
+                     or (d > first and toks[d].deprel == "punct")]
+            main = clause(h, [d for d in deps if d not in coord], parent_cat)
+            parts = [(h, main)] + [(d, build(d, "C") if d in conj else leaf(d)) for d in coord]
+            return ("S", [node for _, node in sorted(parts, key=lambda x: x[0])])
         mark = [d for d in deps if toks[d].deprel == "mark"]
         subj = [d for d in deps if toks[d].deprel in SUBJ]
-        first_subj = min(subj) if subj else None
+        # the VP starts at the first auxiliary / negation / the head itself; what precedes it
+        # (subjects, fronted adverbials, pre-verbal adverbs) sits directly under S, and so does
+        # punctuation that trails the last word of the clause
+        vp_start = min([h] + [d for d in deps if toks[d].deprel in ("aux", "auxpass", "aux:pass", "neg")])
+        last_word = max([h] + [d for d in deps if toks[d].upos != "PUNCT"])
         s_level, vp_level = [], []
         for d in deps:
             if d in mark:
                 continue
-            rel = toks[d].deprel
-            at_s = d in subj or (first_subj is not None and d < first_subj) or (
-                rel == "punct" and (d > h and d == max(deps) or d < h and first_subj is None and d == min(deps)))
+            at_s = d in subj or (subj and d < vp_start) or (toks[d].deprel == "punct" and (d > last_word or d < min(
+                [h] + [k for k in deps if toks[k].upos != "PUNCT"])))
             (s_level if at_s else vp_level).append(d)
-        vp_items = sorted(vp_level + [h])
-        vp = ("VP", [leaf(i) if i == h else build(i, "V") for i in vp_items])
-        s_items = sorted(s_level + [h])
-        s_kids = [vp if i == h else build(i, "C") for i in s_items]
-        clause = ("S", s_kids)
+        # punctuation between the subject and the VP (an appositive's closing comma) belongs to
+        # the subject NP, as in PTB
+        inner = [d for d in s_level if subj and toks[d].deprel == "punct" and max(subj) < d < vp_start]
+        s_level = [d for d in s_level if d not in inner]
+        vp = ("VP", [leaf(i) if i == h else build(i, "V") for i in sorted(vp_level + [h])])
+        s_kids = []
+        for i in sorted(s_level + [h]):
+            node = vp if i == h else build(i, "C")
+            if i == max(subj, default=-1) and inner and not is_preterminal(node):
+                node = (node[0], node[1] + [leaf(d) for d in inner])
+            s_kids.append(node)
+        s_node = ("S", s_kids)
         if not subj and parent_cat is not None and not mark:
             return vp  # non-finite / controlled clause: a bare VP
         if mark:
-            return ("SBAR", [build(m, "C") if kids[m] else leaf(m) for m in sorted(mark)] + [clause])
-        return clause
+            return ("SBAR", [build(m, "C") if kids[m] else leaf(m) for m in sorted(mark)] + [s_node])
+        return s_node
 
     trees = [build(r, None) for r in roots]
     return trees[0] if len(trees) == 1 else ("S", trees)  # several roots: one S over them

@@ -275,6 +275,10 @@ def run_pipeline(cfg: CorpusConfig, output: str, *, progress: bool = True) -> di
     ctx.enable_progress_bars = progress
     ctx.execution_options.preserve_order = True
 
+    import time
+
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
     cleaned = read_and_clean(files, cfg).materialize()
     counts = Counter()
     for row in cleaned.select_columns(["skip", "truncated"]).iter_rows():
@@ -290,14 +294,17 @@ def run_pipeline(cfg: CorpusConfig, output: str, *, progress: bool = True) -> di
     if cfg.limit is not None and n_unique > cfg.limit:
         unique = unique.limit(cfg.limit).materialize()
         skipped["over_limit"] = n_unique - cfg.limit
+    timings["read_clean_dedup_s"] = time.perf_counter() - t0
     if unique.count() == 0:
         raise DataError(f"{cfg.input}: no usable sentences (read {read}, skipped {skipped})")
 
     p = cfg.parser
+    t0 = time.perf_counter()
     parsed = unique.repartition(max(p.workers * 4, 1)).map_batches(
         ParseAugment, fn_constructor_args=(cfg.model_dump(),), batch_size=p.batch_size, batch_format="numpy",
         compute=ray.data.ActorPoolStrategy(size=p.workers), num_cpus=p.cpus_per_worker,
     ).materialize()
+    timings["parse_augment_s"] = time.perf_counter() - t0
     bad = Counter(r["skip"] for r in parsed.select_columns(["skip"]).iter_rows() if r["skip"])
     for k, v in bad.items():
         skipped[k] = skipped.get(k, 0) + v
@@ -308,13 +315,15 @@ def run_pipeline(cfg: CorpusConfig, output: str, *, progress: bool = True) -> di
     shards_dir = f"{out_path}/shards"
     if storage.exists(storage.join(output, "shards")):
         storage.remove(storage.join(output, "shards"))
+    t0 = time.perf_counter()
     good.write_parquet(shards_dir, filesystem=out_fs, min_rows_per_file=cfg.shard_rows,
                        max_rows_per_file=cfg.shard_rows)
+    timings["write_s"] = time.perf_counter() - t0
     manifest = {
         "read": read, "written": written, "skipped": dict(sorted(skipped.items())),
         "truncated": counts["truncated"], "parser": p.kind, "seed": cfg.seed,
         "input": cfg.input, "input_files": len(files), "columns": [c for c in COLUMNS if c != "skip"],
-        "config": cfg.model_dump(mode="json"),
+        "config": cfg.model_dump(mode="json"), "timings_s": timings,
     }
     storage.write_bytes(storage.join(output, "manifest.json"), json.dumps(manifest, indent=2).encode())
     return manifest

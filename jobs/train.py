@@ -1,0 +1,83 @@
+"""Train one method on Ray Train, export the best checkpoint, evaluate it on the STS test sets,
+and track everything in MLflow.
+
+    python jobs/train.py --method sifter_simcse --preset smoke [key=value ...]
+    python jobs/train.py --method simcse --config my.yaml --tracking-uri http://mlflow:5000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import _bootstrap
+
+
+def main() -> int:
+    from orchestrator import storage, tracking
+    from orchestrator.cluster import init_ray
+    from orchestrator.config import config_hash, load_config, resolve_config_path
+    from orchestrator.evaluation import sts
+    from orchestrator.methods import get_method, method_names
+    from orchestrator.train import build_trainer, export_and_test, fit, prepare_shards
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--method", required=True, help=f"one of: {', '.join(method_names())}")
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument("--preset", default="smoke", help="configs/<method>/<preset>.yaml")
+    src.add_argument("--config", help="a YAML config file")
+    ap.add_argument("--name", help="run name (default: <method>-<time>)")
+    ap.add_argument("--tracking-uri", help="MLflow tracking URI (default: env, else embedded ./mlruns)")
+    ap.add_argument("--storage", help="local path or s3:// URI for corpora, checkpoints and exports")
+    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("overrides", nargs="*", help="key=value config overrides")
+    args = ap.parse_args()
+
+    method = get_method(args.method)
+    path = args.config or resolve_config_path(args.preset, args.method)
+    overrides = [*args.overrides, *([f"run.storage={args.storage}"] if args.storage else [])]
+    if args.tracking_uri:
+        overrides.append(f"tracking.tracking_uri={args.tracking_uri}")
+    cfg = load_config(method.config_cls, path, overrides)
+    if getattr(cfg, "method", args.method) != args.method:
+        cfg.method = args.method
+    name = args.name or cfg.run.name or f"{args.method}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+    # fail fast, before any Ray work: tracking server, storage, model source
+    exp_id = tracking.setup(cfg.tracking.tracking_uri, cfg.tracking.experiment)
+    storage.check_access(cfg.run.storage)
+    from orchestrator.models import resolve_model_source
+
+    resolve_model_source(cfg.model.name_or_path)
+
+    import mlflow
+
+    init_ray()
+    t0 = time.time()
+    shards = prepare_shards(cfg.data, cfg.run.storage, seed=cfg.train.seed, progress=not args.no_progress)
+    trainer = build_trainer(method, cfg, shards, name=name)
+    outcome = fit(trainer, method)
+    model_dir, test = export_and_test(method, cfg, outcome, f"outputs/models/{name}")
+    if storage.is_s3(cfg.run.storage):
+        storage.put_dir(model_dir, storage.join(cfg.run.storage, "models", name))
+    wall_s = time.time() - t0
+
+    with mlflow.start_run(experiment_id=exp_id, run_name=name) as run:
+        tracking.log_params({**cfg.model_dump(mode="json"), "config_hash": config_hash(cfg), "shards": shards})
+        for row in outcome.history:
+            step = int(row.get("step", 0))
+            tracking.log_metrics({k: v for k, v in row.items() if k not in ("step", "epoch")}, step=step)
+        tracking.log_metrics({**sts.flat_metrics(test, "test_"), "wall_s": wall_s,
+                              "best_stsb_dev_spearman": outcome.best_metrics.get(method.metric, float("nan"))})
+        mlflow.log_text(sts.format_table(test), "sts_test.md")
+        tracking.log_sentence_encoder(model_dir, name="model")
+        run_id = run.info.run_id
+    print(sts.format_table(test))
+    print(json.dumps({"run_id": run_id, "model_dir": str(model_dir), "wall_s": round(wall_s, 1),
+                      "best_dev": outcome.best_metrics.get(method.metric)}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    _bootstrap.run(main)

@@ -1,0 +1,44 @@
+"""The method registry: name → config type, per-worker train function, export, dev metric.
+
+Adding a sixth method means one new file in ``trainers/`` and one entry here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from orchestrator.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    config_cls: type
+    train_func: Callable[[dict], None]
+    export: Callable  # (cfg, checkpoint_dir, out_dir) -> out_dir
+    metric: str = "stsb_dev_spearman"
+    columns: tuple[str, ...] = ("text",)
+
+
+def _contrastive(name: str) -> Method:
+    from trainers import sifter_simcse as m
+
+    return Method(name, m.ContrastiveConfig, m.train_func, m.export_model,
+                  columns=("text", "backbone_view", "deletion_view"))
+
+
+_FACTORIES: dict[str, Callable[[], Method]] = {
+    "simcse": lambda: _contrastive("simcse"),
+    "sifter_simcse": lambda: _contrastive("sifter_simcse"),
+}
+
+
+def get_method(name: str) -> Method:
+    if name not in _FACTORIES:
+        raise ConfigError(f"unknown method {name!r}: expected one of {', '.join(sorted(_FACTORIES))}")
+    return _FACTORIES[name]()
+
+
+def method_names() -> list[str]:
+    return sorted(_FACTORIES)

@@ -1,0 +1,128 @@
+"""SimCSE / SIFTER-SimCSE maths: golden losses, and distributed == single-process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainers.sifter_simcse import ContrastiveConfig, build_model, compute_loss, info_nce
+
+X = ["a man is playing a guitar .", "the cat sat on the mat .", "she reads a long book .", "dogs run in the park .",
+     "he cooked dinner for his family .", "the sun rises in the east .", "they built a small house .",
+     "a child is eating an apple ."]
+Y = [x + " " + b for x, b in zip(X, ["man playing", "cat sat on", "she reads book", "dogs run in", "he cooked dinner for",
+                                     "sun rises in", "they built house", "child eating"])]
+Z = ["man is playing guitar .", "cat sat on mat .", "reads long book .", "dogs run in park .", "cooked dinner for family .",
+     "sun rises in east .", "built small house .", "child is eating apple ."]
+BATCH = {"text": X, "backbone_view": Y, "deletion_view": Z}
+
+
+def cfg_for(model_dir, **kw) -> ContrastiveConfig:
+    return ContrastiveConfig.model_validate({"model": {"name_or_path": str(model_dir), "max_length": 16}, **kw})
+
+
+def test_info_nce_matches_hand_computation():
+    a = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    b = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
+    # cos: [[1, 0.7071], [0, 0.7071]] / 0.5
+    logits = torch.tensor([[2.0, 1.41421356], [0.0, 1.41421356]])
+    expected = -(torch.log_softmax(logits, 1)[0, 0] + torch.log_softmax(logits, 1)[1, 1]) / 2
+    assert info_nce(a, b, 0.5).item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+def test_config_validation():
+    from orchestrator.config import validate
+    from orchestrator.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="lambda_xy: Input should be greater than or equal to 0"):
+        validate(ContrastiveConfig, {"lambda_xy": -1}, "x.yaml")
+    with pytest.raises(ConfigError, match="at least one of lambda_xx"):
+        validate(ContrastiveConfig, {"lambda_xx": 0, "lambda_xy": 0, "lambda_xz": 0, "lambda_yz": 0}, "x.yaml")
+    assert ContrastiveConfig(lambda_xx=1, lambda_xy=0, lambda_xz=0, lambda_yz=0).views() == ["x", "x2"]
+    assert ContrastiveConfig().views() == ["x", "y", "z"]
+
+
+# Recorded with torch 2.13.0 (CPU, 1 thread) on the seeded tiny BERT of conftest.tiny_bert_dir.
+GOLDEN = {
+    "sifter_simcse": [6.552130699157715, 7.06414270401001, 6.839005470275879],
+    "simcse": [2.04158091545105, 2.1901986598968506, 2.0990772247314453],
+}
+
+
+def golden_losses(model_dir, method: str, steps: int = 3) -> list[float]:
+    torch.set_num_threads(1)
+    lambdas = {"sifter_simcse": {}, "simcse": {"lambda_xx": 1, "lambda_xy": 0, "lambda_xz": 0, "lambda_yz": 0}}[method]
+    cfg = cfg_for(model_dir, dropout=0.1, **lambdas)
+    torch.manual_seed(1234)
+    model, tok = build_model(cfg)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    out = []
+    for _ in range(steps):
+        loss, logs = compute_loss(model, tok, BATCH, cfg)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        out.append(logs["loss"])
+    return out
+
+
+@pytest.mark.parametrize("method", ["sifter_simcse", "simcse"])
+def test_golden_losses(tiny_bert_dir, method):
+    got = golden_losses(tiny_bert_dir, method)
+    assert got == pytest.approx(GOLDEN[method], rel=1e-4)
+
+
+# ---------------------------------------------------------------- distributed equivalence
+def _worker(rank: int, world: int, model_dir: str, gather: bool, out_dir: str, init_file: str) -> None:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    cfg = cfg_for(model_dir, dropout=0.0, gather_negatives=gather)
+    torch.manual_seed(0)
+    model, tok = build_model(cfg)
+    ddp = DDP(model)
+    b = len(X) // world
+    local = {k: v[rank * b:(rank + 1) * b] for k, v in BATCH.items()}
+    loss, logs = compute_loss(ddp, tok, local, cfg)
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    torch.save({"loss": logs["loss"], "grads": grads}, Path(out_dir) / f"rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def run_distributed(model_dir, gather: bool, tmp_path) -> dict:
+    import torch.multiprocessing as mp
+
+    out = tmp_path / ("gather" if gather else "local")
+    out.mkdir()
+    mp.spawn(_worker, args=(2, str(model_dir), gather, str(out), str(out / "init")), nprocs=2, join=True)
+    return {r: torch.load(out / f"rank{r}.pt") for r in range(2)}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_two_workers_with_gathered_negatives_equal_one_worker_with_double_batch(tiny_bert_dir, tmp_path):
+    torch.set_num_threads(1)
+    cfg = cfg_for(tiny_bert_dir, dropout=0.0)
+    torch.manual_seed(0)
+    model, tok = build_model(cfg)
+    loss, logs = compute_loss(model, tok, BATCH, cfg)
+    loss.backward()
+    ref = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+    dist = run_distributed(tiny_bert_dir, True, tmp_path)
+    for r in range(2):
+        assert dist[r]["loss"] == pytest.approx(logs["loss"], abs=1e-5)
+        assert set(dist[r]["grads"]) == set(ref)
+        for name, g in ref.items():
+            torch.testing.assert_close(dist[r]["grads"][name], g, atol=1e-5, rtol=1e-4, msg=name)
+
+    local = run_distributed(tiny_bert_dir, False, tmp_path)
+    assert abs(local[0]["loss"] - logs["loss"]) > 1e-3  # without gathering each worker sees only b negatives
+    diffs = [float((local[0]["grads"][n] - g).abs().max()) for n, g in ref.items()]
+    assert max(diffs) > 1e-4

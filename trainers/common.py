@@ -1,0 +1,241 @@
+"""The pieces every method's worker loop shares: rank helpers, the all-gather that keeps the
+local slice's graph, learning-rate schedules, the optimiser step (DDP or DeepSpeed ZeRO), and
+checkpoints that Ray Train can report and resume from.
+
+Trainers talk to Ray only through ``ray.train.report`` / ``get_checkpoint`` /
+``get_dataset_shard`` (and ``prepare_model`` here), as Ray's own examples do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+
+# ---------------------------------------------------------------- process group helpers
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def gather_with_grad(x: torch.Tensor) -> torch.Tensor:
+    """All-gather ``x`` from every worker; the local slice keeps its autograd graph.
+
+    Exactly SimCSE's trick: ``all_gather`` returns tensors without gradient, so the local
+    position is replaced by ``x`` itself. Every worker then computes the loss over the *global*
+    batch; the gradient reaches each worker's parameters only through its own slice, so the
+    loss is multiplied by the world size before DDP averages (see :func:`ddp_loss_scale`).
+    """
+    n = world_size()
+    if n == 1:
+        return x
+    parts = [torch.zeros_like(x) for _ in range(n)]
+    dist.all_gather(parts, x.contiguous())
+    parts[rank()] = x
+    return torch.cat(parts, dim=0)
+
+
+def ddp_loss_scale(gathered: bool) -> float:
+    """Factor that makes DDP's gradient average equal the gradient of the global-batch loss."""
+    return float(world_size()) if gathered else 1.0
+
+
+def setup_worker(seed: int) -> None:
+    """One thread per worker (CPU), and every RNG seeded (rank-offset, so dropout masks differ)."""
+    if not torch.cuda.is_available():
+        torch.set_num_threads(max(1, int(os.environ.get("SIEVE_TORCH_THREADS", "1"))))
+    s = seed + rank()
+    random.seed(s)
+    np.random.seed(s)
+    torch.manual_seed(s)
+
+
+def lr_lambda(schedule: str, total_steps: int):
+    if schedule == "constant":
+        return lambda step: 1.0
+    return lambda step: max(0.0, 1.0 - step / max(1, total_steps))
+
+
+# ---------------------------------------------------------------- the optimiser step
+class Stepper:
+    """Backward + optimiser step for plain PyTorch / DDP or a DeepSpeed ZeRO engine.
+
+    ``model`` is what the trainer calls forward on (DDP-wrapped or the DeepSpeed engine);
+    ``module`` is the underlying ``nn.Module`` (for evaluation and export).
+    """
+
+    def __init__(self, module: torch.nn.Module, param_groups, *, lr: float, schedule: str, total_steps: int,
+                 grad_clip: float | None, deepspeed_cfg=None, distributed: bool = True):
+        self.module = module
+        self.grad_clip = grad_clip
+        self.deepspeed = deepspeed_cfg is not None and deepspeed_cfg.stage > 0
+        if self.deepspeed:
+            import deepspeed
+
+            ds_config = deepspeed_config(deepspeed_cfg, lr=lr, grad_clip=grad_clip)
+            self.optimizer = torch.optim.AdamW(param_groups, lr=lr)
+            self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(schedule, total_steps))
+            self.model, self.optimizer, _, self.scheduler = deepspeed.initialize(
+                model=module, optimizer=self.optimizer, lr_scheduler=self.scheduler, config=ds_config)
+        else:
+            if distributed and world_size() > 1:
+                import ray.train.torch
+
+                self.model = ray.train.torch.prepare_model(module)
+            else:
+                self.model = module
+            self.optimizer = torch.optim.AdamW(param_groups, lr=lr)
+            self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(schedule, total_steps))
+
+    def step(self, loss: torch.Tensor) -> None:
+        if self.deepspeed:
+            self.model.backward(loss)
+            self.model.step()
+            return
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.grad_clip:
+            torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+
+    @contextmanager
+    def eval_module(self, build_plain):
+        """Yield a module rank 0 can evaluate alone, without collectives.
+
+        Plain/DDP and ZeRO-1/2 keep full parameters on every rank: the module itself. ZeRO-3's
+        forward hooks all-gather parameters (a collective every rank would have to join), so
+        all ranks gather once and rank 0 copies the full weights into a plain module built by
+        ``build_plain()`` (kept for the next evaluation).
+        """
+        stage3 = self.deepspeed and getattr(self.model, "zero_optimization_stage", lambda: 0)() == 3
+        if not stage3:
+            yield self.module
+            return
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(self.module.parameters()), modifier_rank=None):
+            if rank() == 0:
+                if getattr(self, "_plain", None) is None:
+                    self._plain = build_plain()
+                with torch.no_grad():
+                    full = dict(self.module.named_parameters())
+                    for name, p in self._plain.named_parameters():
+                        p.copy_(full[name].data)
+        yield self._plain if rank() == 0 else None
+
+    # -- checkpoints: every rank writes (ZeRO shards), plain runs only rank 0
+    def save(self, directory: Path, state: dict) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        if self.deepspeed:
+            self.model.save_checkpoint(str(directory), tag="ds")
+        elif rank() == 0:
+            torch.save({"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
+                        "scheduler": self.scheduler.state_dict()}, directory / "model.pt")
+        if rank() == 0:
+            (directory / "state.json").write_text(json.dumps(state))
+
+    def load(self, directory: Path) -> dict:
+        if self.deepspeed:
+            self.model.load_checkpoint(str(directory), tag="ds")
+            return json.loads((directory / "state.json").read_text())
+        blob = torch.load(directory / "model.pt", map_location="cpu", weights_only=False)
+        self.module.load_state_dict(blob["model"])
+        self.optimizer.load_state_dict(blob["optimizer"])
+        self.scheduler.load_state_dict(blob["scheduler"])
+        return json.loads((directory / "state.json").read_text())
+
+
+def deepspeed_config(cfg, *, lr: float, grad_clip: float | None) -> dict:
+    on_gpu = torch.cuda.is_available()
+    bf16 = cfg.bf16 == "on" or (cfg.bf16 == "auto" and on_gpu)
+    zero: dict = {"stage": cfg.stage}
+    if cfg.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu"}
+    if cfg.offload_params and cfg.stage == 3:
+        zero["offload_param"] = {"device": "cpu"}
+    if cfg.stage == 3:
+        zero["stage3_gather_16bit_weights_on_model_save"] = False
+    out = {
+        "train_micro_batch_size_per_gpu": 1,  # informational: the trainer feeds whole batches
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": zero,
+        "bf16": {"enabled": bf16},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 10**9,
+    }
+    if grad_clip:
+        out["gradient_clipping"] = grad_clip
+    return out
+
+
+# ---------------------------------------------------------------- fault injection (tests only)
+def maybe_inject_failure(step: int) -> None:
+    """Crash this worker once at ``SIEVE_FAIL_AT_STEP`` (rank ``SIEVE_FAIL_RANK``, default 1).
+
+    Used by the fault-injection tests to prove that a run resumes from its last checkpoint; the
+    marker file ``SIEVE_FAIL_MARKER`` makes it fire only once across restarts. Unset in real runs.
+    """
+    at = os.environ.get("SIEVE_FAIL_AT_STEP")
+    if not at or step != int(at) or rank() != int(os.environ.get("SIEVE_FAIL_RANK", "1")) % max(world_size(), 1):
+        return
+    marker = Path(os.environ.get("SIEVE_FAIL_MARKER", "/tmp/sieve-fail-marker"))
+    if marker.exists():
+        return
+    marker.write_text(str(step))
+    os._exit(1)  # a hard crash, like a killed worker process
+
+
+# ---------------------------------------------------------------- reporting to Ray Train
+def report(metrics: dict, stepper: Stepper | None = None, state: dict | None = None) -> None:
+    """``ray.train.report`` with (optionally) a checkpoint written by every rank that has a share."""
+    import ray.train
+
+    if stepper is None:
+        ray.train.report(metrics)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        stepper.save(Path(tmp), state or {})
+        has_files = any(Path(tmp).iterdir())
+        checkpoint = ray.train.Checkpoint.from_directory(tmp) if has_files else None
+        ray.train.report(metrics, checkpoint=checkpoint)
+
+
+@contextmanager
+def resumed_checkpoint():
+    """The latest reported checkpoint as a local directory (or None on a fresh start)."""
+    import ray.train
+
+    ckpt = ray.train.get_checkpoint()
+    if ckpt is None:
+        yield None
+        return
+    with ckpt.as_directory() as d:
+        yield Path(d)
+
+
+def load_module_state(checkpoint_dir) -> dict:
+    """The full (consolidated) module state dict from a plain or a DeepSpeed ZeRO checkpoint.
+
+    ZeRO-3 shards (and ZeRO-1/2 partitioned optimizer states) are merged into one fp32 state
+    dict with DeepSpeed's own ``zero_to_fp32`` logic, so export and evaluation need no cluster.
+    """
+    checkpoint_dir = Path(checkpoint_dir)
+    if (checkpoint_dir / "model.pt").is_file():
+        return torch.load(checkpoint_dir / "model.pt", map_location="cpu", weights_only=False)["model"]
+    if (checkpoint_dir / "ds").is_dir():
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        return get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir), tag="ds")
+    raise FileNotFoundError(f"{checkpoint_dir}: neither model.pt nor a DeepSpeed 'ds' checkpoint")
