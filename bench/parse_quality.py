@@ -48,6 +48,13 @@ def backbone_agreement(parser, path):
     return {"sentences": n, "precision": p, "recall": r, "f1": f, "exact_match": exact / n}
 
 
+def leaves(node) -> list[str]:
+    out = []
+    for k in node[1]:
+        out.extend([k] if isinstance(k, str) else leaves(k))
+    return out
+
+
 def top_constituent_agreement(parser, path, limit=None):
     from orchestrator.data import augment as A
 
@@ -59,16 +66,7 @@ def top_constituent_agreement(parser, path, limit=None):
         gold = A.clean_ptb(A.read_bracketed(line))
         if gold is None:
             continue
-        words = []
-
-        def leaves(node):
-            for k in node[1]:
-                if isinstance(k, str):
-                    words.append(k)
-                else:
-                    leaves(k)
-
-        leaves(gold)
+        words = leaves(gold)
         ours = A.dep_to_tree(parser.parse_words(words))
         g, o = A.top_constituents(gold), A.top_constituents(ours)
         exact += g == o
