@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
+INFRA_VENV ?= .venv-infra
+INFRA_STAMP := $(INFRA_VENV)/.installed-stamp
 
 .PHONY: install sweep test test-fast lint bench clean
 
@@ -13,7 +15,13 @@ $(STAMP): pyproject.toml
 	DS_BUILD_OPS=0 $(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
 	touch $(STAMP)
 
-install: $(STAMP)
+# checkov lives in its own venv: its pins (boto3, pydantic, ...) must not move the project's.
+$(INFRA_STAMP):
+	test -x $(INFRA_VENV)/bin/python || $(PYTHON) -m venv $(INFRA_VENV)
+	$(INFRA_VENV)/bin/pip install -q --disable-pip-version-check checkov==3.3.30
+	touch $(INFRA_STAMP)
+
+install: $(STAMP) $(INFRA_STAMP)
 
 sweep: install
 	$(PY) jobs/sifter_sweep.py --preset smoke $(ARGS)

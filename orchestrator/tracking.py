@@ -173,3 +173,20 @@ def set_alias(name: str, alias: str, version: int) -> None:
     from mlflow import MlflowClient
 
     MlflowClient().set_registered_model_alias(name, alias, str(version))
+
+
+def find_run(experiment_id: str, tags: dict[str, str]):
+    """The newest run in the experiment carrying all ``tags`` (None if there is none)."""
+    import mlflow
+
+    flt = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
+    runs = mlflow.search_runs([experiment_id], filter_string=flt, order_by=["start_time DESC"], max_results=1,
+                              output_format="list")
+    return runs[0] if runs else None
+
+
+def version_metric(name: str, version: int, key: str) -> float | None:
+    from mlflow import MlflowClient
+
+    tags = MlflowClient().get_model_version(name, str(version)).tags
+    return float(tags[key]) if key in tags else None

@@ -79,7 +79,8 @@ def build_trainer(method, cfg, shards: str, *, name: str | None = None, callback
     if cfg.scaling.use_gpu:
         resources.setdefault("GPU", 1)
     scaling = ScalingConfig(num_workers=workers, use_gpu=cfg.scaling.use_gpu, resources_per_worker=resources)
-    env = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "RAY_DATA_DISABLE_PROGRESS_BARS": "1"}  # the ingest's bars would drown Tune's table
     if not cfg.scaling.use_gpu:
         env["DS_ACCELERATOR"] = "cpu"
     env.update({k: v for k, v in os.environ.items() if k.startswith("SIEVE_FAIL_")})  # fault-injection tests

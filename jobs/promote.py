@@ -1,0 +1,55 @@
+"""Move the ``champion`` alias of a registered model to a version (the MLflow UI can do the same).
+
+    python jobs/promote.py --model sifter-simcse --version 3 [--force] [--tracking-uri URI]
+
+Refuses a version whose STS test average (tag ``test_avg_spearman_all``, set at registration)
+is below the current champion's, unless ``--force``. The alias move is one registry call, so a
+reader sees either the old or the new champion, never neither.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import _bootstrap
+
+
+def main() -> int:
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    from orchestrator import tracking
+    from orchestrator.errors import TrackingError
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--version", type=int, required=True)
+    ap.add_argument("--alias", default="champion")
+    ap.add_argument("--metric", default="test_avg_spearman_all")
+    ap.add_argument("--force", action="store_true")
+    ap.add_argument("--tracking-uri")
+    args = ap.parse_args()
+
+    tracking.setup(args.tracking_uri, "sieve")
+    try:
+        MlflowClient().get_model_version(args.model, str(args.version))
+    except MlflowException:
+        raise TrackingError(f"model {args.model!r} has no version {args.version}") from None
+    new = tracking.version_metric(args.model, args.version, args.metric)
+    current = tracking.alias_version(args.model, args.alias)
+    if current == args.version:
+        print(f"{args.model}@{args.alias} is already version {args.version}")
+        return 0
+    if current is not None and not args.force:
+        old = tracking.version_metric(args.model, current, args.metric)
+        if new is None or (old is not None and new < old):
+            raise TrackingError(
+                f"refusing to promote {args.model} v{args.version} ({args.metric}={new}) over "
+                f"@{args.alias} v{current} ({args.metric}={old}); pass --force to do it anyway")
+    tracking.set_alias(args.model, args.alias, args.version)
+    print(f"{args.model}@{args.alias}: v{current} -> v{args.version} ({args.metric}={new})")
+    return 0
+
+
+if __name__ == "__main__":
+    _bootstrap.run(main)

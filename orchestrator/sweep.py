@@ -1,0 +1,239 @@
+"""Ray Tune sweeps over any method, shared by every ``jobs/*_sweep.py``.
+
+One trial = one ``TorchTrainer`` (Ray Train V2) built by :mod:`orchestrator.train` inside a Tune
+function trainable; ``TuneReportCallback`` forwards every evaluation (and its checkpoint path)
+to Tune, so ASHA can stop weak trials early on the method's dev metric.
+
+The search space comes from YAML::
+
+    sweep:
+      num_samples: 1
+      space:
+        train.lr: {loguniform: [1.0e-5, 5.0e-5]}
+        dropout: {uniform: [0.1, 0.2]}
+        temperature: {choice: [0.05, 0.1]}
+        lambdas:                           # a bundle: several keys set together
+          grid:
+            - {lambda_xx: 0, lambda_xy: 1, lambda_xz: 1, lambda_yz: 1}
+            - {lambda_xx: 1, lambda_xy: 0, lambda_xz: 0, lambda_yz: 0}
+
+Every key is checked against the method's config before anything starts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from orchestrator import storage
+from orchestrator.config import StrictModel, apply_overrides, validate
+from orchestrator.errors import ConfigError
+
+
+class Dimension(StrictModel):
+    grid: list[Any] | None = None
+    choice: list[Any] | None = None
+    uniform: tuple[float, float] | None = None
+    loguniform: tuple[float, float] | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self):
+        given = [k for k in ("grid", "choice", "uniform", "loguniform") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of grid, choice, uniform, loguniform")
+        bounds = self.uniform or self.loguniform
+        if bounds is not None and not bounds[0] < bounds[1]:
+            raise ValueError(f"lower bound {bounds[0]} must be below upper bound {bounds[1]}")
+        if self.loguniform is not None and self.loguniform[0] <= 0:
+            raise ValueError("loguniform bounds must be > 0")
+        if (self.grid is not None and not self.grid) or (self.choice is not None and not self.choice):
+            raise ValueError("grid/choice needs at least one value")
+        return self
+
+    def candidates(self) -> list[Any]:
+        """Values that must validate against the method config (bounds for ranges)."""
+        return list(self.grid or self.choice or self.uniform or self.loguniform)
+
+    def to_tune(self):
+        from ray import tune
+
+        if self.grid is not None:
+            return tune.grid_search(self.grid)
+        if self.choice is not None:
+            return tune.choice(self.choice)
+        if self.uniform is not None:
+            return tune.uniform(*self.uniform)
+        return tune.loguniform(*self.loguniform)
+
+
+class SchedulerBlock(StrictModel):
+    type: str = Field("asha", pattern="^(asha|fifo)$")
+    grace_period: int = Field(1, ge=1, description="evaluations before a trial may be stopped")
+    reduction_factor: float = Field(2.0, gt=1)
+
+
+class SweepConfig(StrictModel):
+    num_samples: int = Field(1, ge=1)
+    max_concurrent_trials: int | None = Field(None, ge=1, description="default: what the cluster fits")
+    seed: int = 0
+    scheduler: SchedulerBlock = SchedulerBlock()
+    space: dict[str, Dimension] = {}
+
+
+class SweepJobConfig(StrictModel):
+    """A sweep file: the method, its base preset (+ overrides), and the search space."""
+
+    method: str
+    base: str = Field(..., description="path of the method's base config, relative to the repo root")
+    base_overrides: dict[str, Any] = {}
+    sweep: SweepConfig = SweepConfig()
+
+
+def to_overrides(params: dict[str, Any]) -> list[str]:
+    """Sampled params (bundles expanded) → ``key=value`` overrides."""
+    out = []
+    for key, value in params.items():
+        items = value.items() if isinstance(value, dict) else [(key, value)]
+        out += [f"{k}={json.dumps(v)}" for k, v in items]
+    return out
+
+
+def method_config(method, base: dict, params: dict[str, Any], source: str):
+    return validate(method.config_cls, apply_overrides(base, to_overrides(params)), source)
+
+
+def check_space(method, base: dict, space: dict[str, Dimension], source: str) -> None:
+    """Every dimension's values must give a valid method config (unknown keys fail here)."""
+    for key, dim in space.items():
+        for value in dim.candidates():
+            try:
+                method_config(method, base, {key: value}, source)
+            except ConfigError as exc:
+                raise ConfigError(f"{source}: sweep.space.{key}={value!r}: {str(exc).split(': ', 1)[-1]}") from None
+
+
+def concurrent_trials(cfg, requested: int | None) -> int:
+    """How many trials fit at once: each needs its workers plus 1 CPU for the trial's driver."""
+    if requested:
+        return requested
+    import ray
+
+    res = ray.cluster_resources()
+    per_trial_cpu = cfg.scaling.num_workers * cfg.scaling.cpus_per_worker + 1
+    fits = int(res.get("CPU", 1) // per_trial_cpu)
+    if cfg.scaling.use_gpu:
+        fits = min(fits, int(res.get("GPU", 0) // cfg.scaling.num_workers))
+    return max(1, fits)
+
+
+# ---------------------------------------------------------------- the trainable
+def trial_fn(tune_config: dict) -> None:
+    """One Tune trial: validate the sampled config, train it with Ray Train, report through Tune."""
+    import ray.tune
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    from orchestrator.methods import get_method
+    from orchestrator.train import build_trainer, fit
+
+    method = get_method(tune_config["method"])
+    params = tune_config["params"]
+    cfg = method_config(method, tune_config["base"], params, "sweep trial")
+    trial = ray.tune.get_context().get_trial_name()
+    sweep_dir = tune_config["sweep_dir"]
+    # an audit line per trial start: proves on resume that finished trials were not re-run
+    log = storage.join(sweep_dir, "invocations", f"{trial}-{time.time_ns()}.json")
+    storage.write_bytes(log, json.dumps({"trial": trial, "params": params}).encode())
+    trainer = build_trainer(method, cfg, tune_config["shards"], name=trial, callbacks=[TuneReportCallback()],
+                            storage_path=storage.join(sweep_dir, "train"))
+    fit(trainer, method)
+
+
+def run_sweep(job: SweepJobConfig, base: dict, shards: str, *, name: str, storage_root: str, resume: bool,
+              progress: bool = True):
+    """Run (or resume) the Tune experiment; returns the ``ResultGrid``."""
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+    from ray.tune.search import BasicVariantGenerator
+
+    from orchestrator.methods import get_method
+
+    method = get_method(job.method)
+    cfg0 = method_config(method, base, {}, "base")
+    root = storage.join(storage_root, "sweeps") if storage.is_s3(storage_root) else str(Path(storage_root, "sweeps").resolve())
+    path = storage.join(root, name)
+    trainable = tune.with_resources(trial_fn, {"CPU": 1})
+    if resume:
+        if not tune.Tuner.can_restore(path):
+            raise ConfigError(f"--resume: no sweep to resume at {path}")
+        tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=True)
+        return tuner.fit()
+    if storage.exists(path):
+        raise ConfigError(f"sweep {name!r} already exists at {path}: pass --resume, or another --name")
+    max_evals = max(1, math.ceil((cfg0.train.max_steps or 10**6) / cfg0.train.eval_steps))
+    sc = job.sweep.scheduler
+    scheduler = (ASHAScheduler(time_attr="training_iteration", max_t=max_evals, grace_period=sc.grace_period,
+                               reduction_factor=sc.reduction_factor)
+                 if sc.type == "asha" else FIFOScheduler())
+    space = {
+        "method": job.method, "base": base, "shards": shards, "sweep_dir": path,
+        "params": {k: d.to_tune() for k, d in job.sweep.space.items()},
+    }
+    tuner = tune.Tuner(
+        trainable,
+        param_space=space,
+        tune_config=tune.TuneConfig(
+            metric=method.metric, mode="max", scheduler=scheduler, num_samples=job.sweep.num_samples,
+            # the limit must live in the generator: TuneConfig.max_concurrent_trials is ignored when
+            # a BasicVariantGenerator is passed, and 4 trial drivers on 4 CPUs would starve their workers
+            search_alg=BasicVariantGenerator(random_state=job.sweep.seed,
+                                             max_concurrent=concurrent_trials(cfg0, job.sweep.max_concurrent_trials)),
+        ),
+        run_config=tune.RunConfig(name=name, storage_path=root, verbose=1 if progress else 0,
+                                  failure_config=tune.FailureConfig(max_failures=0)),
+    )
+    return tuner.fit()
+
+
+# ---------------------------------------------------------------- summarising trials
+def trial_rows(result_grid, metric: str) -> list[dict]:
+    """One row per trial: params, every evaluation, the best one and its checkpoint path."""
+    rows = []
+    for r in result_grid:
+        df = r.metrics_dataframe
+        history = json.loads(df.to_json(orient="records")) if df is not None and len(df) else []
+        evals = [h for h in history if h.get(metric) is not None and h[metric] == h[metric]]  # drop NaN
+        best = max(evals, key=lambda h: h[metric]) if evals else None
+        rows.append({
+            "trial": Path(r.path).name if r.path else "?",
+            "params": r.config.get("params", {}),
+            "history": evals,
+            "best": best,
+            "best_dev": best[metric] if best else float("nan"),
+            "checkpoint_path": best.get("checkpoint_path") if best else None,
+            "error": str(r.error).splitlines()[0][:300] if r.error else None,
+        })
+    most = max((len(x["history"]) for x in rows), default=0)
+    for x in rows:
+        x["stopped_early"] = 0 < len(x["history"]) < most
+    rows.sort(key=lambda x: -x["best_dev"] if x["best_dev"] == x["best_dev"] else math.inf)
+    return rows
+
+
+def params_label(params: dict) -> str:
+    parts = []
+    for k, v in params.items():
+        if isinstance(v, dict):
+            parts += [f"{kk.replace('lambda_', 'λ')}={vv:g}" if isinstance(vv, int | float) else f"{kk}={vv}"
+                      for kk, vv in v.items()]
+        else:
+            parts.append(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}")
+    return ", ".join(parts)
+
+
+os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")

@@ -1,0 +1,140 @@
+"""The main job end to end on the session's local Ray cluster: a tiny sweep, MLflow parent/child
+runs, registration with alias, the report; and a driver killed mid-sweep, then resumed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+def sweep_file(tmp_path: Path, model_dir: Path, grid: list[dict], scheduler: str = "fifo") -> Path:
+    cfg = {
+        "method": "sifter_simcse",
+        "base": str(ROOT / "configs" / "sifter_simcse" / "smoke.yaml"),
+        "base_overrides": {"model.name_or_path": str(model_dir), "model.max_length": 16,
+                           "train.batch_size": 8, "train.max_steps": 4, "train.eval_steps": 2,
+                           "data.limit": 120, "data.parser_workers": 1, "eval.tasks": ["stsb"],
+                           "eval.max_length": 32},
+        "sweep": {"num_samples": 1, "scheduler": {"type": scheduler}, "space": {"lambdas": {"grid": grid}}},
+    }
+    p = tmp_path / "sweep.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    return p
+
+
+SIFTER = {"lambda_xx": 0, "lambda_xy": 1, "lambda_xz": 1, "lambda_yz": 1}
+SIMCSE = {"lambda_xx": 1, "lambda_xy": 0, "lambda_xz": 0, "lambda_yz": 0}
+XY = {"lambda_xx": 0, "lambda_xy": 1, "lambda_xz": 0, "lambda_yz": 0}
+
+
+def run_job(tmp_path, *args, **kw):
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    return subprocess.Popen([sys.executable, str(ROOT / "jobs" / "sifter_sweep.py"), *args, "--no-progress",
+                             "--storage", str(tmp_path / "store")], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def final_json(out: str) -> dict:
+    start = out.rindex('\n{\n  "sweep"')
+    return json.loads(out[start:out.index("\n}", start) + 2])
+
+
+def mlflow_at(tmp_path):
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    return mlflow
+
+
+def test_tiny_sweep_registers_best_and_reports(ray_cluster, tiny_bert_dir, tmp_path):
+    cfg = sweep_file(tmp_path, tiny_bert_dir, [SIFTER, SIMCSE])
+    proc = run_job(tmp_path, "--config", str(cfg), "--name", "tiny")
+    out, _ = proc.communicate(timeout=800)
+    assert proc.returncode == 0, out[-4000:]
+    summary = final_json(out)
+    assert summary["trials"] == 2 and summary["registered"]["version"] == 1
+
+    mlflow = mlflow_at(tmp_path)
+    exp = mlflow.get_experiment_by_name("sieve")
+    children = mlflow.search_runs([exp.experiment_id], filter_string="tags.`sieve.role` = 'trial'", output_format="list")
+    assert len(children) == 2
+    parent_id = summary["registered"]["run_id"]
+    for c in children:
+        assert c.data.tags["mlflow.parentRunId"] == parent_id
+        assert "best_stsb_dev_spearman" in c.data.metrics and "stsb_dev_spearman" in c.data.metrics
+        assert any(k.startswith("lambdas.lambda_") for k in c.data.params)
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient()
+    versions = client.search_model_versions("name = 'sifter-simcse'")
+    assert len(versions) == 1
+    mv = client.get_model_version_by_alias("sifter-simcse", "candidate")
+    assert int(mv.version) == 1 and "sweep tiny" in mv.description
+
+    # the registered model reproduces its logged STS-B test score
+    from orchestrator.evaluation import sts
+
+    st = mlflow.sentence_transformers.load_model("models:/sifter-simcse@candidate")
+
+    class STEncoder:
+        def encode(self, sentences, desc=""):
+            return st.encode(list(sentences), batch_size=128, convert_to_numpy=True)
+
+    got = sts.evaluate_data(STEncoder(), sts.load_task("stsb"))["spearman"]["all"]
+    assert got == pytest.approx(float(mv.tags["stsb_test_spearman"]), abs=1e-4)
+
+    report = tmp_path / "outputs" / "reports" / "tiny"
+    text = (report / "summary.md").read_text()
+    assert "λxy=1" in text and "λxx=1" in text and "| stsb | 1379 |" in text
+    assert (report / "dev_by_setting.png").stat().st_size > 1000
+    assert (report / "learning_curves.png").stat().st_size > 1000
+
+
+def test_killed_driver_resumes_without_rerunning_finished_trials(ray_cluster, tiny_bert_dir, tmp_path):
+    cfg = sweep_file(tmp_path, tiny_bert_dir, [SIFTER, SIMCSE, XY])
+    proc = run_job(tmp_path, "--config", str(cfg), "--name", "resumable", start_new_session=True)
+    invocations = tmp_path / "store" / "sweeps" / "resumable" / "invocations"
+    deadline = time.time() + 600
+    while time.time() < deadline:  # one trial at a time: a 2nd start means the 1st has finished
+        if invocations.is_dir() and len(list(invocations.iterdir())) >= 2:
+            break
+        if proc.poll() is not None:
+            pytest.fail("the sweep ended before it could be killed:\n" + proc.stdout.read()[-3000:])
+        time.sleep(1)
+    else:
+        pytest.fail("no second trial started in time")
+    time.sleep(2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+    first = {p.name.rsplit("-", 1)[0] for p in invocations.iterdir()}
+
+    proc = run_job(tmp_path, "--config", str(cfg), "--name", "resumable", "--resume")
+    out, _ = proc.communicate(timeout=800)
+    assert proc.returncode == 0, out[-4000:]
+    assert final_json(out)["trials"] == 3
+    starts = [p.name.rsplit("-", 1)[0] for p in invocations.iterdir()]
+    finished_before_kill = sorted(first)[0]
+    assert starts.count(finished_before_kill) == 1  # not re-run
+    assert len(set(starts)) == 3
+
+    mlflow = mlflow_at(tmp_path)
+    exp = mlflow.get_experiment_by_name("sieve")
+    children = mlflow.search_runs([exp.experiment_id], filter_string="tags.`sieve.role` = 'trial'", output_format="list")
+    trials = [c.data.tags["sieve.trial"] for c in children]
+    assert len(trials) == 3 and len(set(trials)) == 3  # exactly one child run per trial
+    parents = mlflow.search_runs([exp.experiment_id], filter_string="tags.`sieve.role` = 'sweep'", output_format="list")
+    assert len(parents) == 1
