@@ -159,6 +159,15 @@ def load_config(model_cls: type[T], path: str | Path | None, overrides: list[str
     return validate(model_cls, data, source)
 
 
+def repo_path(path: str) -> str:
+    """A relative local path as given when it exists from the working directory, else relative
+    to the repository (configs name ``data/...`` files that ship with the project)."""
+    if path.startswith("s3://") or Path(path).is_absolute() or Path(path).exists():
+        return path
+    candidate = REPO_ROOT / path
+    return str(candidate) if candidate.exists() else path
+
+
 def config_hash(cfg: BaseModel, *, exclude: set[str] | None = None) -> str:
     """A short stable hash of a config (sorted JSON), for content addressing and model descriptions."""
     blob = json.dumps(cfg.model_dump(mode="json", exclude=exclude), sort_keys=True)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -193,11 +192,16 @@ def run_sweep(job: SweepJobConfig, base: dict, shards: str, *, name: str, storag
             # a BasicVariantGenerator is passed, and 4 trial drivers on 4 CPUs would starve their workers
             search_alg=BasicVariantGenerator(random_state=job.sweep.seed,
                                              max_concurrent=concurrent_trials(cfg0, job.sweep.max_concurrent_trials)),
+            trial_dirname_creator=_trial_dirname,  # short, = the trial name used in logs and MLflow
         ),
         run_config=tune.RunConfig(name=name, storage_path=root, verbose=1 if progress else 0,
                                   failure_config=tune.FailureConfig(max_failures=0)),
     )
     return tuner.fit()
+
+
+def _trial_dirname(trial) -> str:
+    return str(trial)
 
 
 # ---------------------------------------------------------------- summarising trials
@@ -236,4 +240,3 @@ def params_label(params: dict) -> str:
     return ", ".join(parts)
 
 
-os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")

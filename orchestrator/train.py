@@ -26,8 +26,8 @@ def corpus_key(input_uri: str, corpus_cfg_json: str) -> str:
 
     h = hashlib.sha256(corpus_cfg_json.encode())
     for f in input_files(input_uri):
-        h.update(f.encode())
-        if storage.is_s3(f):
+        if storage.is_s3(f):  # a bucket key is stable; local paths are not (working-dir copies)
+            h.update(f.encode())
             h.update(str(len(storage.read_bytes(f))).encode())
         else:
             with open(f, "rb") as fh:
@@ -45,9 +45,11 @@ def prepare_shards(data_cfg, storage_root: str, *, seed: int = 42, progress: boo
         if not storage.exists(storage.join(data_cfg.shards, "manifest.json")):
             raise SieveError(f"{data_cfg.shards}: no manifest.json (not an augmented corpus from augment_corpus)")
         return data_cfg.shards
-    corpus_cfg = CorpusConfig(input=data_cfg.corpus, limit=data_cfg.limit, seed=seed,
+    from orchestrator.config import repo_path
+
+    corpus_cfg = CorpusConfig(input=repo_path(data_cfg.corpus), limit=data_cfg.limit, seed=seed,
                               parser={"workers": data_cfg.parser_workers, "cpus_per_worker": 0.5})
-    key = corpus_key(corpus_cfg.input, corpus_cfg.model_dump_json())
+    key = corpus_key(corpus_cfg.input, corpus_cfg.model_dump_json(exclude={"input"}))
     out = storage.join(_abs(storage_root), "corpora", key)
     if storage.exists(storage.join(out, "manifest.json")):
         print(f"augmented corpus: reusing {out}")

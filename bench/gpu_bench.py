@@ -1,0 +1,201 @@
+"""GPU measurements for a lent machine (no internet: models are random-init from config).
+
+For BERT-base and BERT-large configs: SimCSE and SIFTER step throughput and model FLOPs
+utilisation in bf16 at batch 64 and 512 (max length 32), the same for sentence-transformers'
+MNRL SimCSE, and peak GPU memory of a large variant under DeepSpeed ZeRO 0 / 2 / 3 (with
+optimizer offload for 2 and 3, since a single GPU has no peers to partition across).
+Writes bench/results/gpu.{json,md}. Run through bench/gpu.sh.
+
+    python bench/gpu_bench.py [--quick]    # --quick: CPU smoke of the script itself (tiny config)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+from _common import write_results
+
+PEAK_BF16_TFLOPS = float(os.environ.get("SIEVE_PEAK_TFLOPS", "989"))  # H100/H200 SXM dense bf16
+
+
+def bert_config(size: str):
+    from transformers import BertConfig
+
+    if size == "tiny":
+        return BertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128)
+    if size == "base":
+        return BertConfig(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
+    return BertConfig(vocab_size=30522, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096)
+
+
+def flops_per_token(cfg, seq: int) -> float:
+    """Training FLOPs per token: 6 × non-embedding params + attention scores (12·L·h·seq)."""
+    h, L, i = cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size
+    params = L * (4 * h * h + 2 * h * i)
+    return 6 * params + 12 * L * h * seq
+
+
+def random_batch(n: int, seq: int, device):
+    ids = torch.randint(1000, 30000, (n, seq), device=device)
+    ids[:, 0] = 101
+    return ids, torch.ones_like(ids)
+
+
+def step_throughput(model_fn, views: int, batch: int, seq: int, steps: int, device, cfg) -> dict:
+    from trainers.sifter_simcse import info_nce
+
+    model = model_fn().to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    ids, mask = random_batch(batch * views, seq, device)
+
+    def one():
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            out = model(input_ids=ids, attention_mask=mask).last_hidden_state[:, 0].float()
+        e = out.view(views, batch, -1)
+        loss = sum(info_nce(e[a], e[b], 0.05) for a, b in ([(0, 1)] if views == 2 else [(0, 1), (0, 2), (1, 2)]))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    for _ in range(3):
+        one()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        one()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    dt = (time.perf_counter() - t0) / steps
+    tokens = batch * views * seq
+    achieved = flops_per_token(cfg, seq) * tokens / dt / 1e12
+    return {"step_s": dt, "sentences_per_s": batch / dt, "tflops": achieved, "mfu": achieved / PEAK_BF16_TFLOPS,
+            "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None}
+
+
+def st_mnrl(cfg, batch, seq, steps, device) -> dict:
+    import tempfile
+
+    from sentence_transformers import SentenceTransformer, losses, models
+    from transformers import BertModel
+
+    from orchestrator.models import load_tokenizer
+
+    d = tempfile.mkdtemp()
+    BertModel(cfg).save_pretrained(d)
+    load_tokenizer("default").save_pretrained(d)
+    word = models.Transformer(d, max_seq_length=seq)
+    st = SentenceTransformer(modules=[word, models.Pooling(cfg.hidden_size, "cls")], device=str(device))
+    loss_fn = losses.MultipleNegativesRankingLoss(st)
+    opt = torch.optim.AdamW(st.parameters(), lr=1e-5)
+    ids, mask = random_batch(batch, seq, device)
+    feats = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+
+    def one():
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            loss = loss_fn([dict(feats), dict(feats)], None)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    for _ in range(3):
+        one()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        one()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    dt = (time.perf_counter() - t0) / steps
+    achieved = flops_per_token(cfg, seq) * batch * 2 * seq / dt / 1e12
+    return {"step_s": dt, "sentences_per_s": batch / dt, "tflops": achieved, "mfu": achieved / PEAK_BF16_TFLOPS}
+
+
+def zero_memory(cfg, stage: int, batch: int, seq: int, device) -> dict:
+    """Peak memory of a SIFTER step under DeepSpeed ZeRO ``stage`` on this single GPU."""
+    import deepspeed
+    from transformers import BertModel
+
+    from trainers.sifter_simcse import info_nce
+
+    if not torch.distributed.is_initialized():
+        deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
+    model = BertModel(cfg, add_pooling_layer=False)
+    zero = {"stage": stage}
+    if stage >= 2:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    ds_cfg = {"train_micro_batch_size_per_gpu": batch, "zero_optimization": zero,
+              "bf16": {"enabled": device.type == "cuda"}, "zero_allow_untested_optimizer": True,
+              "optimizer": {"type": "AdamW", "params": {"lr": 1e-5}}}
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_cfg)
+    ids, mask = random_batch(batch * 3, seq, device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    for _ in range(3):
+        out = engine(input_ids=ids, attention_mask=mask).last_hidden_state[:, 0].float().view(3, batch, -1)
+        loss = info_nce(out[0], out[1], 0.05) + info_nce(out[0], out[2], 0.05) + info_nce(out[1], out[2], 0.05)
+        engine.backward(loss)
+        engine.step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    res = {"stage": stage, "step_s": (time.perf_counter() - t0) / 3,
+           "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None}
+    del engine
+    torch.cuda.empty_cache() if device.type == "cuda" else None
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="tiny config on whatever device: checks the script")
+    ap.add_argument("--steps", type=int, default=20)
+    args = ap.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    sizes = ["tiny"] if args.quick else ["base", "large"]
+    batches = [8] if args.quick else [64, 512]
+    seq = 32
+    from transformers import BertModel
+
+    rows, results = [], {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+                         "peak_bf16_tflops": PEAK_BF16_TFLOPS, "throughput": [], "zero": []}
+    for size in sizes:
+        cfg = bert_config(size)
+        for b in batches:
+            for name, views in (("simcse", 2), ("sifter", 3)):
+                r = step_throughput(lambda cfg=cfg: BertModel(cfg, add_pooling_layer=False), views, b, seq, args.steps, device, cfg)
+                results["throughput"].append({"model": size, "batch": b, "impl": f"ours-{name}", **r})
+                rows.append(f"| {size} | {b} | ours {name} | {r['sentences_per_s']:.0f} | {r['tflops']:.1f} | {r['mfu'] * 100:.1f}% |")
+            r = st_mnrl(cfg, b, seq, args.steps, device)
+            results["throughput"].append({"model": size, "batch": b, "impl": "st-mnrl", **r})
+            rows.append(f"| {size} | {b} | ST MNRL simcse | {r['sentences_per_s']:.0f} | {r['tflops']:.1f} | {r['mfu'] * 100:.1f}% |")
+    zrows = []
+    if device.type == "cuda" or args.quick:
+        cfg = bert_config(sizes[-1])
+        for stage in (0, 2, 3):
+            try:
+                z = zero_memory(cfg, stage, batches[0], seq, device)
+            except Exception as exc:  # noqa: BLE001 - a failed stage is a result too
+                z = {"stage": stage, "error": f"{type(exc).__name__}: {exc}"[:200]}
+            results["zero"].append(z)
+            zrows.append(f"| {stage} | {z.get('peak_mem_gb') or '–'} | {z.get('step_s', '–')} | {z.get('error', '')} |")
+    md = "\n".join([
+        f"# GPU benchmark ({results['device']}, bf16, max length {seq})", "",
+        "Command: `bash bench/gpu.sh` (random-init BERT configs; MFU against "
+        f"{PEAK_BF16_TFLOPS:.0f} TFLOP/s dense bf16)", "",
+        "| model | batch | implementation | sentences/s | TFLOP/s | MFU |", "|---|---:|---|---:|---:|---:|", *rows, "",
+        f"Peak memory of a SIFTER step, BERT-{sizes[-1]}, batch {batches[0]} (ZeRO 2/3 with optimizer offload):", "",
+        "| ZeRO stage | peak GB | step s | note |", "|---:|---:|---:|---|", *zrows,
+    ])
+    write_results("gpu" if not args.quick else "gpu_quick_cpu", results, md)
+    print(json.dumps({"ok": True}))
+
+
+if __name__ == "__main__":
+    main()
