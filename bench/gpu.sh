@@ -6,6 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false DS_BUILD_OPS=0
+# a single-process DeepSpeed group for the ZeRO memory runs
+export MASTER_ADDR=127.0.0.1 MASTER_PORT=${MASTER_PORT:-29533} RANK=0 WORLD_SIZE=1 LOCAL_RANK=0
 PY=${PY:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3
 timeout 470 "$PY" bench/gpu_bench.py "$@"

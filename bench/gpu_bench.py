@@ -45,6 +45,21 @@ def random_batch(n: int, seq: int, device):
     return ids, torch.ones_like(ids)
 
 
+def time_steps(one, steps: int, device) -> float:
+    """Seconds per call of ``one`` after 3 warm-up calls (CUDA synchronised)."""
+    for _ in range(3):
+        one()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        one()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / steps
+
+
 def step_throughput(model_fn, views: int, batch: int, seq: int, steps: int, device, cfg) -> dict:
     from trainers.sifter_simcse import info_nce
 
@@ -61,17 +76,7 @@ def step_throughput(model_fn, views: int, batch: int, seq: int, steps: int, devi
         loss.backward()
         opt.step()
 
-    for _ in range(3):
-        one()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        one()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    dt = (time.perf_counter() - t0) / steps
+    dt = time_steps(one, steps, device)
     tokens = batch * views * seq
     achieved = flops_per_token(cfg, seq) * tokens / dt / 1e12
     return {"step_s": dt, "sentences_per_s": batch / dt, "tflops": achieved, "mfu": achieved / PEAK_BF16_TFLOPS,
@@ -103,16 +108,7 @@ def st_mnrl(cfg, batch, seq, steps, device) -> dict:
         loss.backward()
         opt.step()
 
-    for _ in range(3):
-        one()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        one()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    dt = (time.perf_counter() - t0) / steps
+    dt = time_steps(one, steps, device)
     achieved = flops_per_token(cfg, seq) * batch * 2 * seq / dt / 1e12
     return {"step_s": dt, "sentences_per_s": batch / dt, "tflops": achieved, "mfu": achieved / PEAK_BF16_TFLOPS}
 

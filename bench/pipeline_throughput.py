@@ -74,6 +74,7 @@ def main() -> None:
         "ratio_ray_over_single": (n / ray_total_s) / (n / single_total_s),
         "ray_stage_timings_s": manifest["timings_s"],
         "parse_stage_ratio": single_parse_s / manifest["timings_s"]["parse_augment_s"],
+        "parse_window_ratio": single_parse_s / manifest["timings_s"]["parse_window_s"],
     }
     md = f"""# Corpus pipeline throughput ({len(sentences):,} WikiSplit sentences, spaCy sm, {os.cpu_count()} cores)
 
@@ -86,11 +87,16 @@ Command: `.venv/bin/python bench/pipeline_throughput.py --n {args.n}` (both side
 | **ratio Ray / single, whole pipeline** | | **{res['ratio_ray_over_single']:.2f}x** |
 | parse + augment stage only: single {single_parse_s:.1f} s vs 2 actors {manifest['timings_s']['parse_augment_s']:.1f} s (incl. actor start-up) | | **{res['parse_stage_ratio']:.2f}x** |
 
+| parse + augment, steady state: single {single_parse_s:.1f} s vs the 2 actors' first-batch-start → last-batch-end window {manifest['timings_s']['parse_window_s']:.1f} s | | **{res['parse_window_ratio']:.2f}x** |
+
 Ray stage timings (s): {', '.join(f"{k} {v:.1f}" for k, v in manifest['timings_s'].items())}.
 
-The Ray figure includes everything the job does (actor start-up with one spaCy load per actor,
-the dedup sort, parquet writing and the manifest) while the loop skips file output, so the
-ratio is a lower bound on the parse stage's speed-up.
+The whole-pipeline figure includes everything the job does (actor start-up with one spaCy load
+per actor, the dedup sort, parquet writing and the manifest) while the loop skips file output.
+Why the ratio stays under 2 on 2 cores: the two actors share the 2 cores with Ray's own
+processes (GCS, raylet, dashboard and its agent, the driver's streaming executor), and a few
+seconds of each run go to starting actors and loading spaCy twice; the steady-state window
+shows what the parallel parse itself gains.
 """
     write_results("pipeline_throughput", res, md)
 

@@ -67,6 +67,8 @@ def main() -> None:
         lines.append(f"| {label} | " + " | ".join(f"{r[k]['spearman']['all'] * 100:.2f}" for k in tasks)
                      + f" | {t['test']['avg']['spearman_all'] * 100:.2f} |")
     lines += ["| untrained MiniLM | 75.06 | 76.46 | 71.51 | 75.30 | 73.55 | 73.50 | 70.47 | 73.69 |", "",
+              "Trials with one evaluation were stopped by ASHA after 6 steps, so their row is that 6-step checkpoint "
+              "against SIFTER's 12 steps. ",
               "Smoke scale (12 steps × global batch 32 from 2,000 sentences) says little about the methods: it "
               "shows the job works end to end. The paper preset (1M sentences, BERT-base, GPU) is the real comparison."]
     write_results("sweep_smoke", {"sweep": args.name, "wall_min": wall, "trials": rows, "tests": tables}, "\n".join(lines))

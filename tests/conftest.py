@@ -152,13 +152,16 @@ def ray_cluster(tmp_path_factory, s3_endpoint):
     token = root / "auth_token"
     token.write_text(secrets.token_hex(32))
     token.chmod(0o600)
-    port = free_port()
+    port, dashboard = free_port(), free_port()
     env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
     os.environ.update(env)
+    # the venv's bin first on PATH: `ray job submit` entrypoints resolve `python` from ray start's PATH
+    start_env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     subprocess.run([str(BIN / "ray"), "start", "--head", "--num-cpus=4", f"--port={port}",
-                    "--dashboard-host=127.0.0.1", f"--dashboard-port={free_port()}",
-                    "--disable-usage-stats"], check=True, capture_output=True, timeout=120)
+                    "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
+                    "--disable-usage-stats"], check=True, capture_output=True, timeout=120, env=start_env)
     os.environ["RAY_ADDRESS"] = f"127.0.0.1:{port}"
+    os.environ["SIEVE_TEST_DASHBOARD"] = f"http://127.0.0.1:{dashboard}"
     import ray
 
     ray.init()
@@ -167,5 +170,5 @@ def ray_cluster(tmp_path_factory, s3_endpoint):
     finally:
         ray.shutdown()
         subprocess.run([str(BIN / "ray"), "stop", "--force"], capture_output=True, timeout=120)
-        for k in [*env, "RAY_ADDRESS"]:
+        for k in [*env, "RAY_ADDRESS", "SIEVE_TEST_DASHBOARD"]:
             os.environ.pop(k, None)

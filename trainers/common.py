@@ -51,10 +51,11 @@ def ddp_loss_scale(gathered: bool) -> float:
     return float(world_size()) if gathered else 1.0
 
 
-def setup_worker(seed: int) -> None:
-    """One thread per worker (CPU), and every RNG seeded (rank-offset, so dropout masks differ)."""
+def setup_worker(seed: int, threads: int = 1) -> None:
+    """On CPU as many torch threads as the worker has CPUs; every RNG seeded (rank-offset, so
+    dropout masks differ between workers)."""
     if not torch.cuda.is_available():
-        torch.set_num_threads(max(1, int(os.environ.get("SIEVE_TORCH_THREADS", "1"))))
+        torch.set_num_threads(max(1, threads))
     s = seed + rank()
     random.seed(s)
     np.random.seed(s)

@@ -218,7 +218,7 @@ def train_func(config: dict) -> list[dict]:
     import ray.train
 
     cfg = ContrastiveConfig.model_validate(config["method_config"])
-    common.setup_worker(cfg.train.seed)
+    common.setup_worker(cfg.train.seed, threads=int(cfg.scaling.cpus_per_worker))
     device = torch.device("cuda" if torch.cuda.is_available() and cfg.scaling.use_gpu else "cpu")
     module, tokenizer = build_model(cfg)
     module.to(device)

@@ -219,7 +219,14 @@ class ParseAugment:
         self.parser = make_parser(p.kind, spacy_model=p.spacy_model, stanza_dir=p.stanza_dir, batch_size=p.batch_size)
 
     def __call__(self, batch: dict) -> dict:
-        return augment_rows(list(batch["text"]), list(batch["key"]), self.parser, self.cfg)
+        import time
+
+        t0 = time.time()
+        out = augment_rows(list(batch["text"]), list(batch["key"]), self.parser, self.cfg)
+        n = len(out["text"])
+        # when this batch ran (wall clock): the manifest reports the parse window without actor start-up
+        out["_t0"], out["_t1"] = np.full(n, t0), np.full(n, time.time())
+        return out
 
 
 COLUMNS = ("text", "words", "backbone_view", "deletion_view", "linearized_parse", "constituent_bag", "skip")
@@ -305,6 +312,9 @@ def run_pipeline(cfg: CorpusConfig, output: str, *, progress: bool = True) -> di
         compute=ray.data.ActorPoolStrategy(size=p.workers), num_cpus=p.cpus_per_worker,
     ).materialize()
     timings["parse_augment_s"] = time.perf_counter() - t0
+    window = parsed.select_columns(["_t0", "_t1"]).to_pandas()
+    timings["parse_window_s"] = float(window["_t1"].max() - window["_t0"].min())  # first batch start → last end
+    parsed = parsed.drop_columns(["_t0", "_t1"])
     bad = Counter(r["skip"] for r in parsed.select_columns(["skip"]).iter_rows() if r["skip"])
     for k, v in bad.items():
         skipped[k] = skipped.get(k, 0) + v

@@ -138,3 +138,19 @@ def test_killed_driver_resumes_without_rerunning_finished_trials(ray_cluster, ti
     assert len(trials) == 3 and len(set(trials)) == 3  # exactly one child run per trial
     parents = mlflow.search_runs([exp.experiment_id], filter_string="tags.`sieve.role` = 'sweep'", output_format="list")
     assert len(parents) == 1
+
+
+def test_ray_job_submit_runs_the_sweep(ray_cluster, tiny_bert_dir, tmp_path):
+    """The README's cluster command, against the session's head node: `ray job submit --working-dir .`."""
+    cfg = sweep_file(tmp_path, tiny_bert_dir, [SIFTER])
+    tracking = f"sqlite:///{tmp_path / 'submitted.db'}"
+    env = {**os.environ, "RAY_ADDRESS": os.environ["SIEVE_TEST_DASHBOARD"]}
+    res = subprocess.run(
+        [str(Path(sys.executable).parent / "ray"), "job", "submit", "--working-dir", str(ROOT), "--",
+         "python", "jobs/sifter_sweep.py", "--config", str(cfg), "--name", "submitted", "--no-progress",
+         "--storage", str(tmp_path / "store"), "--tracking-uri", tracking],
+        capture_output=True, text=True, timeout=800, env=env)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
+    assert "succeeded" in res.stdout
+    summary = final_json(res.stdout)
+    assert summary["registered"]["alias"] == "candidate" and summary["trials"] == 1
