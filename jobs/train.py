@@ -20,7 +20,7 @@ def main() -> int:
     from orchestrator.config import config_hash, load_config, resolve_config_path
     from orchestrator.evaluation import sts
     from orchestrator.methods import get_method, method_names
-    from orchestrator.train import build_trainer, export_and_test, fit, prepare_shards
+    from orchestrator.train import build_trainer, export_and_test, fit, preflight, prepare_shards
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--method", required=True, help=f"one of: {', '.join(method_names())}")
@@ -44,12 +44,7 @@ def main() -> int:
         cfg.method = args.method
     name = args.name or cfg.run.name or f"{args.method}-{time.strftime('%Y%m%d-%H%M%S')}"
 
-    # fail fast, before any Ray work: tracking server, storage, model source
-    exp_id = tracking.setup(cfg.tracking.tracking_uri, cfg.tracking.experiment)
-    storage.check_access(cfg.run.storage)
-    from orchestrator.models import resolve_model_source
-
-    resolve_model_source(cfg.model.name_or_path)
+    exp_id = preflight(cfg)  # tracking server, storage, model source: fail before any Ray work
 
     import mlflow
 

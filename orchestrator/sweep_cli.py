@@ -58,12 +58,9 @@ def main(doc: str, default_dir: str) -> int:
     check_space(method, base, job.sweep.space, str(path))
     name = args.name or f"{default_dir}-{time.strftime('%Y%m%d-%H%M%S')}"
 
-    # fail fast: tracking server, storage, model
-    exp_id = tracking.setup(cfg0.tracking.tracking_uri, cfg0.tracking.experiment)
-    storage.check_access(cfg0.run.storage)
-    from orchestrator.models import resolve_model_source
+    from orchestrator.train import preflight
 
-    resolve_model_source(cfg0.model.name_or_path)
+    exp_id = preflight(cfg0)  # tracking server, storage, model source: fail before any Ray work
 
     import mlflow
 

@@ -19,6 +19,19 @@ from orchestrator import storage
 from orchestrator.errors import ConfigError, SieveError
 
 
+# ---------------------------------------------------------------- before any Ray work
+def preflight(cfg) -> str:
+    """Fail fast, naming the URI or path: tracking server, storage, model source. Returns the
+    MLflow experiment id."""
+    from orchestrator import tracking
+    from orchestrator.models import resolve_model_source
+
+    exp_id = tracking.setup(cfg.tracking.tracking_uri, cfg.tracking.experiment)
+    storage.check_access(cfg.run.storage)
+    resolve_model_source(cfg.model.name_or_path)
+    return exp_id
+
+
 # ---------------------------------------------------------------- training data
 def corpus_key(input_uri: str, corpus_cfg_json: str) -> str:
     """Content address of an augmented corpus: the input files' bytes (local) or listing (s3) + config."""

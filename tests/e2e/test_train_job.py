@@ -1,0 +1,51 @@
+"""jobs/train.py end to end on the session's Ray cluster, and its fail-fast preflight."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def train(tmp_path, *args, timeout=600):
+    return subprocess.run([sys.executable, str(ROOT / "jobs" / "train.py"), "--method", "simcse", "--preset", "smoke",
+                           "--no-progress", *args], capture_output=True, text=True, cwd=tmp_path, timeout=timeout,
+                          env={k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"})
+
+
+def test_unreachable_tracking_server_fails_fast(tmp_path):
+    from conftest import free_port
+
+    uri = f"http://127.0.0.1:{free_port()}"
+    t0 = time.time()
+    res = train(tmp_path, "--tracking-uri", uri, timeout=60)
+    assert res.returncode == 2 and time.time() - t0 < 30
+    assert res.stderr.strip().splitlines()[-1].startswith(f"error: MLflow tracking server {uri} unreachable")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_train_job_tracks_and_exports(ray_cluster, tiny_bert_dir, tmp_path):
+    db = tmp_path / "t.db"
+    res = train(tmp_path, "--storage", str(tmp_path / "store"), "--tracking-uri", f"sqlite:///{db}", "--name", "tiny",
+                f"model.name_or_path={tiny_bert_dir}", "model.max_length=16", "train.batch_size=8",
+                "train.max_steps=2", "train.eval_steps=2", "data.limit=60", "data.parser_workers=1",
+                "eval.tasks=[stsb]", "eval.max_length=32")
+    assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+    start = res.stdout.rindex('{\n  "run_id"')
+    out = json.loads(res.stdout[start:res.stdout.index("\n}", start) + 2])
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{db}")
+    run = mlflow.get_run(out["run_id"])
+    assert "test_stsb_spearman_all" in run.data.metrics and "stsb_dev_spearman" in run.data.metrics
+    assert run.data.params["method"] == "simcse" and run.data.params["lambda_xx"] == "1.0"
+    assert (tmp_path / "outputs" / "models" / "tiny" / "sts_test.json").is_file()
+    assert mlflow.pyfunc.load_model(f"runs:/{out['run_id']}/model").predict(["a b c"]).shape == (1, 32)
