@@ -14,10 +14,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def train(tmp_path, *args, timeout=600):
+def train(tmp_path, *args, timeout=600, extra_env=None):
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     return subprocess.run([sys.executable, str(ROOT / "jobs" / "train.py"), "--method", "simcse", "--preset", "smoke",
                            "--no-progress", *args], capture_output=True, text=True, cwd=tmp_path, timeout=timeout,
-                          env={k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"})
+                          env={**env, **(extra_env or {})})
+
+
+FAKE_MLFLOW_PASSWORD = "fake-mlflow-password-7f3a91"
 
 
 def test_unreachable_tracking_server_fails_fast(tmp_path):
@@ -37,8 +41,19 @@ def test_train_job_tracks_and_exports(ray_cluster, tiny_bert_dir, tmp_path):
     res = train(tmp_path, "--storage", str(tmp_path / "store"), "--tracking-uri", f"sqlite:///{db}", "--name", "tiny",
                 f"model.name_or_path={tiny_bert_dir}", "model.max_length=16", "train.batch_size=8",
                 "train.max_steps=2", "train.eval_steps=2", "data.limit=60", "data.parser_workers=1",
-                "eval.tasks=[stsb]", "eval.max_length=32")
+                "eval.tasks=[stsb]", "eval.max_length=32", extra_env={"MLFLOW_TRACKING_PASSWORD": FAKE_MLFLOW_PASSWORD})
     assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+
+    # secrets in the environment (AWS key from the S3 fixture, MLflow password, the Ray token) never
+    # reach params, metrics, artifacts, exports, checkpoints or the job's output
+    secrets = [os.environ["AWS_SECRET_ACCESS_KEY"], FAKE_MLFLOW_PASSWORD,
+               Path(os.environ["RAY_AUTH_TOKEN_PATH"]).read_text().strip()]
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert len(written) > 20
+    for secret in secrets:
+        assert secret not in res.stdout + res.stderr
+        leaked = [str(p) for p in written if secret.encode() in p.read_bytes()]
+        assert leaked == [], f"secret found in {leaked}"
     start = res.stdout.rindex('{\n  "run_id"')
     out = json.loads(res.stdout[start:res.stdout.index("\n}", start) + 2])
     import mlflow

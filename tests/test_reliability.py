@@ -1,0 +1,96 @@
+"""Part of the reliability suite (#11): the bad-input catalogue as one table, secrets never written,
+and concurrent registration against a real MLflow server."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+JOBS = ROOT / "jobs"
+
+
+def write(tmp, name, data: bytes | str):
+    p = tmp / name
+    p.write_bytes(data if isinstance(data, bytes) else data.encode())
+    return str(p)
+
+
+def catalogue(tmp: Path, tiny: Path) -> list[tuple[str, list[str], str]]:
+    """(case, command, expected one-line stderr fragment)."""
+    cfg = write(tmp, "bad_key.yaml", "method: simcse\ntrain:\n  lrr: 1\n")
+    gpt = tmp / "gpt"
+    gpt.mkdir(exist_ok=True)
+    (gpt / "config.json").write_text('{"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 1}')
+    ev, tr, sw, au = (str(JOBS / n) for n in ("evaluate.py", "train.py", "sifter_sweep.py", "augment_corpus.py"))
+    tsv_missing = write(tmp, "nocol.tsv", "sentence1\tsentence2\na\tb\n")
+    tsv_nan = write(tmp, "nan.tsv", "sentence1\tsentence2\tscore\na\tb\thigh\n")
+    tsv_empty = write(tmp, "empty.tsv", "")
+    tsv_utf8 = write(tmp, "utf8.tsv", b"sentence1\tsentence2\tscore\n\xff\tb\t1\n")
+    return [
+        ("config: unknown key", [tr, "--method", "simcse", "--config", cfg], "bad_key.yaml: train.lrr: unknown key"),
+        ("config: wrong type", [tr, "--method", "simcse", "train.lr=fast"], "train.lr: Input should be a valid number"),
+        ("config: negative lambda", [tr, "--method", "sifter_simcse", "lambda_xy=-1"], "lambda_xy: Input should be greater than or equal to 0"),
+        ("config: no lambda", [tr, "--method", "sifter_simcse", "lambda_xy=0", "lambda_xz=0", "lambda_yz=0"], "at least one of lambda_xx"),
+        ("config: dropout outside [0,1)", [tr, "--method", "simcse", "dropout=1.5"], "dropout: Input should be less than 1"),
+        ("config: missing file", [tr, "--method", "simcse", "--config", str(tmp / "nope.yaml")], "nope.yaml: config file not found"),
+        ("config: unknown method", [tr, "--method", "bart"], "unknown method 'bart'"),
+        ("config: unknown preset", [tr, "--method", "simcse", "--preset", "huge"], "huge.yaml: config file not found"),
+        ("config: malformed override", [tr, "--method", "simcse", "train.lr"], "expected key=value"),
+        ("sweep: unknown space key", [sw, "sweep.space={nope: {grid: [1]}}"], "sweep.space.nope=1"),
+        ("sweep: resume without name", [sw, "--resume"], "--resume needs --name"),
+        ("corpus: missing input", [au, "--input", str(tmp / "none.txt"), "--output", str(tmp / "o")], "none.txt: no such input file or directory"),
+        ("corpus: bad parser", [au, "--output", str(tmp / "o"), "parser.kind=udpipe"], "parser.kind: String should match pattern"),
+        ("eval: missing column", [ev, "--sts-file", tsv_missing, "--tasks", ""], "nocol.tsv:1: missing column(s) score"),
+        ("eval: non-numeric score", [ev, "--sts-file", tsv_nan, "--tasks", ""], "nan.tsv:2: score 'high' is not a number"),
+        ("eval: empty file", [ev, "--sts-file", tsv_empty, "--tasks", ""], "empty.tsv: empty file"),
+        ("eval: invalid UTF-8", [ev, "--sts-file", tsv_utf8, "--tasks", ""], "utf8.tsv:2: not valid UTF-8"),
+        ("eval: unknown task", [ev, "--tasks", "sts99"], "--tasks: unknown task(s) sts99"),
+        ("model: hub id offline", [ev, "--model", "bert-base-uncased"], "model 'bert-base-uncased': not a local folder"),
+        ("model: missing folder", [ev, "--model", str(tmp / "no" / "model")], "no such folder"),
+        ("model: wrong architecture", [ev, "--model", str(gpt)], "is not a text encoder"),
+        ("model: not a model folder", [ev, "--model", str(tmp)], "has no config.json"),
+        ("tracking: unreachable", [tr, "--method", "simcse", "--tracking-uri", "http://127.0.0.1:9"], "MLflow tracking server http://127.0.0.1:9 unreachable"),
+        ("storage: missing bucket", [tr, "--method", "simcse", "--storage", "s3://no-such-bucket-sieve-test/x"], "s3://no-such-bucket-sieve-test/x:"),
+    ]
+
+
+@pytest.mark.slow
+def test_bad_input_catalogue(tmp_path, tiny_bert_dir, s3_endpoint):
+    cases = catalogue(tmp_path, tiny_bert_dir)
+    assert len(cases) >= 20
+    failures = []
+    for name, cmd, fragment in cases:
+        res = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        err = res.stderr.strip().splitlines()
+        last = err[-1] if err else ""
+        if res.returncode != 2 or "Traceback" in res.stderr or not last.startswith("error: ") or fragment not in last:
+            failures.append(f"{name}: rc={res.returncode} last={last!r}")
+    assert failures == []
+    assert not (tmp_path / "o").exists() and not (tmp_path / "outputs").exists()  # no partial output
+
+
+@pytest.mark.slow
+def test_concurrent_registration_gets_distinct_versions(mlflow_server, tiny_bert_dir, monkeypatch):
+    import mlflow
+
+    from orchestrator import tracking
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+    tracking.setup(None, "concurrency")
+    with mlflow.start_run():
+        info = tracking.log_sentence_encoder(tiny_bert_dir, name="model")
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from orchestrator import tracking; "
+            f"tracking.setup(None, 'concurrency'); print(tracking.register({info.model_uri!r}, 'shared-name', alias='candidate'))")
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    versions = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err[-2000:]
+        versions.append(int(out.strip().splitlines()[-1]))
+    assert sorted(versions) == [1, 2]
+    assert tracking.alias_version("shared-name", "candidate") in (1, 2)
