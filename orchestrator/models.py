@@ -41,7 +41,8 @@ def resolve_model_source(name: str | os.PathLike, cache_dir: str | Path | None =
     path = Path(name).expanduser()
     if path.exists():
         return _check_model_dir(path, name)
-    if name.startswith((".", "/", "~")) or os.sep in name and len(name.split("/")) != 2:
+    looks_like_path = name.startswith((".", "/", "~")) or name.count("/") > 1  # hub ids are "org/name"
+    if looks_like_path:
         raise ModelSourceError(f"model {name!r}: no such folder")
     raise ModelSourceError(
         f"model {name!r}: not a local folder, an s3:// URI or 'default'; "

@@ -149,7 +149,7 @@ def _category(token) -> str:
         return "V"
     if tag.startswith(("NN", "PRP", "CD", "WP", "EX")) or upos in ("NOUN", "PROPN", "PRON", "NUM"):
         return "N"
-    if tag in ("IN", "TO") and upos == "ADP" or upos == "ADP":
+    if upos == "ADP":
         return "P"
     if tag.startswith("JJ") or upos == "ADJ":
         return "A"
