@@ -28,7 +28,7 @@ def main() -> None:
     rows = json.loads((out / "reports" / args.name / "trials.json").read_text())
     summary = (out / "reports" / args.name / "summary.md").read_text()
     wall = float(summary.split("wall time ")[1].split(" min")[0])
-    best_test = json.loads((out / "models" / args.name / "sts_test.json").read_text())
+    best_test = json.loads((out / "models" / args.name / "test.json").read_text())["detail"]["sts"]
 
     from orchestrator.config import REPO_ROOT, _read_yaml, apply_overrides
     from orchestrator.methods import get_method
@@ -52,7 +52,7 @@ def main() -> None:
         cfg = method_config(method, base, row["params"], "bench")
         _, test = export_and_test(method, cfg, Outcome(_checkpoint(row["checkpoint_path"]), row["best"], row["history"]),
                                   out / "models" / f"{args.name}-{row['trial']}")
-        tables[label] = {"trial": row["trial"], "dev": row["best_dev"], "test": test, "params": row["params"]}
+        tables[label] = {"trial": row["trial"], "dev": row["best_dev"], "test": test.detail["sts"], "params": row["params"]}
 
     tasks = ["sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr"]
     lines = [f"# Smoke sweep `{args.name}` (`make sweep`, 2-core CPU)", "",

@@ -2,7 +2,7 @@
 
     python jobs/promote.py --model sifter-simcse --version 3 [--force] [--tracking-uri URI]
 
-Refuses a version whose STS test average (tag ``test_avg_spearman_all``, set at registration)
+Refuses a version whose test score (tag ``test_score``: the method's headline test metric, set at registration)
 is below the current champion's, unless ``--force``. The alias move is one registry call, so a
 reader sees either the old or the new champion, never neither.
 """
@@ -25,7 +25,7 @@ def main() -> int:
     ap.add_argument("--model", required=True)
     ap.add_argument("--version", type=int, required=True)
     ap.add_argument("--alias", default="champion")
-    ap.add_argument("--metric", default="test_avg_spearman_all")
+    ap.add_argument("--metric", default="test_score")
     ap.add_argument("--force", action="store_true")
     ap.add_argument("--tracking-uri")
     args = ap.parse_args()

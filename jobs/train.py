@@ -1,4 +1,4 @@
-"""Train one method on Ray Train, export the best checkpoint, evaluate it on the STS test sets,
+"""Train one method on Ray Train, export the best checkpoint, run its test evaluation,
 and track everything in MLflow.
 
     python jobs/train.py --method sifter_simcse --preset smoke [key=value ...]
@@ -18,9 +18,8 @@ def main() -> int:
     from orchestrator import storage, tracking
     from orchestrator.cluster import init_ray
     from orchestrator.config import config_hash, load_config, resolve_config_path
-    from orchestrator.evaluation import sts
     from orchestrator.methods import get_method, method_names
-    from orchestrator.train import build_trainer, export_and_test, fit, preflight, prepare_shards
+    from orchestrator.train import build_trainer, export_and_test, fit, preflight, prepare_data
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--method", required=True, help=f"one of: {', '.join(method_names())}")
@@ -50,7 +49,7 @@ def main() -> int:
 
     init_ray()
     t0 = time.time()
-    shards = prepare_shards(cfg.data, cfg.run.storage, seed=cfg.train.seed, progress=not args.no_progress)
+    shards = prepare_data(method, cfg, progress=not args.no_progress)
     trainer = build_trainer(method, cfg, shards, name=name)
     outcome = fit(trainer, method)
     model_dir, test = export_and_test(method, cfg, outcome, f"outputs/models/{name}")
@@ -63,12 +62,12 @@ def main() -> int:
         for row in outcome.history:
             step = int(row.get("step", 0))
             tracking.log_metrics({k: v for k, v in row.items() if k not in ("step", "epoch")}, step=step)
-        tracking.log_metrics({**sts.flat_metrics(test, "test_"), "wall_s": wall_s,
-                              "best_stsb_dev_spearman": outcome.best_metrics.get(method.metric, float("nan"))})
-        mlflow.log_text(sts.format_table(test), "sts_test.md")
+        tracking.log_metrics({**{f"test_{k}": v for k, v in test.metrics.items()}, "wall_s": wall_s,
+                              f"best_{method.metric}": outcome.best_metrics.get(method.metric, float("nan"))})
+        mlflow.log_text(f"# {test.title}\n\n{test.table}\n", "test.md")
         tracking.log_sentence_encoder(model_dir, name="model")
         run_id = run.info.run_id
-    print(sts.format_table(test))
+    print(test.table)
     print(json.dumps({"run_id": run_id, "model_dir": str(model_dir), "wall_s": round(wall_s, 1),
                       "best_dev": outcome.best_metrics.get(method.metric)}, indent=2))
     return 0

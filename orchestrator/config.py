@@ -224,3 +224,15 @@ class RunBlock(StrictModel):
     storage: str = "outputs/runs"
     max_failures: int = Field(1, ge=0)
     num_to_keep: int = Field(2, ge=1)
+
+
+class CorpusBlock(StrictModel):
+    """The training corpus: augmented shards (a directory from ``augment_corpus``), or a raw
+    corpus that the job augments first (content-addressed, so it is done once)."""
+
+    shards: str | None = None
+    corpus: str = "data/corpus/wikisplit_sample.txt"
+    limit: int | None = Field(None, gt=0)
+    parser_workers: int = Field(2, ge=1)
+    min_words: int = Field(3, ge=1)
+    drop_capitalised_splits: bool = Field(True, description="SIFTER's sentence-split filter; off for tweets")

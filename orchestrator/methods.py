@@ -17,14 +17,20 @@ class Method:
     config_cls: type
     train_func: Callable[[dict], None]
     export: Callable  # (cfg, checkpoint_dir, out_dir) -> out_dir
-    metric: str = "stsb_dev_spearman"
+    evaluate: Callable  # (cfg, model_dir, tasks=None) -> orchestrator.evaluation.suite.TestReport
+    metric: str = "stsb_dev_spearman"  # what the train function reports; max is best
+    metric_label: str = "STS-B dev Spearman"
     columns: tuple[str, ...] = ("text",)
+    # (cfg, progress) -> the directory of parquet shards + manifest.json to train on;
+    # None: the SIFTER corpus pipeline over ``cfg.data`` (orchestrator.train.prepare_shards)
+    prepare_data: Callable | None = None
 
 
 def _contrastive(name: str) -> Method:
+    from orchestrator.train import evaluate_sts
     from trainers import sifter_simcse as m
 
-    return Method(name, m.ContrastiveConfig, m.train_func, m.export_model,
+    return Method(name, m.ContrastiveConfig, m.train_func, m.export_model, evaluate_sts,
                   columns=("text", "backbone_view", "deletion_view"))
 
 

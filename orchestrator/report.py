@@ -6,17 +6,23 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from orchestrator.evaluation import sts
 from orchestrator.storage import atomic_dir
 from orchestrator.sweep import params_label
 
 
 def write_sweep_report(out_dir: str | Path, *, name: str, method: str, metric: str, rows: list[dict],
-                       best_params: dict, test: dict | None, registered: dict | None, wall_s: float) -> Path:
+                       best_params: dict, test, registered: dict | None, wall_s: float,
+                       metric_label: str = "STS-B dev Spearman") -> Path:
+    """``test``: the best trial's :class:`~orchestrator.evaluation.suite.TestReport` (or None)."""
+    return _write(out_dir, name=name, method=method, metric=metric, rows=rows, best_params=best_params, test=test,
+                  registered=registered, wall_s=wall_s, label=metric_label)
+
+
+def _write(out_dir, *, name, method, metric, rows, best_params, test, registered, wall_s, label) -> Path:
     with atomic_dir(out_dir) as tmp:
-        _plots(tmp, rows, metric)
+        _plots(tmp, rows, metric, label)
         lines = [f"# Sweep `{name}` ({method})", "",
-                 f"{len(rows)} trials, wall time {wall_s / 60:.1f} min; metric `{metric}` (STS-B dev Spearman, ×100).", "",
+                 f"{len(rows)} trials, wall time {wall_s / 60:.1f} min; metric `{metric}` ({label}, ×100).", "",
                  "## Trials (best dev first)", "",
                  "| # | trial | setting | best dev | evals | note |", "|---:|---|---|---:|---:|---|"]
         for i, r in enumerate(rows, 1):
@@ -25,8 +31,7 @@ def write_sweep_report(out_dir: str | Path, *, name: str, method: str, metric: s
             lines.append(f"| {i} | {r['trial']} | {params_label(r['params'])} | {dev} | {len(r['history'])} | {note} |")
         lines += ["", "## Best configuration", "", "```json", json.dumps(best_params, indent=2), "```", ""]
         if test:
-            lines += ["## Best trial on the STS test sets (Spearman / Pearson ×100, `cls_before_pooler`)", "",
-                      sts.format_table(test), ""]
+            lines += [f"## Best trial: {test.title}", "", test.table, ""]
         if registered:
             lines += ["## Registered", "", f"`{registered['name']}` version {registered['version']} "
                       f"with alias `{registered['alias']}` (run `{registered['run_id']}`).", ""]
@@ -36,7 +41,7 @@ def write_sweep_report(out_dir: str | Path, *, name: str, method: str, metric: s
     return Path(out_dir)
 
 
-def _plots(out: Path, rows: list[dict], metric: str) -> None:
+def _plots(out: Path, rows: list[dict], metric: str, label: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -46,7 +51,7 @@ def _plots(out: Path, rows: list[dict], metric: str) -> None:
     fig, ax = plt.subplots(figsize=(8, 0.5 + 0.45 * max(1, len(scored))))
     ax.barh([params_label(r["params"]) or r["trial"] for r in scored][::-1],
             [r["best_dev"] * 100 for r in scored][::-1], color="#4c72b0")
-    ax.set_xlabel("best STS-B dev Spearman ×100")
+    ax.set_xlabel(f"best {label} ×100")
     ax.set_title("Dev score per setting")
     if scored:
         lo = min(r["best_dev"] for r in scored) * 100
@@ -60,7 +65,7 @@ def _plots(out: Path, rows: list[dict], metric: str) -> None:
         steps = [h.get("step", i) for i, h in enumerate(r["history"])]
         ax.plot(steps, [h[metric] * 100 for h in r["history"]], marker="o", label=params_label(r["params"])[:60])
     ax.set_xlabel("optimiser step")
-    ax.set_ylabel("STS-B dev Spearman ×100")
+    ax.set_ylabel(f"{label} ×100")
     ax.set_title("Learning curves of the top trials")
     if scored:
         ax.legend(fontsize=7)

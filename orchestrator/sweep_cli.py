@@ -65,14 +65,13 @@ def main(doc: str, default_dir: str) -> int:
     import mlflow
 
     from orchestrator.cluster import init_ray
-    from orchestrator.evaluation import sts
     from orchestrator.report import write_sweep_report
     from orchestrator.sweep import run_sweep, trial_rows
-    from orchestrator.train import Outcome, export_and_test, prepare_shards
+    from orchestrator.train import Outcome, export_and_test, prepare_data
 
     init_ray()
     t0 = time.time()
-    shards = prepare_shards(cfg0.data, cfg0.run.storage, seed=cfg0.train.seed, progress=not args.no_progress)
+    shards = prepare_data(method, cfg0, progress=not args.no_progress)
     parent = tracking.find_run(exp_id, {"sieve.sweep": name, "sieve.role": "sweep"}) if args.resume else None
     with mlflow.start_run(run_id=parent.info.run_id if parent else None, experiment_id=exp_id,
                           run_name=None if parent else name) as run:
@@ -91,35 +90,37 @@ def main(doc: str, default_dir: str) -> int:
         best_cfg = method_config(method, base, best["params"], "best trial")
         outcome = Outcome(_checkpoint(best["checkpoint_path"]), best["best"], best["history"])
         model_dir, test = export_and_test(method, best_cfg, outcome, Path("outputs") / "models" / name)
-        mlflow.log_metrics({**sts.flat_metrics(test, "best_test_"), "best_stsb_dev_spearman": best["best_dev"]})
+        tracking.log_metrics({**{f"best_test_{k}": v for k, v in test.metrics.items()},
+                              f"best_{method.metric}": best["best_dev"]})
         info = tracking.log_sentence_encoder(model_dir, name="best_model")
         reg_name = best_cfg.tracking.registry_model_name or job.method.replace("_", "-")
         chash = config_hash(best_cfg)
         version = tracking.register(
             info.model_uri, reg_name, alias="candidate",
             description=(f"sweep {name}; best trial {best['trial']} ({json.dumps(best['params'])}); "
-                         f"STS-B dev {best['best_dev'] * 100:.2f}; STS test avg {test['avg']['spearman_all'] * 100:.2f} "
-                         f"(STS-B {test['tasks'].get('stsb', {}).get('spearman', {}).get('all', float('nan')) * 100:.2f}); "
-                         f"config {chash}"),
+                         f"{method.metric_label} {best['best_dev'] * 100:.2f}; "
+                         f"test {test.headline} {test.headline_value * 100:.2f}; config {chash}"),
             tags={"sweep": name, "config_hash": chash, "trial": best["trial"], "run_id": run.info.run_id,
-                  "stsb_dev_spearman": f"{best['best_dev']:.6f}",
-                  "test_avg_spearman_all": f"{test['avg']['spearman_all']:.6f}",
-                  **({"stsb_test_spearman": f"{test['tasks']['stsb']['spearman']['all']:.6f}"} if "stsb" in test["tasks"] else {})},
+                  method.metric: f"{best['best_dev']:.6f}",
+                  "test_metric": test.headline, "test_score": f"{test.headline_value:.6f}",  # what promote compares
+                  **{f"test_{k}": f"{v:.6f}" for k, v in test.metrics.items()
+                     if not k.startswith("sts_") or k in ("sts_stsb_spearman_all", "sts_avg_spearman_all")}},
         )
         wall_s = time.time() - t0
         registered = {"name": reg_name, "version": version, "alias": "candidate", "run_id": run.info.run_id}
         report_dir = Path("outputs") / "reports" / name
         best_params = {"trial": best["trial"], "params": best["params"], "config": best_cfg.model_dump(mode="json")}
-        write_sweep_report(report_dir, name=name, method=job.method, metric=method.metric, rows=rows,
+        write_sweep_report(report_dir, name=name, method=job.method, metric=method.metric,
+                           metric_label=method.metric_label, rows=rows,
                            best_params=best_params, test=test, registered=registered, wall_s=wall_s)
         mlflow.log_artifacts(str(report_dir), "report")
         mlflow.log_metric("wall_s", wall_s)
-    print(sts.format_table(test))
+    print(test.table)
     uri = tracking.resolve_tracking_uri(cfg0.tracking.tracking_uri)
     ui = (f".venv/bin/mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000"
           if uri.startswith("sqlite") else uri)
     print(json.dumps({"sweep": name, "trials": len(rows), "best_trial": best["trial"], "best_params": best["params"],
-                      "best_dev": best["best_dev"], "test_avg_spearman_all": test["avg"]["spearman_all"],
+                      "best_dev": best["best_dev"], f"test_{test.headline}": test.headline_value,
                       "registered": registered, "wall_s": round(wall_s, 1), "report": str(report_dir / "summary.md"),
                       "mlflow_ui": ui}, indent=2))
     return 0

@@ -1,16 +1,15 @@
 """Ray Train glue shared by every method: training data, the TorchTrainer, the best checkpoint,
-export and the final STS test table.
+export and the method's final test report.
 
     shards = prepare_shards(cfg)                       # augmented corpus, content-addressed
     trainer = build_trainer(method, cfg, shards)       # TorchTrainer (DDP or DeepSpeed on CPU/GPU)
     outcome = fit(trainer, method)                     # best checkpoint by the method's dev metric
-    model_dir, test = export_and_test(method, cfg, outcome, out_dir)
+    model_dir, report = export_and_test(method, cfg, outcome, out_dir)
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +60,7 @@ def prepare_shards(data_cfg, storage_root: str, *, seed: int = 42, progress: boo
     from orchestrator.config import repo_path
 
     corpus_cfg = CorpusConfig(input=repo_path(data_cfg.corpus), limit=data_cfg.limit, seed=seed,
+                              min_words=data_cfg.min_words, drop_capitalised_splits=data_cfg.drop_capitalised_splits,
                               parser={"workers": data_cfg.parser_workers, "cpus_per_worker": 0.5})
     key = corpus_key(corpus_cfg.input, corpus_cfg.model_dump_json(exclude={"input"}))
     out = storage.join(_abs(storage_root), "corpora", key)
@@ -70,6 +70,13 @@ def prepare_shards(data_cfg, storage_root: str, *, seed: int = 42, progress: boo
     print(f"augmented corpus: building {out}")
     run_pipeline(corpus_cfg, out, progress=progress)
     return out
+
+
+def prepare_data(method, cfg, *, progress: bool = True) -> str:
+    """The shards a method trains on (its own preparation, or the corpus pipeline)."""
+    if method.prepare_data is not None:
+        return method.prepare_data(cfg, progress=progress)
+    return prepare_shards(cfg.data, cfg.run.storage, seed=cfg.train.seed, progress=progress)
 
 
 def _abs(uri: str) -> str:
@@ -136,19 +143,24 @@ def fit(trainer, method) -> Outcome:
 
 
 def export_and_test(method, cfg, outcome: Outcome, out_dir: str | Path, tasks: list[str] | None = None):
-    """Export the best checkpoint to ``out_dir`` and evaluate it on the STS test sets."""
-    from orchestrator.evaluation import sts
-    from orchestrator.evaluation.encode import HFEncoder
-    from orchestrator.models import load_encoder
-
+    """Export the best checkpoint to ``out_dir`` and run the method's final evaluation on it
+    (``tasks`` narrows the STS tasks, for tests). Returns (model folder, TestReport)."""
     with outcome.best_checkpoint.as_directory() as d:
         method.export(cfg, Path(d), Path(out_dir))
-    model, tok = load_encoder(str(out_dir))
-    enc = HFEncoder(model, tok, pooling="cls_before_pooler", batch_size=cfg.eval.batch_size,
-                    max_length=cfg.eval.max_length)
-    result = sts.evaluate(enc, tasks or cfg.eval.tasks)
-    (Path(out_dir) / "sts_test.json").write_text(json.dumps(result, indent=2))
-    return Path(out_dir), result
+    report = method.evaluate(cfg, Path(out_dir), tasks=tasks)
+    report.write(Path(out_dir) / "test.json")
+    return Path(out_dir), report
+
+
+def evaluate_sts(cfg, model_dir: Path, tasks: list[str] | None = None, pooling: str = "cls_before_pooler"):
+    """The STS harness on an exported encoder (the contrastive methods' final evaluation)."""
+    from orchestrator.evaluation.encode import HFEncoder
+    from orchestrator.evaluation.suite import sts_report
+    from orchestrator.models import load_encoder
+
+    model, tok = load_encoder(str(model_dir))
+    enc = HFEncoder(model, tok, pooling=pooling, batch_size=cfg.eval.batch_size, max_length=cfg.eval.max_length)
+    return sts_report(enc, tasks or cfg.eval.tasks, pooling)
 
 
 os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")

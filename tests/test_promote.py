@@ -23,8 +23,8 @@ def test_promote_moves_champion_and_refuses_worse(embedded_tracking, tiny_bert_d
     tracking.setup(None, "sieve")
     with mlflow.start_run():
         info = tracking.log_sentence_encoder(tiny_bert_dir, name="model")
-    good = tracking.register(info.model_uri, "enc", alias="candidate", tags={"test_avg_spearman_all": "0.70"})
-    worse = tracking.register(info.model_uri, "enc", tags={"test_avg_spearman_all": "0.60"})
+    good = tracking.register(info.model_uri, "enc", alias="candidate", tags={"test_score": "0.70"})
+    worse = tracking.register(info.model_uri, "enc", tags={"test_score": "0.60"})
 
     res = promote(embedded_tracking, "--version", str(good))
     assert res.returncode == 0, res.stderr
@@ -32,7 +32,7 @@ def test_promote_moves_champion_and_refuses_worse(embedded_tracking, tiny_bert_d
 
     res = promote(embedded_tracking, "--version", str(worse))
     assert res.returncode == 2 and "Traceback" not in res.stderr
-    assert "refusing to promote enc v2 (test_avg_spearman_all=0.6) over @champion v1" in res.stderr
+    assert "refusing to promote enc v2 (test_score=0.6) over @champion v1" in res.stderr
     assert tracking.alias_version("enc", "champion") == good  # unchanged
 
     res = promote(embedded_tracking, "--version", str(worse), "--force")

@@ -52,7 +52,7 @@ def test_ddp_run_checkpoints_export_and_sts(tiny_bert_dir, tiny_shards, tmp_path
     assert all(-1 <= r["stsb_dev_spearman"] <= 1 for r in outcome.history)
     assert outcome.best_metrics["stsb_dev_spearman"] == max(r["stsb_dev_spearman"] for r in outcome.history)
     out, test = export_and_test(method, cfg, outcome, tmp_path / "model", tasks=["stsb"])
-    assert test["tasks"]["stsb"]["n"] == 1379
+    assert test.detail["sts"]["tasks"]["stsb"]["n"] == 1379 and test.headline == "sts_avg_spearman_all"
     assert AutoModel.from_pretrained(out).config.hidden_size == 32
     st = SentenceTransformer(str(out), device="cpu")
     assert st.encode(["a test sentence"]).shape == (1, 32)
@@ -74,4 +74,4 @@ def test_deepspeed_zero_with_crash_and_resume(stage, tiny_bert_dir, tiny_shards,
     with outcome.best_checkpoint.as_directory() as d:
         assert (Path(d) / "ds").is_dir()
     out, test = export_and_test(method, cfg, outcome, tmp_path / "model", tasks=["stsb"])
-    assert (out / "model.safetensors").is_file() and -1 <= test["avg"]["spearman_all"] <= 1
+    assert (out / "model.safetensors").is_file() and -1 <= test.metrics["sts_avg_spearman_all"] <= 1

@@ -9,9 +9,11 @@ Trainers talk to Ray only through ``ray.train.report`` / ``get_checkpoint`` /
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -179,6 +181,87 @@ def deepspeed_config(cfg, *, lr: float, grad_clip: float | None) -> dict:
     if grad_clip:
         out["gradient_clipping"] = grad_clip
     return out
+
+
+# ---------------------------------------------------------------- the loop every method shares
+def param_groups(module: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW groups: no weight decay on biases and norm weights (BERT's convention)."""
+    no_decay = ("bias", "LayerNorm.weight", "layer_norm", "norm.weight")
+    named = list(module.named_parameters())
+    return [{"params": [p for n, p in named if not any(k in n for k in no_decay)], "weight_decay": weight_decay},
+            {"params": [p for n, p in named if any(k in n for k in no_decay)], "weight_decay": 0.0}]
+
+
+def make_stepper(module: torch.nn.Module, cfg, rows_per_worker: int, groups: list[dict] | None = None) -> Stepper:
+    """The optimiser of a method config with the shared ``train`` / ``deepspeed`` blocks."""
+    steps_per_epoch = max(1, rows_per_worker // cfg.train.batch_size)
+    total_steps = cfg.train.max_steps or steps_per_epoch * cfg.train.epochs
+    return Stepper(module, groups or param_groups(module, cfg.train.weight_decay), lr=cfg.train.lr,
+                   schedule=cfg.train.lr_schedule, total_steps=total_steps, grad_clip=cfg.train.grad_clip,
+                   deepspeed_cfg=getattr(cfg, "deepspeed", None))
+
+
+def train_loop(cfg, stepper: Stepper, *, rows_per_worker: int, loss_fn, dev_fn, build_plain, metric: str,
+               batches=None) -> list[dict]:
+    """Train ``cfg.train`` steps/epochs: resume, step, evaluate every ``eval_steps``, report + checkpoint.
+
+    ``loss_fn(batch, state) -> (loss, logs)``: the method's loss on one batch (``state`` has
+    ``step`` and ``epoch``, e.g. to seed per-epoch noise). ``dev_fn(module) -> float``: the dev
+    score, run on rank 0 only (higher is better). ``build_plain()``: a fresh module for ZeRO-3
+    evaluation. ``batches(epoch)``: an iterator of batches (default: this worker's Ray Data
+    shard ``train``). Returns every evaluation's metrics; the list travels in the checkpoint
+    state, so it survives a restart.
+    """
+    import ray.train
+
+    steps_per_epoch = max(1, rows_per_worker // cfg.train.batch_size)
+    total_steps = cfg.train.max_steps or steps_per_epoch * cfg.train.epochs
+    if batches is None:
+        shard = ray.train.get_dataset_shard("train")
+
+        def batches(epoch):
+            return shard.iter_batches(batch_size=cfg.train.batch_size, drop_last=True, batch_format="numpy")
+
+    state = {"step": 0, "epoch": 0, "best_dev": -math.inf, "restarts": 0, "history": []}
+    with resumed_checkpoint() as ckpt_dir:
+        if ckpt_dir is not None:
+            state = stepper.load(ckpt_dir)
+            state["restarts"] = state.get("restarts", 0) + 1
+
+    def evaluate_and_report(logs: dict) -> None:
+        with stepper.eval_module(build_plain) as evaluated:
+            score = float(dev_fn(evaluated)) if rank() == 0 else float("nan")
+        stepper.module.train()
+        if rank() == 0:
+            state["best_dev"] = max(state["best_dev"], score)
+        metrics = {**logs, "step": state["step"], "epoch": state["epoch"], metric: score,
+                   f"best_{metric}": state["best_dev"], "restarts": state["restarts"]}
+        state["history"].append(metrics)
+        report(metrics, stepper, dict(state))
+
+    stepper.module.train()
+    t_start, logs = time.perf_counter(), {}
+    skip = state["step"] - state["epoch"] * steps_per_epoch  # batches of this epoch trained before a restart
+    while state["step"] < total_steps and state["epoch"] < cfg.train.epochs:
+        for batch in batches(state["epoch"]):
+            if skip > 0:
+                skip -= 1
+                continue
+            maybe_inject_failure(state["step"] + 1)
+            loss, logs = loss_fn(batch, state)
+            stepper.step(loss)
+            state["step"] += 1
+            logs.update(lr=stepper.optimizer.param_groups[0]["lr"], train_s=time.perf_counter() - t_start)
+            if state["step"] % cfg.train.eval_steps == 0 or state["step"] >= total_steps:
+                evaluate_and_report(logs)
+            if state["step"] >= total_steps:
+                break
+        else:  # the epoch's data ran out
+            state["epoch"] += 1
+            skip = 0
+            if state["epoch"] >= cfg.train.epochs and state["step"] % cfg.train.eval_steps != 0:
+                evaluate_and_report(logs)  # the last partial eval interval
+    return state["history"]
 
 
 # ---------------------------------------------------------------- fault injection (tests only)

@@ -50,8 +50,6 @@ Example
 
 from __future__ import annotations
 
-import math
-import time
 from typing import Literal
 
 import torch
@@ -60,6 +58,7 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from orchestrator.config import (
+    CorpusBlock,
     DeepSpeedBlock,
     EvalConfig,
     ModelConfig,
@@ -75,16 +74,6 @@ VIEW_COLUMNS = {"x": "text", "y": "backbone_view", "z": "deletion_view"}
 
 
 # ---------------------------------------------------------------- config
-class DataBlock(StrictModel):
-    """The training corpus: augmented shards (a directory from ``augment_corpus``), or a raw
-    corpus that the job augments first (content-addressed, so it is done once)."""
-
-    shards: str | None = None
-    corpus: str = "data/corpus/wikisplit_sample.txt"
-    limit: int | None = Field(None, gt=0)
-    parser_workers: int = Field(2, ge=1)
-
-
 class ContrastiveConfig(StrictModel):
     method: Literal["simcse", "sifter_simcse"] = "sifter_simcse"
     model: ModelConfig = ModelConfig(max_length=32, pooling="cls_before_pooler")
@@ -98,7 +87,7 @@ class ContrastiveConfig(StrictModel):
     train: TrainLoopConfig = TrainLoopConfig(lr=1e-5, batch_size=64, eval_steps=125)
     scaling: ScalingBlock = ScalingBlock()
     deepspeed: DeepSpeedBlock = DeepSpeedBlock()
-    data: DataBlock = DataBlock()
+    data: CorpusBlock = CorpusBlock()
     eval: EvalConfig = EvalConfig(batch_size=128, max_length=128)
     run: RunBlock = RunBlock()
     tracking: TrackingConfig = TrackingConfig(registry_model_name="sifter-simcse")
@@ -210,71 +199,19 @@ def dev_score(module: ContrastiveEncoder, tokenizer, cfg: ContrastiveConfig, tas
 
 # ---------------------------------------------------------------- the per-worker loop (Ray Train)
 def train_func(config: dict) -> list[dict]:
-    """Runs on every Ray Train worker: build, (resume,) train, evaluate, report + checkpoint.
-
-    Returns every evaluation's metrics (rank 0's list is ``Result.return_value``); the list
-    travels in the checkpoint state, so it survives a restart.
-    """
-    import ray.train
-
+    """Runs on every Ray Train worker: build, (resume,) train, evaluate on STS-B dev, report +
+    checkpoint (the shared loop in :func:`trainers.common.train_loop`)."""
     cfg = ContrastiveConfig.model_validate(config["method_config"])
     common.setup_worker(cfg.train.seed, threads=int(cfg.scaling.cpus_per_worker))
     device = torch.device("cuda" if torch.cuda.is_available() and cfg.scaling.use_gpu else "cpu")
     module, tokenizer = build_model(cfg)
     module.to(device)
-
-    shard = ray.train.get_dataset_shard("train")
-    rows_per_worker = int(config["rows_per_worker"])
-    steps_per_epoch = max(1, rows_per_worker // cfg.train.batch_size)
-    total_steps = cfg.train.max_steps or steps_per_epoch * cfg.train.epochs
-    no_decay = ("bias", "LayerNorm.weight", "layer_norm", "norm.weight")
-    groups = [
-        {"params": [p for n, p in module.named_parameters() if not any(k in n for k in no_decay)],
-         "weight_decay": cfg.train.weight_decay},
-        {"params": [p for n, p in module.named_parameters() if any(k in n for k in no_decay)], "weight_decay": 0.0},
-    ]
-    stepper = common.Stepper(module, groups, lr=cfg.train.lr, schedule=cfg.train.lr_schedule, total_steps=total_steps,
-                             grad_clip=cfg.train.grad_clip, deepspeed_cfg=cfg.deepspeed)
-
-    state = {"step": 0, "epoch": 0, "best_dev": -math.inf, "restarts": 0, "history": []}
-    with common.resumed_checkpoint() as ckpt_dir:
-        if ckpt_dir is not None:
-            state = stepper.load(ckpt_dir)
-            state["restarts"] = state.get("restarts", 0) + 1
-
-    def evaluate_and_report(logs: dict) -> None:
-        with stepper.eval_module(lambda: build_model(cfg)[0].to(device)) as evaluated:
-            score = dev_score(evaluated, tokenizer, cfg) if common.rank() == 0 else float("nan")
-        module.train()
-        state["best_dev"] = max(state["best_dev"], score) if common.rank() == 0 else state["best_dev"]
-        metrics = {**logs, "step": state["step"], "epoch": state["epoch"], "stsb_dev_spearman": score,
-                   "best_stsb_dev_spearman": state["best_dev"], "restarts": state["restarts"]}
-        state["history"].append(metrics)
-        common.report(metrics, stepper, dict(state))
-
-    module.train()
-    t_start, logs = time.perf_counter(), {}
-    skip = state["step"] - state["epoch"] * steps_per_epoch  # batches of this epoch trained before a restart
-    while state["step"] < total_steps and state["epoch"] < cfg.train.epochs:
-        for batch in shard.iter_batches(batch_size=cfg.train.batch_size, drop_last=True, batch_format="numpy"):
-            if skip > 0:
-                skip -= 1
-                continue
-            common.maybe_inject_failure(state["step"] + 1)
-            loss, logs = compute_loss(stepper.model, tokenizer, batch, cfg, device)
-            stepper.step(loss)
-            state["step"] += 1
-            logs.update(lr=stepper.optimizer.param_groups[0]["lr"], train_s=time.perf_counter() - t_start)
-            if state["step"] % cfg.train.eval_steps == 0 or state["step"] >= total_steps:
-                evaluate_and_report(logs)
-            if state["step"] >= total_steps:
-                break
-        else:  # the epoch's data ran out
-            state["epoch"] += 1
-            skip = 0
-            if state["epoch"] >= cfg.train.epochs and state["step"] % cfg.train.eval_steps != 0:
-                evaluate_and_report(logs)  # the last partial eval interval
-    return state["history"]
+    stepper = common.make_stepper(module, cfg, int(config["rows_per_worker"]))
+    return common.train_loop(
+        cfg, stepper, rows_per_worker=int(config["rows_per_worker"]), metric="stsb_dev_spearman",
+        loss_fn=lambda batch, state: compute_loss(stepper.model, tokenizer, batch, cfg, device),
+        dev_fn=lambda m: dev_score(m, tokenizer, cfg),
+        build_plain=lambda: build_model(cfg)[0].to(device))
 
 
 # ---------------------------------------------------------------- export

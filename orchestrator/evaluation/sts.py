@@ -52,8 +52,9 @@ class STSData:
         return len(self.scores)
 
 
-def read_sts_tsv(path: str | Path, name: str | None = None) -> STSData:
-    """Read a TSV with ``sentence1, sentence2, score`` (and optional ``subset``) columns.
+def read_sts_tsv(path: str | Path, name: str | None = None, score_column: str = "score") -> STSData:
+    """Read a TSV with ``sentence1, sentence2, score`` (and optional ``subset``) columns
+    (``score_column`` names the score: ``label`` for binary pair files).
 
     Every malformed input raises :class:`DataError` naming the file and line.
     """
@@ -67,9 +68,10 @@ def read_sts_tsv(path: str | Path, name: str | None = None) -> STSData:
         raise DataError(f"{path}:{line}: not valid UTF-8") from None
     lines = text.splitlines()
     if not lines or not lines[0].strip():
-        raise DataError(f"{path}: empty file (expected a header with {', '.join(REQUIRED_COLUMNS)})")
+        raise DataError(f"{path}: empty file (expected a header with sentence1, sentence2, {score_column})")
     header = lines[0].split("\t")
-    missing = [c for c in REQUIRED_COLUMNS if c not in header]
+    required = ("sentence1", "sentence2", score_column)
+    missing = [c for c in required if c not in header]
     if missing:
         raise DataError(f"{path}:1: missing column(s) {', '.join(missing)} (header: {', '.join(header)})")
     col = {c: header.index(c) for c in header}
@@ -79,13 +81,13 @@ def read_sts_tsv(path: str | Path, name: str | None = None) -> STSData:
             continue
         if len(row) < len(header):
             raise DataError(f"{path}:{lineno}: expected {len(header)} tab-separated fields, got {len(row)}")
-        raw = row[col["score"]].strip()
+        raw = row[col[score_column]].strip()
         try:
             score = float(raw)
         except ValueError:
-            raise DataError(f"{path}:{lineno}: score {raw!r} is not a number") from None
+            raise DataError(f"{path}:{lineno}: {score_column} {raw!r} is not a number") from None
         if not np.isfinite(score):
-            raise DataError(f"{path}:{lineno}: score {raw!r} is not finite")
+            raise DataError(f"{path}:{lineno}: {score_column} {raw!r} is not finite")
         s1.append(row[col["sentence1"]])
         s2.append(row[col["sentence2"]])
         scores.append(score)

@@ -95,7 +95,7 @@ def test_tiny_sweep_registers_best_and_reports(ray_cluster, tiny_bert_dir, tmp_p
             return st.encode(list(sentences), batch_size=128, convert_to_numpy=True)
 
     got = sts.evaluate_data(STEncoder(), sts.load_task("stsb"))["spearman"]["all"]
-    assert got == pytest.approx(float(mv.tags["stsb_test_spearman"]), abs=1e-4)
+    assert got == pytest.approx(float(mv.tags["test_sts_stsb_spearman_all"]), abs=1e-4)
 
     report = tmp_path / "outputs" / "reports" / "tiny"
     text = (report / "summary.md").read_text()
