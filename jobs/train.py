@@ -65,7 +65,7 @@ def main() -> int:
         tracking.log_metrics({**{f"test_{k}": v for k, v in test.metrics.items()}, "wall_s": wall_s,
                               f"best_{method.metric}": outcome.best_metrics.get(method.metric, float("nan"))})
         mlflow.log_text(f"# {test.title}\n\n{test.table}\n", "test.md")
-        tracking.log_sentence_encoder(model_dir, name="model")
+        (method.log_model or tracking.log_sentence_encoder)(model_dir, name="model")
         run_id = run.info.run_id
     print(test.table)
     print(json.dumps({"run_id": run_id, "model_dir": str(model_dir), "wall_s": round(wall_s, 1),

@@ -24,6 +24,8 @@ class Method:
     # (cfg, progress) -> the directory of parquet shards + manifest.json to train on;
     # None: the SIFTER corpus pipeline over ``cfg.data`` (orchestrator.train.prepare_shards)
     prepare_data: Callable | None = None
+    # (model_dir, name) -> mlflow ModelInfo; None: a sentence-transformers model
+    log_model: Callable | None = None
 
 
 def _contrastive(name: str) -> Method:
@@ -34,9 +36,26 @@ def _contrastive(name: str) -> Method:
                   columns=("text", "backbone_view", "deletion_view"))
 
 
+def _tsdae() -> Method:
+    from trainers import tsdae as m
+
+    return Method("tsdae", m.TSDAEConfig, m.train_func, m.export_model, m.evaluate, metric="dev_score",
+                  metric_label="dev score (eval.dev; PIT-2015 dev AP by default)", columns=("text",))
+
+
+def _sifter_lstm() -> Method:
+    from trainers import sifter_lstm as m
+
+    return Method("sifter_lstm", m.SifterLSTMConfig, m.train_func, m.export_model, m.evaluate,
+                  metric="dev_accuracy", metric_label="SST-2 dev accuracy", columns=("text", "label"),
+                  prepare_data=m.prepare_data, log_model=m.log_model)
+
+
 _FACTORIES: dict[str, Callable[[], Method]] = {
     "simcse": lambda: _contrastive("simcse"),
     "sifter_simcse": lambda: _contrastive("sifter_simcse"),
+    "tsdae": _tsdae,
+    "sifter_lstm": _sifter_lstm,
 }
 
 

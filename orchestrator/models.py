@@ -66,6 +66,7 @@ def _quiet_transformers() -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()  # one "Loading weights" bar per model load
 
 
 def load_config(name: str, *, dropout: float | None = None):

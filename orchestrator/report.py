@@ -12,13 +12,43 @@ from orchestrator.sweep import params_label
 
 def write_sweep_report(out_dir: str | Path, *, name: str, method: str, metric: str, rows: list[dict],
                        best_params: dict, test, registered: dict | None, wall_s: float,
-                       metric_label: str = "STS-B dev Spearman") -> Path:
-    """``test``: the best trial's :class:`~orchestrator.evaluation.suite.TestReport` (or None)."""
+                       metric_label: str = "STS-B dev Spearman", group_out: list[str] | None = None) -> Path:
+    """``test``: the best trial's :class:`~orchestrator.evaluation.suite.TestReport` (or None).
+    When several trials have test scores, a table groups them by setting (``group_out`` keys,
+    e.g. the seed, averaged over: mean ± std)."""
     return _write(out_dir, name=name, method=method, metric=metric, rows=rows, best_params=best_params, test=test,
-                  registered=registered, wall_s=wall_s, label=metric_label)
+                  registered=registered, wall_s=wall_s, label=metric_label, group_out=group_out or [])
 
 
-def _write(out_dir, *, name, method, metric, rows, best_params, test, registered, wall_s, label) -> Path:
+def group_rows(rows: list[dict], group_out: list[str], headline: str) -> list[dict]:
+    """Trials with a test score grouped by their params minus ``group_out``: n, mean, std of
+    the best dev score and of the test ``headline``."""
+    import numpy as np
+
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        if headline not in r.get("test", {}):
+            continue
+        key = params_label({k: v for k, v in r["params"].items() if k not in group_out}) or "(all)"
+        groups.setdefault(key, []).append(r)
+    out = []
+    for key, rs in groups.items():
+        dev = np.array([r["best_dev"] for r in rs])
+        tst = np.array([r["test"][headline] for r in rs])
+        out.append({"setting": key, "n": len(rs), "dev_mean": float(dev.mean()), "dev_std": float(dev.std(ddof=1)) if len(rs) > 1 else 0.0,
+                    "test_mean": float(tst.mean()), "test_std": float(tst.std(ddof=1)) if len(rs) > 1 else 0.0})
+    return sorted(out, key=lambda g: -g["dev_mean"])
+
+
+def group_table(groups: list[dict], label: str, headline: str) -> str:
+    lines = [f"| setting | trials | {label} ×100 (mean ± std) | test {headline} ×100 (mean ± std) |",
+             "|---|---:|---:|---:|"]
+    lines += [f"| {g['setting']} | {g['n']} | {g['dev_mean'] * 100:.2f} ± {g['dev_std'] * 100:.2f} | "
+              f"{g['test_mean'] * 100:.2f} ± {g['test_std'] * 100:.2f} |" for g in groups]
+    return "\n".join(lines)
+
+
+def _write(out_dir, *, name, method, metric, rows, best_params, test, registered, wall_s, label, group_out) -> Path:
     with atomic_dir(out_dir) as tmp:
         _plots(tmp, rows, metric, label)
         lines = [f"# Sweep `{name}` ({method})", "",
@@ -29,6 +59,11 @@ def _write(out_dir, *, name, method, metric, rows, best_params, test, registered
             note = r["error"] or ("stopped early (ASHA)" if r["stopped_early"] else "")
             dev = f"{r['best_dev'] * 100:.2f}" if r["best_dev"] == r["best_dev"] else "–"
             lines.append(f"| {i} | {r['trial']} | {params_label(r['params'])} | {dev} | {len(r['history'])} | {note} |")
+        groups = group_rows(rows, group_out, test.headline) if test else []
+        if sum(g["n"] for g in groups) > 1:
+            lines += ["", f"## Settings over {', '.join(group_out) or 'trials'} (every trial tested)", "",
+                      group_table(groups, label, test.headline)]
+            (tmp / "groups.json").write_text(json.dumps(groups, indent=2))
         lines += ["", "## Best configuration", "", "```json", json.dumps(best_params, indent=2), "```", ""]
         if test:
             lines += [f"## Best trial: {test.title}", "", test.table, ""]

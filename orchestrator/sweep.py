@@ -92,6 +92,8 @@ class SweepJobConfig(StrictModel):
     base: str = Field(..., description="path of the method's base config, relative to the repo root")
     base_overrides: dict[str, Any] = {}
     sweep: SweepConfig = SweepConfig()
+    test_every_trial: bool = Field(False, description="export + test every trial, not only the best")
+    group_out: list[str] = Field(["train.seed"], description="space keys averaged over in the report's groups")
 
 
 def to_overrides(params: dict[str, Any]) -> list[str]:

@@ -82,7 +82,6 @@ def main(doc: str, default_dir: str) -> int:
         grid = run_sweep(job, base, shards, name=name, storage_root=cfg0.run.storage, resume=args.resume,
                          progress=not args.no_progress)
         rows = trial_rows(grid, method.metric)
-        _log_children(exp_id, run.info.run_id, name, rows, method.metric)
         scored = [r for r in rows if r["checkpoint_path"]]
         if not scored:
             raise ConfigError(f"sweep {name}: no trial reported a checkpoint (errors: {[r['error'] for r in rows]})")
@@ -90,9 +89,17 @@ def main(doc: str, default_dir: str) -> int:
         best_cfg = method_config(method, base, best["params"], "best trial")
         outcome = Outcome(_checkpoint(best["checkpoint_path"]), best["best"], best["history"])
         model_dir, test = export_and_test(method, best_cfg, outcome, Path("outputs") / "models" / name)
+        best["test"] = test.metrics
+        if job.test_every_trial:  # e.g. mean ± std over seeds needs every trial's test score
+            for r in scored[1:]:
+                cfg_r = method_config(method, base, r["params"], f"trial {r['trial']}")
+                _, t = export_and_test(method, cfg_r, Outcome(_checkpoint(r["checkpoint_path"]), r["best"], r["history"]),
+                                       Path("outputs") / "models" / f"{name}-trials" / r["trial"])
+                r["test"] = t.metrics
+        _log_children(exp_id, run.info.run_id, name, rows, method.metric)
         tracking.log_metrics({**{f"best_test_{k}": v for k, v in test.metrics.items()},
                               f"best_{method.metric}": best["best_dev"]})
-        info = tracking.log_sentence_encoder(model_dir, name="best_model")
+        info = (method.log_model or tracking.log_sentence_encoder)(model_dir, name="best_model")
         reg_name = best_cfg.tracking.registry_model_name or job.method.replace("_", "-")
         chash = config_hash(best_cfg)
         version = tracking.register(
@@ -111,7 +118,7 @@ def main(doc: str, default_dir: str) -> int:
         report_dir = Path("outputs") / "reports" / name
         best_params = {"trial": best["trial"], "params": best["params"], "config": best_cfg.model_dump(mode="json")}
         write_sweep_report(report_dir, name=name, method=job.method, metric=method.metric,
-                           metric_label=method.metric_label, rows=rows,
+                           metric_label=method.metric_label, rows=rows, group_out=job.group_out,
                            best_params=best_params, test=test, registered=registered, wall_s=wall_s)
         mlflow.log_artifacts(str(report_dir), "report")
         mlflow.log_metric("wall_s", wall_s)
@@ -150,7 +157,8 @@ def _log_children(exp_id: str, parent_id: str, name: str, rows: list[dict], metr
                 tracking.log_metrics({k: v for k, v in h.items() if k not in ("step", "epoch", "training_iteration")
                                       and isinstance(v, int | float)}, step=int(h.get("step", 0)))
             final = {"best_" + metric: r["best_dev"], "evaluations": len(r["history"]),
-                     "stopped_early": float(r["stopped_early"])}
+                     "stopped_early": float(r["stopped_early"]),
+                     **{f"test_{k}": v for k, v in r.get("test", {}).items()}}
             tracking.log_metrics({k: v for k, v in final.items() if v == v})
             if r["error"]:
                 mlflow.set_tag("sieve.error", r["error"])

@@ -8,10 +8,13 @@ Nothing here is mocked.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -139,6 +142,26 @@ def tiny_bert_dir(tmp_path_factory):
     return out
 
 
+def stop_ray_processes(temp_dir: str, timeout_s: float = 30) -> None:
+    """SIGTERM, then SIGKILL, every process whose command line names ``temp_dir``."""
+    import psutil
+
+    mine = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if any(temp_dir in part for part in proc.info["cmdline"] or []):
+                mine.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    for proc in mine:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.terminate()
+    _, alive = psutil.wait_procs(mine, timeout=timeout_s)
+    for proc in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+
+
 @pytest.fixture(scope="session")
 def ray_cluster(tmp_path_factory, s3_endpoint):
     """A real local Ray head (4 logical CPUs, token auth on, dashboard on loopback), shared by all tests.
@@ -157,8 +180,11 @@ def ray_cluster(tmp_path_factory, s3_endpoint):
     os.environ.update(env)
     # the venv's bin first on PATH: `ray job submit` entrypoints resolve `python` from ray start's PATH
     start_env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    # a private temp dir (short: Ray's socket paths live under it) identifies this cluster's
+    # processes, so teardown stops them alone - never `ray stop`, which kills every Ray on the machine
+    temp_dir = tempfile.mkdtemp(prefix="sieve-ray-", dir="/tmp")
     subprocess.run([str(BIN / "ray"), "start", "--head", "--num-cpus=4", f"--port={port}",
-                    "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
+                    "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}", f"--temp-dir={temp_dir}",
                     "--disable-usage-stats"], check=True, capture_output=True, timeout=120, env=start_env)
     os.environ["RAY_ADDRESS"] = f"127.0.0.1:{port}"
     os.environ["SIEVE_TEST_DASHBOARD"] = f"http://127.0.0.1:{dashboard}"
@@ -169,6 +195,20 @@ def ray_cluster(tmp_path_factory, s3_endpoint):
         yield os.environ["RAY_ADDRESS"]
     finally:
         ray.shutdown()
-        subprocess.run([str(BIN / "ray"), "stop", "--force"], capture_output=True, timeout=120)
+        stop_ray_processes(temp_dir)
+        shutil.rmtree(temp_dir, ignore_errors=True)
         for k in [*env, "RAY_ADDRESS", "SIEVE_TEST_DASHBOARD"]:
             os.environ.pop(k, None)
+
+
+@pytest.fixture(scope="session")
+def tiny_shards(ray_cluster, tmp_path_factory):
+    """160 WikiSplit sentences through the real corpus pipeline (spaCy, one actor)."""
+    from orchestrator.data.corpus import CorpusConfig, run_pipeline
+
+    root = tmp_path_factory.mktemp("corpus")
+    lines = (ROOT / "data" / "corpus" / "wikisplit_sample.txt").read_text().splitlines()[:160]
+    (root / "c.txt").write_text("\n".join(lines) + "\n")
+    run_pipeline(CorpusConfig(input=str(root / "c.txt"), parser={"workers": 1, "cpus_per_worker": 0.5}),
+                 str(root / "aug"), progress=False)
+    return str(root / "aug")

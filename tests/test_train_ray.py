@@ -8,23 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.data.corpus import CorpusConfig, run_pipeline
 from orchestrator.methods import get_method
 from orchestrator.train import build_trainer, export_and_test, fit
 from trainers.sifter_simcse import ContrastiveConfig
 
-ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
-
-
-@pytest.fixture(scope="module")
-def tiny_shards(ray_cluster, tmp_path_factory):
-    root = tmp_path_factory.mktemp("corpus")
-    lines = (ROOT / "data" / "corpus" / "wikisplit_sample.txt").read_text().splitlines()[:160]
-    (root / "c.txt").write_text("\n".join(lines) + "\n")
-    run_pipeline(CorpusConfig(input=str(root / "c.txt"), parser={"workers": 1, "cpus_per_worker": 0.5}),
-                 str(root / "aug"), progress=False)
-    return str(root / "aug")
 
 
 def tiny_cfg(model_dir, tmp_path, **kw) -> ContrastiveConfig:

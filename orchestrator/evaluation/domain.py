@@ -91,11 +91,15 @@ class PairAPEvaluator:
             raise DataError(f"{self.path}:{bad[0] + 2}: label {data.scores[bad[0]]:g} is not 0 or 1")
         return data
 
-    def __call__(self, encoder) -> dict[str, float]:
+    def scores(self, encoder) -> tuple[np.ndarray, np.ndarray]:
+        """(cosine of each pair, its 0/1 label)."""
         data = self.load()
         emb = encode_unique(encoder, data.sentence1 + data.sentence2)
         sims = cosine_rows(np.stack([emb[t] for t in data.sentence1]), np.stack([emb[t] for t in data.sentence2]))
-        return {f"{self.name}_ap": average_precision(sims, data.scores.astype(int))}
+        return sims, data.scores.astype(int)
+
+    def __call__(self, encoder) -> dict[str, float]:
+        return {f"{self.name}_ap": average_precision(*self.scores(encoder))}
 
 
 @dataclass

@@ -1,0 +1,246 @@
+"""TSDAE: the decoder sees only the sentence vector, tied weights are one tensor, golden loss,
+TwitterPara AP = sklearn's, and a Ray Train run that exports a SentenceTransformer model."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from orchestrator.errors import DataError
+from trainers.tsdae import TSDAEConfig, build_model, compute_loss, noisy_batch
+
+TEXTS = ["The quick brown fox jumps over the lazy dog .", "A man is playing a guitar on the street corner .",
+         "Stocks fell sharply on Monday after the report .", "She has lived in Paris since 2010 ."]
+
+
+def tiny(model_dir, **kw) -> TSDAEConfig:
+    return TSDAEConfig.model_validate({"model": {"name_or_path": str(model_dir), "max_length": 24}, **kw})
+
+
+def tokens(tok, texts):
+    return tok(texts, padding=True, return_tensors="pt", return_token_type_ids=False)
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_decoder_sees_only_the_sentence_vector(tiny_bert_dir, pooling):
+    """Replace the encoder's token states with noise while keeping the sentence vector: the
+    decoder's logits do not move. Changing the vector itself does move them (the test can fail)."""
+    torch.manual_seed(0)
+    model, tok = build_model(tiny(tiny_bert_dir, pooling=pooling))
+    model.eval()
+    noisy, target = tokens(tok, noisy_batch(TEXTS, 0.6, random.Random(0))), tokens(tok, TEXTS)
+    sentence = model.encode(noisy["input_ids"], noisy["attention_mask"])
+
+    def run():
+        s = model.encode(noisy["input_ids"], noisy["attention_mask"])
+        return model.decode(s, target["input_ids"], target["attention_mask"])
+
+    base = run()
+
+    def scramble_tokens_keep_vector(module, args, output):
+        states = output.last_hidden_state.clone()
+        if pooling == "cls":
+            states[:, 1:] = torch.randn_like(states[:, 1:]) * 5
+        else:  # change every token state while keeping the masked mean (the sentence vector)
+            noise = torch.randn_like(states) * noisy["attention_mask"].unsqueeze(-1)
+            noise = noise - noise.sum(1, keepdim=True) / noisy["attention_mask"].sum(1)[:, None, None]
+            states = states + noise * noisy["attention_mask"].unsqueeze(-1)
+        output.last_hidden_state = states
+        return output
+
+    handle = model.encoder.register_forward_hook(scramble_tokens_keep_vector)
+    try:
+        assert torch.allclose(model.encode(noisy["input_ids"], noisy["attention_mask"]), sentence, atol=1e-5)
+        assert torch.allclose(run(), base, atol=1e-5)
+    finally:
+        handle.remove()
+    moved = model.decode(sentence + torch.randn_like(sentence), target["input_ids"], target["attention_mask"])
+    assert not torch.allclose(moved, base, atol=1e-3)
+
+
+def test_tied_weights_are_one_tensor(tiny_bert_dir):
+    model, _ = build_model(tiny(tiny_bert_dir))
+    enc, dec = model.encoder, model.decoder
+    assert dec.bert.encoder.layer[1].attention.self.query.weight is enc.encoder.layer[1].attention.self.query.weight
+    assert dec.bert.embeddings.word_embeddings.weight is enc.embeddings.word_embeddings.weight
+    assert dec.get_output_embeddings().weight is enc.embeddings.word_embeddings.weight
+    enc_ids = {id(p) for p in enc.parameters()}
+    own = [n for n, p in dec.named_parameters() if id(p) not in enc_ids]
+    assert own and all("crossattention" in n or n.startswith("cls.predictions") for n in own), own
+    # one optimiser step moves the shared tensor once, seen from both sides
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    before = enc.encoder.layer[0].output.dense.weight.detach().clone()
+    loss, _ = compute_loss(model, build_model(tiny(tiny_bert_dir))[1], TEXTS, tiny(tiny_bert_dir), random.Random(0))
+    loss.backward()
+    opt.step()
+    assert not torch.equal(before, enc.encoder.layer[0].output.dense.weight)
+    assert torch.equal(dec.bert.encoder.layer[0].output.dense.weight, enc.encoder.layer[0].output.dense.weight)
+
+    untied, _ = build_model(tiny(tiny_bert_dir, tie_encoder_decoder=False))
+    assert untied.decoder.bert.encoder.layer[1].attention.self.query.weight is not \
+        untied.encoder.encoder.layer[1].attention.self.query.weight
+    assert torch.equal(untied.decoder.bert.encoder.layer[1].attention.self.query.weight,
+                       untied.encoder.encoder.layer[1].attention.self.query.weight)  # initialised from it
+
+
+# Three AdamW steps of the tiny seeded model on fixed sentences and noise (tied, CLS).
+GOLDEN = [10.365796, 10.276217, 10.197869]
+
+
+def test_golden_loss(tiny_bert_dir):
+    torch.manual_seed(0)
+    cfg = tiny(tiny_bert_dir)
+    model, tok = build_model(cfg)
+    model.eval()  # dropout off: the values depend on the maths only
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    rng = random.Random(7)
+    got = []
+    for _ in range(3):
+        loss, logs = compute_loss(model, tok, TEXTS, cfg, rng)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        got.append(logs["loss"])
+    assert got == pytest.approx(GOLDEN, rel=1e-4)
+
+
+def test_noise_deletes_the_papers_ratio():
+    out = noisy_batch(["one two three four five six seven eight nine ten"], 0.6, random.Random(1))[0].split()
+    assert len(out) == 4  # 60% of 10 words deleted
+
+
+def test_reconstruction_loss_ignores_padding(tiny_bert_dir):
+    """A sentence's loss does not change when a longer one pads it in the same batch."""
+    torch.manual_seed(0)
+    model, tok = build_model(tiny(tiny_bert_dir))
+    model.eval()
+    short = tokens(tok, ["a short one ."])
+    padded = tokens(tok, ["a short one .", "a much longer sentence that forces padding onto the first one ."])
+    alone = model(short["input_ids"], short["attention_mask"], short["input_ids"], short["attention_mask"])
+    logits = model.decode(model.encode(padded["input_ids"][:1], padded["attention_mask"][:1]),
+                          padded["input_ids"][:1, :-1], padded["attention_mask"][:1, :-1])
+    labels = padded["input_ids"][:1, 1:].masked_fill(padded["attention_mask"][:1, 1:] == 0, -100)
+    with_pad = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1))
+    assert with_pad.item() == pytest.approx(alone.item(), rel=1e-5)
+
+
+# ---------------------------------------------------------------- domain evaluation
+def test_average_precision_equals_sklearn():
+    from sklearn.metrics import average_precision_score
+
+    from orchestrator.evaluation.domain import average_precision
+
+    rng = np.random.default_rng(0)
+    for n, ties in [(50, False), (400, True), (3, False)]:
+        labels = rng.integers(0, 2, n)
+        labels[0] = 1
+        scores = rng.normal(size=n).round(1 if ties else 8)
+        assert average_precision(scores, labels) == pytest.approx(average_precision_score(labels, scores), abs=1e-12)
+
+
+def test_twitterpara_ap_matches_sklearn_on_real_pairs(tiny_bert_dir):
+    from sklearn.metrics import average_precision_score
+
+    from orchestrator.evaluation.domain import PairAPEvaluator, TwitterParaEvaluator, cosine_rows
+    from orchestrator.evaluation.encode import HFEncoder
+    from orchestrator.models import load_encoder
+
+    model, tok = load_encoder(str(tiny_bert_dir))
+    enc = HFEncoder(model, tok, pooling="cls_before_pooler", batch_size=512, max_length=32)
+    pit = PairAPEvaluator("twitterpara_pit", TwitterParaEvaluator().data_dir / "pit2015-test.tsv")
+    data = pit.load()
+    assert len(data) == 838 and int(data.scores.sum()) == 175
+    sims, labels = pit.scores(enc)
+    assert np.array_equal(labels, data.scores.astype(int))
+    assert sims == pytest.approx(cosine_rows(enc.encode(data.sentence1), enc.encode(data.sentence2)), abs=1e-4)
+    assert pit(enc)["twitterpara_pit_ap"] == pytest.approx(average_precision_score(labels, sims), abs=1e-12)
+    full = TwitterParaEvaluator()(enc)
+    assert full["twitterpara_ap"] == pytest.approx((full["twitterpara_pit_ap"] + full["twitterpara_url_ap"]) / 2)
+
+
+def test_domain_evaluator_errors(tmp_path):
+    from orchestrator.evaluation.domain import PairAPEvaluator, RerankingEvaluator, get_evaluator
+
+    with pytest.raises(DataError, match="askubuntu.*not shipped.*eval.domain_paths.askubuntu"):
+        get_evaluator("askubuntu")
+    with pytest.raises(DataError, match="unknown domain evaluator 'nope'"):
+        get_evaluator("nope")
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("sentence1\tsentence2\tlabel\na\tb\t1\nc\td\t2\n")
+    with pytest.raises(DataError, match=r"bad\.tsv:3: label 2 is not 0 or 1"):
+        PairAPEvaluator("x", bad).load()
+    jl = tmp_path / "q.jsonl"
+    jl.write_text('{"query": "q", "positive": ["p"], "negative": ["n"]}\n{oops\n')
+    with pytest.raises(DataError, match=r"q\.jsonl:2: invalid JSON"):
+        RerankingEvaluator("askubuntu", jl).load()
+
+
+def test_reranking_map_on_a_hand_made_set(tmp_path):
+    """A plugged-in AskUbuntu-style file: MAP from a hand-made encoder with known cosines."""
+    from orchestrator.evaluation.domain import RerankingEvaluator
+
+    vecs = {"q": [1, 0], "p1": [1, 0.1], "n1": [0.9, 0.5], "p2": [0, 1], "q2": [0, 1], "n2": [1, 0]}
+
+    class Toy:
+        def encode(self, texts):
+            return np.array([vecs[t] for t in texts], dtype=float)
+
+    jl = tmp_path / "r.jsonl"
+    jl.write_text('{"query": "q", "positive": ["p1", "p2"], "negative": ["n1"]}\n'
+                  '{"query": "q2", "positive": ["p2"], "negative": ["n2"]}\n')
+    # query 1 ranks p1, n1, p2 → AP = (1/1 + 2/3) / 2; query 2 ranks p2 first → AP 1
+    assert RerankingEvaluator("askubuntu", jl)(Toy())["askubuntu_map"] == pytest.approx(((1 + 2 / 3) / 2 + 1) / 2)
+
+
+# ---------------------------------------------------------------- Ray Train
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_tsdae_under_ray_train_exports_a_sentence_transformer(tiny_bert_dir, tiny_shards, tmp_path):
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoModel
+
+    from orchestrator.methods import get_method
+    from orchestrator.train import build_trainer, export_and_test, fit
+
+    method = get_method("tsdae")
+    cfg = TSDAEConfig.model_validate({
+        "model": {"name_or_path": str(tiny_bert_dir), "max_length": 24},
+        "train": {"lr": 1e-3, "batch_size": 8, "max_steps": 4, "eval_steps": 2},
+        "scaling": {"num_workers": 2, "cpus_per_worker": 1},
+        "eval": {"batch_size": 512, "max_length": 32, "sts_tasks": ["stsb"]},
+        "run": {"storage": str(tmp_path / "store")},
+    })
+    outcome = fit(build_trainer(method, cfg, tiny_shards, name="tsdae"), method)
+    assert [int(r["step"]) for r in outcome.history] == [2, 4]
+    assert outcome.history[-1]["loss"] < 10.4  # it learns (untrained ≈ ln 30522 ≈ 10.3 + head noise)
+    assert all(0 < r["dev_score"] <= 1 for r in outcome.history)
+    out, report = export_and_test(method, cfg, outcome, tmp_path / "model")
+    assert report.headline == "twitterpara_ap" and 0 < report.headline_value < 1
+    assert {"twitterpara_pit_ap", "twitterpara_url_ap", "sts_stsb_spearman_all"} <= set(report.metrics)
+    assert not any("crossattention" in k for k in AutoModel.from_pretrained(out).state_dict())  # decoder gone
+    st = SentenceTransformer(str(out), device="cpu")
+    assert st.encode(["a tweet about 8 mile"]).shape == (1, 32)
+
+
+def test_loss_equals_sentence_transformers_denoising_loss(tiny_bert_dir):
+    """Reference check: with the same weights and inputs, our loss = sentence-transformers'
+    ``DenoisingAutoEncoderLoss`` (tied, mean pooling as the tiny model's ST config says).
+    One sentence per batch: ST's decoder gets no attention mask, so padding would differ."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.losses import DenoisingAutoEncoderLoss
+
+    torch.manual_seed(0)
+    cfg = tiny(tiny_bert_dir, pooling="mean")
+    ours, tok = build_model(cfg)
+    st = SentenceTransformer(str(tiny_bert_dir), device="cpu")
+    theirs = DenoisingAutoEncoderLoss(st, tie_encoder_decoder=True)
+    theirs.decoder.load_state_dict(ours.decoder.state_dict())
+    ours.eval(), theirs.eval()
+    for text in TEXTS[:2]:
+        noisy = noisy_batch([text], 0.6, random.Random(3))
+        loss, _ = compute_loss(ours, tok, [text], cfg, random.Random(3))
+        feats = [st.tokenize(noisy), st.tokenize([text])]
+        assert loss.item() == pytest.approx(theirs(feats, None).item(), rel=1e-5)

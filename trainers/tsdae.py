@@ -1,0 +1,245 @@
+"""TSDAE: a Transformer-based sequential denoising auto-encoder for sentence embeddings.
+
+Method (Wang, Reimers, Gurevych 2021, Section 3)
+-------------------------------------------------
+Each training sentence x is corrupted by deleting words: with ratio r (0.6 in the paper) exactly
+round(r·n) of its n words are removed (``orchestrator.data.augment.tsdae_noise``; at least one
+word stays). The noise is resampled every epoch. The encoder maps the noisy sentence x̃ to one
+fixed-size vector
+
+    s = enc(x̃)[CLS]          (or the mean of the token states, ``pooling: mean``)
+
+and a Transformer decoder reconstructs the *original* sentence token by token. The decoder is
+the encoder's own architecture with cross-attention added, and its cross-attention keys and
+values are **only s** - a sequence of length one - never the encoder's token states:
+
+    L = −Σ_t log P(x_t | x_<t, s)       (cross-entropy over the WordPiece vocabulary)
+
+so everything the decoder learns about the sentence has to pass through s. The decoder is
+initialised from the encoder and, by default, **tied** to it: every weight with the same name
+(embeddings, self-attention, feed-forward, layer norms) is one shared ``nn.Parameter``; only the
+cross-attention and the LM head's transform are the decoder's own (the LM head's output matrix
+is the shared word-embedding matrix). ``tie_encoder_decoder: false`` gives an independent
+decoder (initialised from ``decoder_name_or_path`` or the encoder). After training the decoder
+is thrown away and the encoder is exported with the same pooling.
+
+Args (config keys, see :class:`TSDAEConfig`)
+    deletion_ratio: fraction of words *deleted* (0.6). sentence-transformers' example keeps a
+        word when ``random() < del_ratio``, i.e. its ``del_ratio=0.6`` deletes ~40%: the
+        semantics here are the paper's.
+    pooling: ``cls`` (paper) or ``mean``
+    tie_encoder_decoder: share encoder and decoder weights (true)
+    eval.dev: the dev score for checkpoint selection (PIT-2015 dev AP by default: a domain task)
+
+Paper settings (``configs/tsdae/paper.yaml``): lr 3e-5 constant, batch 8, 100k steps.
+
+Inputs
+    Parquet shards with a ``text`` column (the corpus pipeline's output; only ``text`` is read).
+
+Example
+    python jobs/train.py --method tsdae --preset smoke
+    python jobs/tsdae_sweep.py --preset smoke
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+from torch import nn
+
+from orchestrator.config import (
+    CorpusBlock,
+    DeepSpeedBlock,
+    ModelConfig,
+    RunBlock,
+    ScalingBlock,
+    StrictModel,
+    TrackingConfig,
+    TrainLoopConfig,
+)
+from orchestrator.data.augment import tsdae_noise
+from trainers import common
+
+
+# ---------------------------------------------------------------- config
+class TSDAEEval(StrictModel):
+    dev: str = Field("twitterpara_pit_dev", description="domain evaluator name, or 'stsb_dev'")
+    dev_path: str | None = None
+    domain: list[str] = ["twitterpara"]
+    domain_paths: dict[str, str] = {}
+    sts_tasks: list[str] = ["sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr"]
+    batch_size: int = Field(128, gt=0)
+    max_length: int = Field(64, gt=0)
+
+
+class TSDAEConfig(StrictModel):
+    method: Literal["tsdae"] = "tsdae"
+    model: ModelConfig = ModelConfig(max_length=64, pooling="cls_before_pooler")
+    pooling: Literal["cls", "mean"] = "cls"
+    deletion_ratio: float = Field(0.6, ge=0, le=1)
+    tie_encoder_decoder: bool = True
+    decoder_name_or_path: str | None = Field(None, description="untied decoder's start (default: the encoder)")
+    train: TrainLoopConfig = TrainLoopConfig(lr=3e-5, batch_size=8, lr_schedule="constant", eval_steps=1000)
+    scaling: ScalingBlock = ScalingBlock()
+    deepspeed: DeepSpeedBlock = DeepSpeedBlock()
+    data: CorpusBlock = CorpusBlock()
+    eval: TSDAEEval = TSDAEEval()
+    run: RunBlock = RunBlock()
+    tracking: TrackingConfig = TrackingConfig(registry_model_name="tsdae")
+
+    @property
+    def eval_pooling(self) -> str:
+        return "cls_before_pooler" if self.pooling == "cls" else "mean"
+
+
+# ---------------------------------------------------------------- model
+def tie_encoder_decoder(encoder: nn.Module, decoder: nn.Module) -> int:
+    """Make every decoder parameter whose name exists in the encoder *be* the encoder's parameter
+    (``decoder`` is the causal LM's base model, e.g. ``BertLMHeadModel.bert``). Returns how many
+    were tied; cross-attention has no encoder counterpart and stays the decoder's own."""
+    enc_modules = dict(encoder.named_modules())
+    tied = 0
+    for name, _ in list(decoder.named_parameters()):
+        module_name, _, attr = name.rpartition(".")
+        target = enc_modules.get(module_name)
+        if target is not None and isinstance(getattr(target, attr, None), nn.Parameter):
+            setattr(decoder.get_submodule(module_name) if module_name else decoder, attr, getattr(target, attr))
+            tied += 1
+    return tied
+
+
+class TSDAE(nn.Module):
+    """Encoder → one sentence vector → decoder that cross-attends to that vector alone."""
+
+    def __init__(self, encoder: nn.Module, decoder: nn.Module, pooling: str = "cls", pad_token_id: int = 0):
+        super().__init__()
+        self.encoder = encoder
+        self.decoder = decoder  # a *ForCausalLM with add_cross_attention
+        self.pooling = pooling
+        self.pad_token_id = pad_token_id
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        states = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        if self.pooling == "cls":
+            return states[:, 0]
+        mask = attention_mask.unsqueeze(-1).to(states.dtype)
+        return (states * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+
+    def decode(self, sentence: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Next-token logits; the only memory the decoder sees is ``sentence`` (B, H) as a length-1 sequence."""
+        memory = sentence.unsqueeze(1)
+        memory_mask = torch.ones(memory.shape[:2], dtype=attention_mask.dtype, device=memory.device)
+        return self.decoder(input_ids=input_ids, attention_mask=attention_mask, encoder_hidden_states=memory,
+                            encoder_attention_mask=memory_mask, use_cache=False).logits
+
+    def forward(self, noisy_ids, noisy_mask, target_ids, target_mask) -> torch.Tensor:
+        """Reconstruction loss: predict target token t+1 from tokens ≤ t and the noisy sentence's vector."""
+        logits = self.decode(self.encode(noisy_ids, noisy_mask), target_ids[:, :-1], target_mask[:, :-1])
+        labels = target_ids[:, 1:].masked_fill(target_mask[:, 1:] == 0, -100)  # no loss on padding
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=-100)
+
+
+def build_model(cfg: TSDAEConfig):
+    """(TSDAE, tokenizer): the encoder without pooler, a causal-LM decoder with cross-attention
+    initialised from the encoder's folder (or ``decoder_name_or_path``), tied unless disabled."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from orchestrator.models import _quiet_transformers, load_encoder, resolve_model_source
+
+    encoder, tokenizer = load_encoder(cfg.model.name_or_path, add_pooling_layer=False)
+    source = resolve_model_source(cfg.decoder_name_or_path or cfg.model.name_or_path)
+    dconf = AutoConfig.from_pretrained(source, local_files_only=True)
+    dconf.is_decoder, dconf.add_cross_attention = True, True
+    _quiet_transformers()
+    decoder = AutoModelForCausalLM.from_pretrained(source, config=dconf, local_files_only=True)
+    if dconf.hidden_size != encoder.config.hidden_size:
+        raise ValueError(f"decoder hidden size {dconf.hidden_size} != encoder's {encoder.config.hidden_size}")
+    if cfg.tie_encoder_decoder:
+        if cfg.decoder_name_or_path:
+            raise ValueError("decoder_name_or_path is only for tie_encoder_decoder: false")
+        tie_encoder_decoder(encoder, decoder.base_model)
+        decoder.get_output_embeddings().weight = encoder.get_input_embeddings().weight
+    return TSDAE(encoder, decoder, cfg.pooling, tokenizer.pad_token_id), tokenizer
+
+
+# ---------------------------------------------------------------- noise + loss
+def noisy_batch(texts, ratio: float, rng: random.Random) -> list[str]:
+    """Delete ``ratio`` of each sentence's whitespace-separated words."""
+    return [" ".join(tsdae_noise(t.split(), ratio, rng)) for t in texts]
+
+
+def compute_loss(model: nn.Module, tokenizer, texts, cfg: TSDAEConfig, rng: random.Random,
+                 device: torch.device | str = "cpu") -> tuple[torch.Tensor, dict[str, float]]:
+    texts = [str(t) for t in texts]
+    tok = dict(padding=True, truncation=True, max_length=cfg.model.max_length, return_tensors="pt",
+               return_token_type_ids=False)
+    noisy = tokenizer(noisy_batch(texts, cfg.deletion_ratio, rng), **tok)
+    target = tokenizer(texts, **tok)
+    loss = model(noisy["input_ids"].to(device), noisy["attention_mask"].to(device),
+                 target["input_ids"].to(device), target["attention_mask"].to(device))
+    return loss, {"loss": float(loss.detach())}
+
+
+def batch_rng(seed: int, epoch: int, step: int) -> random.Random:
+    """Noise for one batch: a new draw every epoch and step, per worker, reproducible on resume."""
+    return random.Random(f"tsdae:{seed}:{common.rank()}:{epoch}:{step}")
+
+
+# ---------------------------------------------------------------- evaluation
+def dev_score(encoder: nn.Module, tokenizer, cfg: TSDAEConfig) -> float:
+    from orchestrator.evaluation import sts
+    from orchestrator.evaluation.domain import get_evaluator
+    from orchestrator.evaluation.encode import HFEncoder
+
+    enc = HFEncoder(encoder, tokenizer, pooling=cfg.eval_pooling, batch_size=cfg.eval.batch_size,
+                    max_length=cfg.eval.max_length)
+    if cfg.eval.dev == "stsb_dev":
+        return sts.evaluate_data(enc, sts.load_task("stsb_dev"))["spearman"]["all"]
+    return next(iter(get_evaluator(cfg.eval.dev, cfg.eval.dev_path)(enc).values()))
+
+
+def evaluate(cfg: TSDAEConfig, model_dir, tasks: list[str] | None = None):
+    """The final test: the domain tasks (TwitterPara AP: the headline) and the STS harness."""
+    from orchestrator.evaluation.domain import domain_report
+    from orchestrator.evaluation.encode import HFEncoder
+    from orchestrator.evaluation.suite import sts_report
+    from orchestrator.models import load_encoder
+
+    model, tok = load_encoder(str(model_dir))
+    enc = HFEncoder(model, tok, pooling=cfg.eval_pooling, batch_size=cfg.eval.batch_size,
+                    max_length=cfg.eval.max_length)
+    return domain_report(enc, cfg.eval.domain, cfg.eval.domain_paths).merged(
+        sts_report(enc, tasks or cfg.eval.sts_tasks, cfg.eval_pooling))
+
+
+# ---------------------------------------------------------------- the per-worker loop (Ray Train)
+def train_func(config: dict) -> list[dict]:
+    cfg = TSDAEConfig.model_validate(config["method_config"])
+    common.setup_worker(cfg.train.seed, threads=int(cfg.scaling.cpus_per_worker))
+    device = torch.device("cuda" if torch.cuda.is_available() and cfg.scaling.use_gpu else "cpu")
+    module, tokenizer = build_model(cfg)
+    module.to(device)
+    stepper = common.make_stepper(module, cfg, int(config["rows_per_worker"]))
+
+    def loss_fn(batch, state):
+        rng = batch_rng(cfg.train.seed, state["epoch"], state["step"])
+        return compute_loss(stepper.model, tokenizer, batch["text"], cfg, rng, device)
+
+    return common.train_loop(cfg, stepper, rows_per_worker=int(config["rows_per_worker"]), metric="dev_score",
+                             loss_fn=loss_fn, dev_fn=lambda m: dev_score(m.encoder, tokenizer, cfg),
+                             build_plain=lambda: build_model(cfg)[0].to(device))
+
+
+# ---------------------------------------------------------------- export
+def export_model(cfg: TSDAEConfig, checkpoint_dir, out_dir):
+    """Checkpoint → the encoder alone (the decoder is discarded), with the training pooling."""
+    from orchestrator.export import export_encoder
+
+    module, tokenizer = build_model(cfg)
+    module.load_state_dict(common.load_module_state(checkpoint_dir))
+    return export_encoder(module.encoder, tokenizer, out_dir, pooling=cfg.eval_pooling,
+                          max_seq_length=cfg.eval.max_length)
