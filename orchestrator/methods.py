@@ -20,7 +20,7 @@ class Method:
     evaluate: Callable  # (cfg, model_dir, tasks=None) -> orchestrator.evaluation.suite.TestReport
     metric: str = "stsb_dev_spearman"  # what the train function reports; max is best
     metric_label: str = "STS-B dev Spearman"
-    columns: tuple[str, ...] = ("text",)
+    columns: tuple[str, ...] | None = ("text",)  # None: every column of the shards
     # (cfg, progress) -> the directory of parquet shards + manifest.json to train on;
     # None: the SIFTER corpus pipeline over ``cfg.data`` (orchestrator.train.prepare_shards)
     prepare_data: Callable | None = None
@@ -51,11 +51,19 @@ def _sifter_lstm() -> Method:
                   prepare_data=m.prepare_data, log_model=m.log_model)
 
 
+def _siamese() -> Method:
+    from trainers import siamese as m
+
+    return Method("siamese", m.SiameseConfig, m.train_func, m.export_model, m.evaluate, metric="dev_delta",
+                  metric_label="dev Δ cosine distance", columns=None, prepare_data=m.prepare_data)
+
+
 _FACTORIES: dict[str, Callable[[], Method]] = {
     "simcse": lambda: _contrastive("simcse"),
     "sifter_simcse": lambda: _contrastive("sifter_simcse"),
     "tsdae": _tsdae,
     "sifter_lstm": _sifter_lstm,
+    "siamese": _siamese,
 }
 
 

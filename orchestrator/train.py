@@ -90,7 +90,9 @@ def build_trainer(method, cfg, shards: str, *, name: str | None = None, callback
     from ray.train.torch import TorchConfig, TorchTrainer
 
     fs, path = storage.pyarrow_filesystem(storage.join(shards, "shards"))
-    ds = ray.data.read_parquet(path, filesystem=fs).select_columns(list(method.columns))
+    ds = ray.data.read_parquet(path, filesystem=fs)
+    if method.columns:
+        ds = ds.select_columns(list(method.columns))
     rows = ds.count()
     workers = cfg.scaling.num_workers
     rows_per_worker = rows // workers

@@ -22,8 +22,12 @@ from orchestrator.errors import DataError
 
 
 def read_labelled(path: str, *, text_column: str = "text", label_column: str = "label",
-                  limit: int | None = None) -> list[tuple[str, int]]:
-    """(text, label) pairs of a tab-separated file with a header (local path or s3:// URI)."""
+                  limit: int | None = None, integer_labels: bool = True,
+                  where: dict[str, list[str]] | None = None) -> list[tuple[str, int | str]]:
+    """(text, label) pairs of a tab-separated file with a header (local path or s3:// URI).
+
+    ``integer_labels=False`` keeps labels as strings (class names); ``where`` keeps only the rows
+    whose column value is one of the listed values (e.g. ``{"event": [...]}``)."""
     from orchestrator.config import repo_path
 
     path = repo_path(path)
@@ -40,7 +44,7 @@ def read_labelled(path: str, *, text_column: str = "text", label_column: str = "
     if not lines or not lines[0].strip():
         raise DataError(f"{path}: empty file (expected a header with {text_column}, {label_column})")
     header = lines[0].split("\t")
-    missing = [c for c in (text_column, label_column) if c not in header]
+    missing = [c for c in (text_column, label_column, *(where or {})) if c not in header]
     if missing:
         raise DataError(f"{path}:1: missing column(s) {', '.join(missing)} (header: {', '.join(header)})")
     ti, li = header.index(text_column), header.index(label_column)
@@ -51,8 +55,17 @@ def read_labelled(path: str, *, text_column: str = "text", label_column: str = "
             continue
         if len(row) < len(header):
             raise DataError(f"{path}:{lineno}: expected {len(header)} tab-separated fields, got {len(row)}")
+        if where and any(row[header.index(c)] not in allowed for c, allowed in where.items()):
+            continue
         if not row[ti].strip():
             raise DataError(f"{path}:{lineno}: empty {text_column}")
+        if not integer_labels:
+            if not row[li].strip():
+                raise DataError(f"{path}:{lineno}: empty {label_column}")
+            rows.append((row[ti].strip(), row[li].strip()))
+            if limit and len(rows) >= limit:
+                break
+            continue
         try:
             label = int(row[li])
         except ValueError:
@@ -61,18 +74,23 @@ def read_labelled(path: str, *, text_column: str = "text", label_column: str = "
         if limit and len(rows) >= limit:
             break
     if not rows:
-        raise DataError(f"{path}: no data rows after the header")
+        raise DataError(f"{path}: no data rows after the header" + (f" matching {where}" if where else ""))
     return rows
 
 
 def labelled_shards(path: str, storage_root: str, *, text_column: str = "text", label_column: str = "label",
                     limit: int | None = None) -> str:
+    """The labelled TSV as shards under ``<storage_root>/datasets/<hash>`` (see :func:`rows_to_shards`)."""
+    rows = read_labelled(path, text_column=text_column, label_column=label_column, limit=limit)
+    return rows_to_shards(rows, storage_root, source=str(path))
+
+
+def rows_to_shards(rows: list[tuple[str, object]], storage_root: str, *, source: str = "") -> str:
     """Write ``<storage_root>/datasets/<hash>/shards/*.parquet`` (columns text, label) and a
     manifest (written last: a folder without it is incomplete and is rewritten). Returns the folder."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    rows = read_labelled(path, text_column=text_column, label_column=label_column, limit=limit)
     h = hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]
     root = storage_root if storage.is_s3(storage_root) else str(Path(storage_root).resolve())
     out = storage.join(root, "datasets", h)
@@ -81,10 +99,9 @@ def labelled_shards(path: str, storage_root: str, *, text_column: str = "text", 
     buf = io.BytesIO()
     pq.write_table(pa.table({"text": [t for t, _ in rows], "label": [y for _, y in rows]}), buf)
     storage.write_bytes(storage.join(out, "shards", "part-00000.parquet"), buf.getvalue())
-    counts: dict[int, int] = {}
+    counts: dict[str, int] = {}
     for _, y in rows:
-        counts[y] = counts.get(y, 0) + 1
-    manifest = {"source": str(path), "rows": len(rows), "labels": {str(k): v for k, v in sorted(counts.items())},
-                "sha": h}
+        counts[str(y)] = counts.get(str(y), 0) + 1
+    manifest = {"source": source, "rows": len(rows), "labels": dict(sorted(counts.items())), "sha": h}
     storage.write_bytes(storage.join(out, "manifest.json"), json.dumps(manifest, indent=2).encode())
     return out
