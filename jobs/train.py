@@ -43,9 +43,7 @@ def main() -> int:
         cfg.method = args.method
     name = args.name or cfg.run.name or f"{args.method}-{time.strftime('%Y%m%d-%H%M%S')}"
 
-    exp_id = preflight(cfg)  # tracking server, storage, model source: fail before any Ray work
-
-    import mlflow
+    preflight(cfg)  # tracking server, storage, model source: fail before any Ray work
 
     init_ray()
     t0 = time.time()
@@ -57,18 +55,18 @@ def main() -> int:
         storage.put_dir(model_dir, storage.join(cfg.run.storage, "models", name))
     wall_s = time.time() - t0
 
-    with mlflow.start_run(experiment_id=exp_id, run_name=name) as run:
-        tracking.log_params({**cfg.model_dump(mode="json"), "config_hash": config_hash(cfg), "shards": shards})
-        for row in outcome.history:
-            step = int(row.get("step", 0))
-            tracking.log_metrics({k: v for k, v in row.items() if k not in ("step", "epoch")}, step=step)
-        tracking.log_metrics({**{f"test_{k}": v for k, v in test.metrics.items()}, "wall_s": wall_s,
-                              f"best_{method.metric}": outcome.best_metrics.get(method.metric, float("nan"))})
-        mlflow.log_text(f"# {test.title}\n\n{test.table}\n", "test.md")
-        (method.log_model or tracking.log_sentence_encoder)(model_dir, name="model")
-        run_id = run.info.run_id
+    # The run is logged after training from one record; if the tracking server went away meanwhile,
+    # the record waits in outputs/tracking-pending/ for `jobs/sync_tracking.py` (nothing is lost).
+    record = tracking.run_record(
+        experiment=cfg.tracking.experiment, run_name=name, method=args.method,
+        params={**cfg.model_dump(mode="json"), "config_hash": config_hash(cfg), "shards": shards},
+        history=outcome.history,
+        metrics={**{f"test_{k}": v for k, v in test.metrics.items()}, "wall_s": wall_s,
+                 f"best_{method.metric}": outcome.best_metrics.get(method.metric, float("nan"))},
+        texts={"test.md": f"# {test.title}\n\n{test.table}\n"}, model_dir=str(model_dir))
+    run_id = tracking.log_or_defer(record, cfg.tracking.tracking_uri)
     print(test.table)
-    print(json.dumps({"run_id": run_id, "model_dir": str(model_dir), "wall_s": round(wall_s, 1),
+    print(json.dumps({"run_id": run_id or "pending (tracking server unreachable)", "model_dir": str(model_dir), "wall_s": round(wall_s, 1),
                       "best_dev": outcome.best_metrics.get(method.metric)}, indent=2))
     return 0
 

@@ -120,14 +120,16 @@ def check_space(method, base: dict, space: dict[str, Dimension], source: str) ->
 
 
 def concurrent_trials(cfg, requested: int | None) -> int:
-    """How many trials fit at once: each needs its workers plus 1 CPU for the trial's driver."""
+    """How many trials fit at once: each needs its workers plus 1 CPU for the trial's driver, and
+    1 CPU stays free for Ray Data's read/split tasks (with every CPU held by trials, the workers'
+    ingest waits forever - a silent hang seen with 1-worker trials on 4 logical CPUs)."""
     if requested:
         return requested
     import ray
 
     res = ray.cluster_resources()
     per_trial_cpu = cfg.scaling.num_workers * cfg.scaling.cpus_per_worker + 1
-    fits = int(res.get("CPU", 1) // per_trial_cpu)
+    fits = int(max(0.0, res.get("CPU", 1) - 1) // per_trial_cpu)
     if cfg.scaling.use_gpu:
         fits = min(fits, int(res.get("GPU", 0) // cfg.scaling.num_workers))
     return max(1, fits)

@@ -27,7 +27,9 @@ def preflight(cfg) -> str:
 
     exp_id = tracking.setup(cfg.tracking.tracking_uri, cfg.tracking.experiment)
     storage.check_access(cfg.run.storage)
-    resolve_model_source(cfg.model.name_or_path)
+    sources = cfg.model_sources() if hasattr(cfg, "model_sources") else [cfg.model.name_or_path]
+    for source in sources:
+        resolve_model_source(source)
     return exp_id
 
 

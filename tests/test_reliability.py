@@ -94,3 +94,39 @@ def test_concurrent_registration_gets_distinct_versions(mlflow_server, tiny_bert
         versions.append(int(out.strip().splitlines()[-1]))
     assert sorted(versions) == [1, 2]
     assert tracking.alias_version("shared-name", "candidate") in (1, 2)
+
+
+def test_tracking_outage_after_training_keeps_the_run_and_sync_logs_it(mlflow_server, tiny_bert_dir, tmp_path,
+                                                                          capsys):
+    """#11.3: the server is gone when a finished run is logged → one warning naming the URI, the whole
+    run kept in a pending file (atomically), nothing raised; `jobs/sync_tracking.py` logs it later,
+    every evaluation step included, and removes the file."""
+    import time
+
+    import mlflow
+    from conftest import free_port
+
+    from orchestrator import tracking
+
+    history = [{"step": 2, "stsb_dev_spearman": 0.5, "loss": 3.0}, {"step": 4, "stsb_dev_spearman": 0.6, "loss": 2.5}]
+    record = tracking.run_record(experiment="outage", run_name="tiny-run", method="sifter_simcse",
+                                 params={"train": {"lr": 1e-4}}, history=history, metrics={"test_sts_avg": 0.7},
+                                 texts={"test.md": "| a |"}, model_dir=str(tiny_bert_dir))
+    pending = tmp_path / "pending"
+    dead = f"http://127.0.0.1:{free_port()}"
+    t0 = time.time()
+    assert tracking.log_or_defer(record, dead, pending) is None
+    assert time.time() - t0 < 10
+    err = capsys.readouterr().err
+    assert err.count("warning:") == 1 and dead in err and "jobs/sync_tracking.py" in err
+    assert [p.name for p in pending.iterdir()] == ["tiny-run.json"]  # no .tmp left behind
+
+    res = subprocess.run([sys.executable, str(JOBS / "sync_tracking.py"), "--tracking-uri", mlflow_server,
+                          "--pending", str(pending)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "1 pending run(s) logged" in res.stdout and not list(pending.iterdir())
+    mlflow.set_tracking_uri(mlflow_server)
+    run = mlflow.search_runs(experiment_names=["outage"], output_format="list")[0]
+    assert run.data.params["train.lr"] == "0.0001" and run.data.metrics["test_sts_avg"] == 0.7
+    steps = mlflow.MlflowClient().get_metric_history(run.info.run_id, "stsb_dev_spearman")
+    assert [(m.step, m.value) for m in steps] == [(2, 0.5), (4, 0.6)]

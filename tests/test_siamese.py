@@ -141,3 +141,23 @@ def test_siamese_under_ray_train(ray_cluster, tiny_bert_dir, tmp_path):
     out, report = export_and_test(method, cfg, outcome, tmp_path / "model")
     assert report.headline == "delta_mean" and {"s140_delta", "s140_map"} <= set(report.metrics)
     assert SentenceTransformer(str(out), device="cpu").encode(["a tweet"]).shape == (1, 32)
+
+
+def test_experiment_presets_expand_into_valid_runs():
+    from orchestrator.config import load_config
+    from orchestrator.errors import ConfigError
+    from orchestrator.experiments import ExperimentsConfig
+
+    for preset in ("smoke", "paper"):
+        cfg = load_config(ExperimentsConfig, f"configs/siamese_experiments/{preset}.yaml")
+        assert set(cfg.experiments) == {"sentiment", "topics", "crisis"}
+        naive = cfg.run_config("crisis", "naive")
+        assert naive.mode == "naive" and [s.name for s in naive.train_sets] == ["crisis_seen_events"]
+        every = cfg.run_config(None, "all")
+        assert len(every.train_sets) == 3 and every.n_pairs == cfg.all_pairs_per_set and every.mode == "siamese"
+    # seen and unseen crisis events never overlap
+    train_events = set(naive.train_sets[0].where["event"])
+    assert not train_events & set(naive.test_sets[0].where["event"])
+    with pytest.raises(ConfigError, match=r"experiments\.x\.test: .*at least 1"):
+        load_config(ExperimentsConfig, None, ["experiments.x.train.name=a", "experiments.x.train.path=b",
+                                              "experiments.x.test=[]"])

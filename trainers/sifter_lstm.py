@@ -93,6 +93,9 @@ class SifterLSTMConfig(StrictModel):
     run: RunBlock = RunBlock()
     tracking: TrackingConfig = TrackingConfig(registry_model_name="sifter-lstm")
 
+    def model_sources(self) -> list[str]:
+        return [self.embeddings_from]
+
 
 # ---------------------------------------------------------------- the cell
 class SifterLSTM(nn.Module):

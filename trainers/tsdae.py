@@ -91,6 +91,9 @@ class TSDAEConfig(StrictModel):
     run: RunBlock = RunBlock()
     tracking: TrackingConfig = TrackingConfig(registry_model_name="tsdae")
 
+    def model_sources(self) -> list[str]:
+        return [self.model.name_or_path, *([self.decoder_name_or_path] if self.decoder_name_or_path else [])]
+
     @property
     def eval_pooling(self) -> str:
         return "cls_before_pooler" if self.pooling == "cls" else "mean"

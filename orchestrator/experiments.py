@@ -1,0 +1,180 @@
+"""The Siamese paper's Table 1 as a job: per experiment ORIG / NAIVE / SIAMESE, plus one ALL model
+over every experiment's training set, each trained with Ray Train, evaluated by Δ cosine distance
+(and same-class MAP) on the experiment's test sets, tracked in MLflow, the SIAMESE and ALL models
+registered, and a results table + bar chart written.
+
+    cfg = load_config(ExperimentsConfig, "configs/siamese_experiments/smoke.yaml")
+    run_experiments(cfg, name="siamese-smoke")
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from orchestrator.config import StrictModel, validate
+from trainers.siamese import LabelledSet, SiameseConfig
+
+MODELS = ("orig", "naive", "siamese", "all")
+
+
+class ExperimentBlock(StrictModel):
+    train: LabelledSet
+    test: list[LabelledSet] = Field(..., min_length=1)
+
+
+class ExperimentsConfig(StrictModel):
+    base: dict[str, Any] = Field({}, description="SiameseConfig keys shared by every run (model, train, scaling, ...)")
+    experiments: dict[str, ExperimentBlock] = Field(..., min_length=1)
+    all_pairs_per_set: int = Field(1000, gt=0, description="ALL: pairs drawn from each experiment's train set")
+    models: list[Literal["orig", "naive", "siamese", "all"]] = list(MODELS)
+
+    def run_config(self, experiment: str | None, mode: str) -> SiameseConfig:
+        """The SiameseConfig of one run (``experiment`` None = ALL)."""
+        data = json.loads(json.dumps(self.base))
+        if experiment is None:
+            data.update(train_sets=[e.train.model_dump() for e in self.experiments.values()],
+                        test_sets=[t.model_dump() for e in self.experiments.values() for t in e.test],
+                        n_pairs=self.all_pairs_per_set, mode="siamese")
+        else:
+            e = self.experiments[experiment]
+            data.update(train_sets=[e.train.model_dump()], test_sets=[t.model_dump() for t in e.test], mode=mode)
+        return validate(SiameseConfig, data, f"experiment {experiment or 'ALL'} ({mode})")
+
+
+def run_experiments(cfg: ExperimentsConfig, name: str, *, out_root: str | Path = "outputs") -> dict:
+    import mlflow
+
+    from orchestrator import tracking
+    from orchestrator.cluster import init_ray
+    from orchestrator.methods import get_method
+    from orchestrator.models import load_encoder
+    from orchestrator.train import build_trainer, export_and_test, fit, preflight, prepare_data
+    from trainers.siamese import evaluate_sets
+
+    method = get_method("siamese")
+    first = next(iter(cfg.experiments))
+    probe = cfg.run_config(first, "siamese")
+    exp_id = preflight(probe)  # tracking server, storage, model source: fail before any Ray work
+    for e in cfg.experiments.values():  # every data file readable before anything trains
+        for s in (e.train, *e.test):
+            s.rows()
+    init_ray()
+    t0 = time.time()
+    results: dict[str, dict[str, dict[str, float]]] = {}  # model → test set → metrics
+    registered = {}
+    with mlflow.start_run(experiment_id=exp_id, run_name=name) as parent:
+        mlflow.set_tags({"sieve.sweep": name, "sieve.role": "experiments", "sieve.method": "siamese"})
+        tracking.log_params({"experiments": cfg.model_dump(mode="json")})
+        if "orig" in cfg.models:
+            enc, tok = load_encoder(probe.model.name_or_path, add_pooling_layer=False)
+            for exp in cfg.experiments:
+                run_cfg = cfg.run_config(exp, "siamese")
+                results.setdefault("orig", {}).update(_per_set(evaluate_sets(enc, tok, run_cfg.test_sets, run_cfg)))
+            _child(exp_id, parent.info.run_id, name, "orig", {}, results["orig"])
+        runs = [(exp, mode) for exp in cfg.experiments for mode in ("naive", "siamese") if mode in cfg.models]
+        if "all" in cfg.models:
+            runs.append((None, "all"))
+        for exp, mode in runs:
+            run_cfg = cfg.run_config(exp, "siamese" if mode == "all" else mode)
+            label = f"{mode}-{exp}" if exp else "all"
+            shards = prepare_data(method, run_cfg, progress=False)
+            outcome = fit(build_trainer(method, run_cfg, shards, name=f"{name}-{label}"), method)
+            model_dir, report = export_and_test(method, run_cfg, outcome, Path(out_root) / "models" / name / label)
+            metrics = {k: v for k, v in report.metrics.items() if k != "delta_mean"}
+            results.setdefault(mode, {}).update(_per_set(metrics))
+            model_uri = _child(exp_id, parent.info.run_id, name, label, run_cfg.model_dump(mode="json"), metrics,
+                               history=outcome.history, model_dir=model_dir if mode in ("siamese", "all") else None)
+            if mode in ("siamese", "all"):
+                reg = "siamese-all" if mode == "all" else f"siamese-{exp}"
+                version = tracking.register(
+                    model_uri, reg, alias="candidate",
+                    description=f"{name} {label}: Δ cos distance {report.headline_value * 100:.2f} (×100) on "
+                                f"{', '.join(s.name for s in run_cfg.test_sets)}",
+                    tags={"experiments": name, "test_metric": "delta_mean", "test_score": f"{report.headline_value:.6f}"})
+                registered[reg] = version
+        wall_s = time.time() - t0
+        report_dir = Path(out_root) / "reports" / name
+        write_results(report_dir, name, cfg, results, registered, wall_s)
+        mlflow.log_artifacts(str(report_dir), "report")
+        mlflow.log_metric("wall_s", wall_s)
+    return {"name": name, "results": results, "registered": registered, "wall_s": wall_s,
+            "report": str(report_dir / "results.md")}
+
+
+def _per_set(metrics: dict[str, float]) -> dict[str, dict[str, float]]:
+    """``{"s140_delta": x, "s140_map": y}`` → ``{"s140": {"delta": x, "map": y}}``."""
+    out: dict[str, dict[str, float]] = {}
+    for k, v in metrics.items():
+        s, _, m = k.rpartition("_")
+        out.setdefault(s, {})[m] = v
+    return out
+
+
+def _child(exp_id, parent_id, name, label, params, per_set, *, history=(), model_dir=None) -> str | None:
+    """One nested MLflow run; returns the logged model's URI (when ``model_dir`` is given)."""
+    import mlflow
+
+    from orchestrator import tracking
+
+    with mlflow.start_run(experiment_id=exp_id, run_name=label, nested=True, parent_run_id=parent_id):
+        mlflow.set_tags({"sieve.sweep": name, "sieve.trial": label, "sieve.role": "trial"})
+        if params:
+            tracking.log_params(params)
+        for h in history:
+            tracking.log_metrics({k: v for k, v in h.items() if k not in ("step", "epoch") and isinstance(v, int | float)},
+                                 step=int(h.get("step", 0)))
+        flat = {f"{s}_{m}": v for s, ms in per_set.items() for m, v in ms.items()}
+        tracking.log_metrics(flat)
+        if model_dir is not None:
+            return tracking.log_sentence_encoder(model_dir, name="model").model_uri
+        return None
+
+
+def write_results(out_dir: Path, name: str, cfg: ExperimentsConfig, results: dict, registered: dict,
+                  wall_s: float) -> None:
+    """results.md (table per metric), results.json and delta.png (grouped bars, like the paper's figures)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from orchestrator.storage import atomic_dir
+
+    models = [m for m in MODELS if m in results]
+    rows = [(exp, t.name) for exp, e in cfg.experiments.items() for t in e.test]
+    with atomic_dir(out_dir) as tmp:
+        lines = [f"# Siamese adaptation experiments `{name}`", "",
+                 f"Wall time {wall_s / 60:.1f} min. Δ cosine distance ×100 (mean distance of different-class pairs "
+                 f"minus same-class pairs; higher = classes better separated) and same-class MAP ×100.", ""]
+        for metric, title in (("delta", "Δ cosine distance ×100"), ("map", "same-class MAP ×100")):
+            lines += [f"## {title}", "", "| experiment | test set | " + " | ".join(m.upper() for m in models) + " |",
+                      "|---|---|" + "---:|" * len(models)]
+            for exp, test in rows:
+                vals = [results[m].get(test, {}).get(metric) for m in models]
+                cells = [f"{v * 100:.2f}" if v is not None else "–" for v in vals]
+                lines.append(f"| {exp} | {test} | " + " | ".join(cells) + " |")
+            lines.append("")
+        lines += ["## Registered", ""] + [f"- `{k}` version {v}, alias `candidate`" for k, v in registered.items()]
+        lines += ["", "![Δ cosine distance per test set](delta.png)", ""]
+        (tmp / "results.md").write_text("\n".join(lines))
+        (tmp / "results.json").write_text(json.dumps({"results": results, "registered": registered, "wall_s": wall_s,
+                                                      "config": cfg.model_dump(mode="json")}, indent=2))
+        fig, ax = plt.subplots(figsize=(1.8 + 1.6 * len(rows), 3.8))
+        x = np.arange(len(rows))
+        width = 0.8 / max(1, len(models))
+        for i, m in enumerate(models):
+            ax.bar(x + i * width, [results[m].get(t, {}).get("delta", np.nan) * 100 for _, t in rows], width,
+                   label=m.upper())
+        ax.set_xticks(x + width * (len(models) - 1) / 2, [f"{e}\n{t}" for e, t in rows], fontsize=8)
+        ax.set_ylabel("Δ cosine distance ×100")
+        ax.legend(fontsize=8)
+        ax.set_title("Class separation by model")
+        fig.tight_layout()
+        fig.savefig(tmp / "delta.png", dpi=110)
+        plt.close(fig)
