@@ -100,3 +100,41 @@ def test_pyarrow_filesystem_reads_s3(s3_bucket):
     fs, path = storage.pyarrow_filesystem(f"{s3_bucket}/pa/x.txt")
     with fs.open_input_stream(path) as f:
         assert f.read() == b"hello"
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_interrupted_upload_is_never_complete_and_resume_takes_the_last_complete(where, tmp_path, request,
+                                                                                  monkeypatch):
+    """#11.4: an upload that dies after its first file leaves a directory without the commit marker;
+    it is not listed as complete, and ``latest_complete`` passes over it to the previous checkpoint."""
+    import shutil
+
+    base = request.getfixturevalue("s3_bucket") if where == "s3" else str(tmp_path / "store")
+    src = make_tree(tmp_path / "src")
+    parent = storage.join(base, "checkpoints")
+    for step in (2, 4):
+        storage.put_dir(src, storage.join(parent, f"step-{step:06d}"))
+    calls = {"n": 0}
+
+    def dying(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise ConnectionResetError("connection lost mid-upload")
+        return real(*args, **kwargs)
+
+    if where == "s3":
+        client = storage.s3_client()
+        real = client.upload_file
+        monkeypatch.setattr(client, "upload_file", dying)
+        monkeypatch.setattr(storage, "s3_client", lambda: client)
+    else:
+        real = shutil.copy2
+        monkeypatch.setattr(shutil, "copy2", dying)
+    with pytest.raises((StorageError, ConnectionResetError)):
+        storage.put_dir(src, storage.join(parent, "step-000006"))
+    monkeypatch.undo()
+    interrupted = storage.join(parent, "step-000006")
+    assert not storage.is_complete(interrupted)
+    if where == "s3":
+        assert storage.list_files(interrupted)  # half an upload really is there
+    assert storage.latest_complete(parent) == storage.join(parent, "step-000004")

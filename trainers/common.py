@@ -148,8 +148,15 @@ class Stepper:
                         "scheduler": self.scheduler.state_dict()}, directory / "model.pt")
         if rank() == 0:
             (directory / "state.json").write_text(json.dumps(state))
+        torch.save(rng_state(), directory / f"rng_rank{rank()}.pt")  # every rank: its own dropout stream
 
     def load(self, directory: Path) -> dict:
+        rng_file = directory / f"rng_rank{rank()}.pt"
+        if rng_file.is_file():  # a resumed run draws the same dropout masks as an uninterrupted one
+            set_rng_state(torch.load(rng_file, weights_only=False))
+        return self._load(directory)
+
+    def _load(self, directory: Path) -> dict:
         if self.deepspeed:
             self.model.load_checkpoint(str(directory), tag="ds")
             return json.loads((directory / "state.json").read_text())
@@ -158,6 +165,21 @@ class Stepper:
         self.optimizer.load_state_dict(blob["optimizer"])
         self.scheduler.load_state_dict(blob["scheduler"])
         return json.loads((directory / "state.json").read_text())
+
+
+def rng_state() -> dict:
+    out = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        out["cuda"] = torch.cuda.get_rng_state()
+    return out
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
 
 
 def deepspeed_config(cfg, *, lr: float, grad_clip: float | None) -> dict:
