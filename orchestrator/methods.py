@@ -58,12 +58,20 @@ def _siamese() -> Method:
                   metric_label="dev Δ cosine distance", columns=None, prepare_data=m.prepare_data)
 
 
+def _parabart() -> Method:
+    from trainers import parabart as m
+
+    return Method("parabart", m.ParaBARTConfig, m.train_func, m.export_model, m.evaluate,
+                  columns=("src", "tgt", "tgt_parse", "src_bag"), prepare_data=m.prepare_data)
+
+
 _FACTORIES: dict[str, Callable[[], Method]] = {
     "simcse": lambda: _contrastive("simcse"),
     "sifter_simcse": lambda: _contrastive("sifter_simcse"),
     "tsdae": _tsdae,
     "sifter_lstm": _sifter_lstm,
     "siamese": _siamese,
+    "parabart": _parabart,
 }
 
 

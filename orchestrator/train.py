@@ -121,7 +121,8 @@ def build_trainer(method, cfg, shards: str, *, name: str | None = None, callback
     )
     return TorchTrainer(
         method.train_func,
-        train_loop_config={"method_config": cfg.model_dump(mode="json"), "rows_per_worker": rows_per_worker},
+        train_loop_config={"method_config": cfg.model_dump(mode="json"), "rows_per_worker": rows_per_worker,
+                           "shards": shards},
         scaling_config=scaling, run_config=run, datasets={"train": ds},
         torch_config=TorchConfig(backend="nccl" if cfg.scaling.use_gpu else "gloo"),
     )

@@ -48,6 +48,17 @@ def gather_with_grad(x: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts, dim=0)
 
 
+def average_gradients(params) -> None:
+    """All-reduce and average ``.grad`` over the workers (what DDP does, by hand)."""
+    n = world_size()
+    if n == 1:
+        return
+    for p in params:
+        if p.grad is not None:
+            dist.all_reduce(p.grad)
+            p.grad /= n
+
+
 def ddp_loss_scale(gathered: bool) -> float:
     """Factor that makes DDP's gradient average equal the gradient of the global-batch loss."""
     return float(world_size()) if gathered else 1.0
@@ -79,9 +90,14 @@ class Stepper:
     """
 
     def __init__(self, module: torch.nn.Module, param_groups, *, lr: float, schedule: str, total_steps: int,
-                 grad_clip: float | None, deepspeed_cfg=None, distributed: bool = True):
+                 grad_clip: float | None, deepspeed_cfg=None, distributed: bool = True,
+                 extra_optimizers: dict | None = None):
         self.module = module
         self.grad_clip = grad_clip
+        # distributed=False with several workers: no DDP wrapper; gradients are averaged by hand
+        # (average_gradients) - for methods that step two optimisers in alternation (ParaBART)
+        self.sync_grads = not distributed and world_size() > 1
+        self.extra_optimizers = extra_optimizers or {}  # saved and restored with the checkpoint
         self.deepspeed = deepspeed_cfg is not None and deepspeed_cfg.stage > 0
         if self.deepspeed:
             import deepspeed
@@ -108,6 +124,8 @@ class Stepper:
             return
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if self.sync_grads:
+            average_gradients([p for g in self.optimizer.param_groups for p in g["params"]])
         if self.grad_clip:
             torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.grad_clip)
         self.optimizer.step()
@@ -145,7 +163,9 @@ class Stepper:
             self.model.save_checkpoint(str(directory), tag="ds")
         elif rank() == 0:
             torch.save({"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
-                        "scheduler": self.scheduler.state_dict()}, directory / "model.pt")
+                        "scheduler": self.scheduler.state_dict(),
+                        "extra_optimizers": {k: o.state_dict() for k, o in self.extra_optimizers.items()}},
+                       directory / "model.pt")
         if rank() == 0:
             (directory / "state.json").write_text(json.dumps(state))
         torch.save(rng_state(), directory / f"rng_rank{rank()}.pt")  # every rank: its own dropout stream
@@ -164,6 +184,8 @@ class Stepper:
         self.module.load_state_dict(blob["model"])
         self.optimizer.load_state_dict(blob["optimizer"])
         self.scheduler.load_state_dict(blob["scheduler"])
+        for k, state in blob.get("extra_optimizers", {}).items():
+            self.extra_optimizers[k].load_state_dict(state)
         return json.loads((directory / "state.json").read_text())
 
 

@@ -1,0 +1,453 @@
+"""ParaBART: paraphrase generation guided by the target's syntax, with an adversary that removes
+syntax from the sentence embedding.
+
+Method (Huang & Chang 2021, "Disentangling Semantics and Syntax in Sentence Embeddings with
+Pre-trained Language Models", Section 3)
+----------------------------------------------------------------------------------------------
+A training example is a paraphrase pair (source x, target y) and the linearized constituency
+parse p of y (``(S (NP (DT) (NN)) (VP (VBZ) (ADJP)) (.))``, from the corpus pipeline).
+
+* **Semantic encoder** E_sem (a pretrained Transformer encoder) reads x with *word dropout*
+  (each source token replaced by ``[MASK]`` with probability 0.2; the target and the parse are
+  never dropped). The sentence embedding is the mean of its token states: ū = mean(E_sem(x)).
+* **Syntax encoder** E_syn (a small Transformer encoder with its own vocabulary of tags and
+  brackets, built from the data and saved with the model) reads p: V = E_syn(p).
+* **Decoder** generates y from Concat(ū, V): its cross-attention memory is [ū; V], so the
+  meaning can only come through ū and the shape through V (the paper: BART-base's first
+  decoder layer). L_para = −Σ_t log P(y_t | y_<t, ū, V).
+* **Syntax discriminator** D: linear + softmax over the constituent-tag vocabulary, predicting
+  the *source's* bag of constituents h (each tag's share of the tree's nodes) from ū:
+  L_adv = −Σ_t h(t) log D(ū)_t.
+
+Training alternates, each step: (1) update D alone to minimise L_adv on ū.detach(); (2) update
+E_sem, E_syn and the decoder on L_para − λ_adv·L_adv with the updated D - the encoder learns to
+make ū *useless* for predicting syntax. The adversary is switched on after ``adversary_start_step``
+(the reference code: after epoch 1); λ_adv = 0 is the "w/o adversarial loss" ablation (then D is
+still trained, but nothing from it reaches the encoder). Pretrained and new parameters have
+separate learning rates; gradients are clipped at 1.0. With several workers the gradients of
+both optimisers are averaged by hand (no DDP wrapper: two backward passes per step).
+
+No BART weights exist on these machines, so the ``default`` model is a **bert2bert warm start
+from MiniLM**: E_sem = the MiniLM encoder, the decoder = MiniLM's first ``decoder_layers``
+layers with cross-attention added, word embeddings and the output matrix tied to E_sem's.
+(A ``facebook/bart-base`` folder is not supported yet.) E_sem with mean pooling is exported
+as a folder that loads with ``AutoModel`` and ``SentenceTransformer``; the whole model (for
+generation) is saved beside it.
+
+Args (config keys, see :class:`ParaBARTConfig`)
+    lambda_adv (0.1), adversary_start_step, word_dropout (0.2), lr_pretrained (2e-5), lr_new (1e-4)
+    syntax_layers, syntax_heads, decoder_layers (1), parse_max_length (160), model.max_length (40)
+
+Example
+    python jobs/train.py --method parabart --preset smoke
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+from torch import nn
+
+from orchestrator.config import (
+    EvalConfig,
+    ModelConfig,
+    RunBlock,
+    ScalingBlock,
+    StrictModel,
+    TrackingConfig,
+    TrainLoopConfig,
+)
+from trainers import common
+
+PAD, UNK = "<pad>", "<unk>"
+
+
+# ---------------------------------------------------------------- config
+class PairFile(StrictModel):
+    path: str
+    sentence1: str = "sentence1"
+    sentence2: str = "sentence2"
+    label: str | None = Field("label", description="keep rows with label 1 (None: every row is a paraphrase)")
+
+
+class ParaphraseData(StrictModel):
+    pairs: list[PairFile] = [PairFile(path="data/paraphrase/mrpc-train.tsv")]
+    both_directions: bool = True
+    limit: int | None = Field(None, gt=0, description="at most this many pairs (after both directions)")
+    parser_workers: int = Field(2, ge=1)
+
+
+class ParaBARTConfig(StrictModel):
+    method: Literal["parabart"] = "parabart"
+    model: ModelConfig = ModelConfig(max_length=40, pooling="mean")
+    parse_max_length: int = Field(160, gt=0)
+    syntax_layers: int = Field(2, ge=1)
+    syntax_heads: int = Field(6, ge=1)
+    decoder_layers: int = Field(1, ge=1)
+    lambda_adv: float = Field(0.1, ge=0)
+    adversary_start_step: int = Field(0, ge=0, description="steps of plain L_para before the adversary")
+    word_dropout: float = Field(0.2, ge=0, lt=1)
+    lr_pretrained: float = Field(2e-5, gt=0)
+    lr_new: float = Field(1e-4, gt=0)
+    train: TrainLoopConfig = TrainLoopConfig(lr=2e-5, batch_size=64, eval_steps=500, grad_clip=1.0,
+                                             lr_schedule="constant")
+    scaling: ScalingBlock = ScalingBlock(num_workers=1)
+    data: ParaphraseData = ParaphraseData()
+    eval: EvalConfig = EvalConfig(batch_size=128, max_length=64)
+    run: RunBlock = RunBlock()
+    tracking: TrackingConfig = TrackingConfig(registry_model_name="parabart")
+
+
+# ---------------------------------------------------------------- vocabularies
+def parse_tokens(linearized: str) -> list[str]:
+    """``(S (NP (DT)))`` → ``["(", "S", "(", "NP", "(", "DT", ")", ")", ")"]``."""
+    return re.findall(r"\(|\)|[^\s()]+", linearized)
+
+
+class Vocab:
+    """A small string → id table (0 = padding, 1 = unknown), saved as JSON with the model."""
+
+    def __init__(self, items: list[str]):
+        self.items = [PAD, UNK] + [t for t in items if t not in (PAD, UNK)]
+        self.index = {t: i for i, t in enumerate(self.items)}
+
+    @classmethod
+    def build(cls, sequences, min_count: int = 1) -> Vocab:
+        counts = Counter(t for seq in sequences for t in seq)
+        return cls(sorted(t for t, n in counts.items() if n >= min_count))
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def ids(self, tokens: list[str]) -> list[int]:
+        return [self.index.get(t, 1) for t in tokens]
+
+
+# ---------------------------------------------------------------- model
+class ParaBART(nn.Module):
+    def __init__(self, encoder: nn.Module, decoder: nn.Module, syntax: Vocab, tags: Vocab, *,
+                 syntax_layers: int = 2, syntax_heads: int = 6, parse_max_length: int = 160):
+        super().__init__()
+        d = encoder.config.hidden_size
+        self.syntax_vocab, self.tag_vocab = syntax, tags  # travel in the state dict (extra state)
+        self.sem = encoder  # E_sem
+        self.syn_embed = nn.Embedding(len(syntax), d, padding_idx=0)  # E_syn
+        self.syn_pos = nn.Embedding(parse_max_length, d)
+        layer = nn.TransformerEncoderLayer(d, syntax_heads, 4 * d, dropout=0.1, batch_first=True, norm_first=True)
+        self.syn = nn.TransformerEncoder(layer, syntax_layers, enable_nested_tensor=False)
+        self.decoder = decoder  # a *LMHeadModel with cross-attention
+        self.discriminator = nn.Linear(d, len(tags))  # D_dis
+
+    def get_extra_state(self) -> dict:
+        return {"syntax": self.syntax_vocab.items, "tags": self.tag_vocab.items}
+
+    def set_extra_state(self, state: dict) -> None:
+        self.syntax_vocab, self.tag_vocab = Vocab(state["syntax"]), Vocab(state["tags"])
+
+    def embed(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """ū: mean of E_sem's token states (the sentence embedding)."""
+        states = self.sem(input_ids=ids, attention_mask=mask).last_hidden_state
+        m = mask.unsqueeze(-1).to(states.dtype)
+        return (states * m).sum(1) / m.sum(1).clamp(min=1e-9)
+
+    def syntax(self, parse_ids: torch.Tensor, parse_mask: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(parse_ids.size(1), device=parse_ids.device)
+        return self.syn(self.syn_embed(parse_ids) + self.syn_pos(pos), src_key_padding_mask=parse_mask == 0)
+
+    def decode(self, u: torch.Tensor, v: torch.Tensor, parse_mask: torch.Tensor, tgt_ids: torch.Tensor,
+               tgt_mask: torch.Tensor) -> torch.Tensor:
+        """Next-token logits of the target; cross-attention over [ū; V] only."""
+        memory = torch.cat([u.unsqueeze(1), v], dim=1)
+        memory_mask = torch.cat([torch.ones_like(parse_mask[:, :1]), parse_mask], dim=1)
+        return self.decoder(input_ids=tgt_ids, attention_mask=tgt_mask, encoder_hidden_states=memory,
+                            encoder_attention_mask=memory_mask, use_cache=False).logits
+
+    def forward(self, src_ids, src_mask, parse_ids, parse_mask, tgt_ids, tgt_mask):
+        """(target logits for positions 1.., ū)."""
+        u = self.embed(src_ids, src_mask)
+        logits = self.decode(u, self.syntax(parse_ids, parse_mask), parse_mask, tgt_ids[:, :-1], tgt_mask[:, :-1])
+        return logits, u
+
+
+def build_model(cfg: ParaBARTConfig, syntax: Vocab, tags: Vocab):
+    """bert2bert warm start from MiniLM (or any BERT folder): (ParaBART, tokenizer)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from orchestrator.models import _quiet_transformers, load_encoder, resolve_model_source
+
+    encoder, tokenizer = load_encoder(cfg.model.name_or_path, add_pooling_layer=False)
+    source = resolve_model_source(cfg.model.name_or_path)
+    dconf = AutoConfig.from_pretrained(source, local_files_only=True)
+    dconf.is_decoder, dconf.add_cross_attention, dconf.num_hidden_layers = True, True, cfg.decoder_layers
+    _quiet_transformers()
+    decoder = AutoModelForCausalLM.from_pretrained(source, config=dconf, local_files_only=True)
+    decoder.base_model.embeddings.word_embeddings.weight = encoder.get_input_embeddings().weight  # one vocabulary
+    decoder.get_output_embeddings().weight = encoder.get_input_embeddings().weight
+    return ParaBART(encoder, decoder, syntax, tags, syntax_layers=cfg.syntax_layers,
+                    syntax_heads=cfg.syntax_heads, parse_max_length=cfg.parse_max_length), tokenizer
+
+
+def parameter_groups(model: ParaBART, cfg: ParaBARTConfig) -> tuple[list[dict], list[nn.Parameter]]:
+    """(main optimiser's groups: pretrained at lr_pretrained, new at lr_new; D's parameters)."""
+    dis = list(model.discriminator.parameters())
+    dis_ids = {id(p) for p in dis}
+    pretrained_ids = {id(p) for p in model.sem.parameters()}
+    pretrained_ids |= {id(p) for n, p in model.decoder.named_parameters()
+                       if "crossattention" not in n and not n.startswith("cls.predictions.transform")}
+    seen, pre, new = set(), [], []
+    for p in model.parameters():  # parameters() yields a tied tensor once
+        if id(p) in dis_ids or id(p) in seen:
+            continue
+        seen.add(id(p))
+        (pre if id(p) in pretrained_ids else new).append(p)
+    return [{"params": pre, "lr": cfg.lr_pretrained}, {"params": new, "lr": cfg.lr_new}], dis
+
+
+# ---------------------------------------------------------------- losses and the noise
+def word_dropout(ids: torch.Tensor, mask: torch.Tensor, p: float, mask_id: int, keep_ids: set[int],
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+    """Replace each real, non-special token by ``mask_id`` with probability ``p``."""
+    if p <= 0:
+        return ids
+    drop = torch.rand(ids.shape, generator=generator, device=ids.device) < p
+    special = torch.zeros_like(drop)
+    for k in keep_ids:
+        special |= ids == k
+    return torch.where(drop & mask.bool() & ~special, torch.full_like(ids, mask_id), ids)
+
+
+def para_loss(logits: torch.Tensor, tgt_ids: torch.Tensor, tgt_mask: torch.Tensor) -> torch.Tensor:
+    labels = tgt_ids[:, 1:].masked_fill(tgt_mask[:, 1:] == 0, -100)
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=-100)
+
+
+def adv_loss(dis_logits: torch.Tensor, bags: torch.Tensor) -> torch.Tensor:
+    """L_adv = −Σ_t h(t) log D(ū)_t, averaged over the batch (h: the source's constituent bag)."""
+    return -(bags * F.log_softmax(dis_logits, dim=-1)).sum(-1).mean()
+
+
+class Batch:
+    """Tokenised source (word-dropped), target, target parse and source bag tensors."""
+
+    def __init__(self, tokenizer, syntax: Vocab, tags: Vocab, cfg: ParaBARTConfig):
+        self.tok, self.syntax, self.tags, self.cfg = tokenizer, syntax, tags, cfg
+        self.keep = {tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id}
+
+    def __call__(self, rows: dict, *, train: bool, generator: torch.Generator | None = None, device="cpu"):
+        kw = dict(padding=True, truncation=True, max_length=self.cfg.model.max_length, return_tensors="pt",
+                  return_token_type_ids=False)
+        src = self.tok([str(s) for s in rows["src"]], **kw)
+        tgt = self.tok([str(s) for s in rows["tgt"]], **kw)
+        src_ids = src["input_ids"]
+        if train:
+            src_ids = word_dropout(src_ids, src["attention_mask"], self.cfg.word_dropout, self.tok.mask_token_id,
+                                   self.keep, generator)
+        parses = [self.syntax.ids(parse_tokens(str(p)))[: self.cfg.parse_max_length] or [1] for p in rows["tgt_parse"]]
+        width = max(len(p) for p in parses)
+        parse_ids = torch.zeros(len(parses), width, dtype=torch.long)
+        for i, p in enumerate(parses):
+            parse_ids[i, : len(p)] = torch.tensor(p)
+        bags = torch.zeros(len(parses), len(self.tags))
+        for i, b in enumerate(rows["src_bag"]):
+            for tag, share in json.loads(b).items():
+                bags[i, self.tags.index.get(tag, 1)] += share
+        out = {"src_ids": src_ids, "src_mask": src["attention_mask"], "parse_ids": parse_ids,
+               "parse_mask": (parse_ids != 0).long(), "tgt_ids": tgt["input_ids"], "tgt_mask": tgt["attention_mask"],
+               "bags": bags}
+        return {k: v.to(device) for k, v in out.items()}
+
+
+def adversary_step(model: ParaBART, opt_dis: torch.optim.Optimizer, u: torch.Tensor, bags: torch.Tensor) -> float:
+    """(1) D alone minimises L_adv on ū.detach(): no gradient reaches the encoders."""
+    opt_dis.zero_grad(set_to_none=True)
+    loss = adv_loss(model.discriminator(u.detach()), bags)
+    loss.backward()
+    common.average_gradients(model.discriminator.parameters())
+    opt_dis.step()
+    return float(loss.detach())
+
+
+def main_loss(model: ParaBART, b: dict, cfg: ParaBARTConfig, adversary_on: bool, opt_dis=None):
+    """One ParaBART step's loss for the encoders and decoder: L_para − λ·L_adv (D updated first)."""
+    logits, u = model(b["src_ids"], b["src_mask"], b["parse_ids"], b["parse_mask"], b["tgt_ids"], b["tgt_mask"])
+    l_para = para_loss(logits, b["tgt_ids"], b["tgt_mask"])
+    logs = {"loss_para": float(l_para.detach())}
+    if not adversary_on:
+        return l_para, {**logs, "loss": logs["loss_para"]}
+    if opt_dis is not None:
+        logs["loss_dis"] = adversary_step(model, opt_dis, u, b["bags"])
+    l_adv = adv_loss(model.discriminator(u), b["bags"])
+    loss = l_para - cfg.lambda_adv * l_adv
+    return loss, {**logs, "loss_adv": float(l_adv.detach()), "loss": float(loss.detach())}
+
+
+# ---------------------------------------------------------------- generation
+@torch.inference_mode()
+def generate(model: ParaBART, batcher: Batch, sources: list[str], parses: list[str], max_new_tokens: int = 40) -> list[str]:
+    """Greedy decoding of paraphrases of ``sources`` shaped like the linearized ``parses``."""
+    model.eval()
+    tok = batcher.tok
+    rows = {"src": sources, "tgt": [""] * len(sources), "tgt_parse": parses, "src_bag": ["{}"] * len(sources)}
+    b = batcher(rows, train=False)
+    u = model.embed(b["src_ids"], b["src_mask"])
+    v = model.syntax(b["parse_ids"], b["parse_mask"])
+    out = torch.full((len(sources), 1), tok.cls_token_id, dtype=torch.long)
+    done = torch.zeros(len(sources), dtype=torch.bool)
+    for _ in range(max_new_tokens):
+        logits = model.decode(u, v, b["parse_mask"], out, torch.ones_like(out))
+        nxt = logits[:, -1].argmax(-1)
+        nxt = torch.where(done, torch.full_like(nxt, tok.pad_token_id), nxt)
+        out = torch.cat([out, nxt[:, None]], dim=1)
+        done |= nxt == tok.sep_token_id
+        if done.all():
+            break
+    return tok.batch_decode(out, skip_special_tokens=True)
+
+
+# ---------------------------------------------------------------- data: pairs + parses from the pipeline
+def read_pairs(cfg: ParaBARTConfig) -> list[tuple[str, str]]:
+    from orchestrator.data.labelled import read_labelled
+
+    pairs = []
+    for f in cfg.data.pairs:
+        label = f.label or f.sentence1
+        rows = read_labelled(f.path, text_column=f.sentence1, label_column=label, integer_labels=False)
+        others = read_labelled(f.path, text_column=f.sentence2, label_column=label, integer_labels=False)
+        for (s1, y), (s2, _) in zip(rows, others, strict=True):
+            if f.label is None or y == "1":
+                pairs.append((s1, s2))
+                if cfg.data.both_directions:
+                    pairs.append((s2, s1))
+    return pairs[: cfg.data.limit] if cfg.data.limit else pairs
+
+
+def prepare_data(cfg: ParaBARTConfig, progress: bool = True) -> str:
+    """Paraphrase pairs joined with the pipeline's parses (target's linearized parse, source's
+    constituent bag) → ``<storage>/parabart/<hash>/shards`` + the two vocabularies + manifest."""
+    import hashlib
+    import io
+    import tempfile
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from orchestrator import storage
+    from orchestrator.data.corpus import CorpusConfig, run_pipeline
+
+    pairs = read_pairs(cfg)
+    key = hashlib.sha256(json.dumps(pairs).encode()).hexdigest()[:16]
+    root = cfg.run.storage if storage.is_s3(cfg.run.storage) else str(Path(cfg.run.storage).resolve())
+    out = storage.join(root, "parabart", key)
+    if storage.exists(storage.join(out, "manifest.json")):
+        return out
+    sentences = sorted({s for pair in pairs for s in pair})
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "s.txt").write_text("\n".join(sentences) + "\n")
+        run_pipeline(CorpusConfig(input=str(Path(tmp) / "s.txt"), min_words=1, max_words=200,
+                                  drop_capitalised_splits=False,
+                                  parser={"workers": cfg.data.parser_workers, "cpus_per_worker": 0.5}),
+                     str(Path(tmp) / "parsed"), progress=progress)
+        table = pq.read_table(str(Path(tmp) / "parsed" / "shards"), columns=["text", "linearized_parse", "constituent_bag"])
+    parsed = {t: (p, b) for t, p, b in zip(*(table.column(c).to_pylist() for c in table.column_names), strict=True)}
+    norm = {s: " ".join(s.split()) for s in sentences}
+    rows = {"src": [], "tgt": [], "tgt_parse": [], "src_bag": []}
+    for s, t in pairs:
+        ps, pt = parsed.get(norm[s]), parsed.get(norm[t])
+        if ps is None or pt is None:
+            continue
+        rows["src"].append(s)
+        rows["tgt"].append(t)
+        rows["tgt_parse"].append(pt[0])
+        rows["src_bag"].append(ps[1])
+    syntax = Vocab.build(parse_tokens(p) for p in rows["tgt_parse"])
+    tags = Vocab.build(json.loads(b).keys() for b in rows["src_bag"])
+    buf = io.BytesIO()
+    pq.write_table(pa.table(rows), buf)
+    storage.write_bytes(storage.join(out, "shards", "part-00000.parquet"), buf.getvalue())
+    storage.write_bytes(storage.join(out, "vocab.json"), json.dumps({"syntax": syntax.items, "tags": tags.items}).encode())
+    manifest = {"pairs": len(pairs), "rows": len(rows["src"]), "dropped_unparsed": len(pairs) - len(rows["src"]),
+                "syntax_vocab": len(syntax), "tags": len(tags)}
+    storage.write_bytes(storage.join(out, "manifest.json"), json.dumps(manifest, indent=2).encode())
+    return out
+
+
+def load_vocabs(shards: str) -> tuple[Vocab, Vocab]:
+    from orchestrator import storage
+
+    v = json.loads(storage.read_bytes(storage.join(shards, "vocab.json")))
+    return Vocab(v["syntax"]), Vocab(v["tags"])
+
+
+# ---------------------------------------------------------------- the per-worker loop (Ray Train)
+def train_func(config: dict) -> list[dict]:
+    cfg = ParaBARTConfig.model_validate(config["method_config"])
+    common.setup_worker(cfg.train.seed, threads=int(cfg.scaling.cpus_per_worker))
+    device = torch.device("cuda" if torch.cuda.is_available() and cfg.scaling.use_gpu else "cpu")
+    syntax, tags = load_vocabs(config["shards"])
+    model, tokenizer = build_model(cfg, syntax, tags)
+    model.to(device)
+    groups, dis = parameter_groups(model, cfg)
+    opt_dis = torch.optim.AdamW(dis, lr=cfg.lr_new)
+    stepper = common.Stepper(model, groups, lr=cfg.lr_pretrained, schedule=cfg.train.lr_schedule, total_steps=10**9,
+                             grad_clip=cfg.train.grad_clip, distributed=False, extra_optimizers={"discriminator": opt_dis})
+    batcher = Batch(tokenizer, syntax, tags, cfg)
+
+    def loss_fn(batch, state):
+        b = batcher(batch, train=True, device=device)
+        return main_loss(model, b, cfg, adversary_on=state["step"] >= cfg.adversary_start_step, opt_dis=opt_dis)
+
+    return common.train_loop(cfg, stepper, rows_per_worker=int(config["rows_per_worker"]), metric="stsb_dev_spearman",
+                             loss_fn=loss_fn, dev_fn=lambda m: dev_score(m.sem, tokenizer, cfg),
+                             build_plain=lambda: build_model(cfg, syntax, tags)[0].to(device))
+
+
+def dev_score(encoder, tokenizer, cfg: ParaBARTConfig) -> float:
+    from orchestrator.evaluation import sts
+    from orchestrator.evaluation.encode import HFEncoder
+
+    enc = HFEncoder(encoder, tokenizer, pooling="mean", batch_size=cfg.eval.batch_size, max_length=cfg.eval.max_length)
+    return sts.evaluate_data(enc, sts.load_task("stsb_dev"))["spearman"]["all"]
+
+
+# ---------------------------------------------------------------- export, load, evaluate
+def export_model(cfg: ParaBARTConfig, checkpoint_dir, out_dir):
+    """E_sem as a sentence encoder (mean pooling) + ``parabart.pt`` (whole model and its two
+    vocabularies) + ``parabart_config.json`` for generation."""
+    from orchestrator.export import export_encoder
+
+    state = common.load_module_state(checkpoint_dir)
+    model, tokenizer = build_model(cfg, Vocab(state["_extra_state"]["syntax"]), Vocab(state["_extra_state"]["tags"]))
+    model.load_state_dict(state)
+    out = export_encoder(model.sem, tokenizer, out_dir, pooling="mean", max_seq_length=cfg.eval.max_length,
+                         extra_files={"parabart_config.json": cfg.model_dump_json(indent=2)})
+    torch.save(model.state_dict(), Path(out) / "parabart.pt")
+    return out
+
+
+def load_parabart(model_dir) -> tuple[ParaBART, Batch]:
+    """The saved model for generation: ``generate(model, batcher, [src], [parse])``."""
+    d = Path(model_dir)
+    cfg = ParaBARTConfig.model_validate_json((d / "parabart_config.json").read_text())
+    state = torch.load(d / "parabart.pt", map_location="cpu", weights_only=True)
+    syntax, tags = Vocab(state["_extra_state"]["syntax"]), Vocab(state["_extra_state"]["tags"])
+    cfg.model.name_or_path = str(d)  # E_sem's folder; the rest comes from the state dict
+    model, tokenizer = build_model(cfg, syntax, tags)
+    model.load_state_dict(state)
+    model.eval()
+    return model, Batch(tokenizer, syntax, tags, cfg)
+
+
+def evaluate(cfg: ParaBARTConfig, model_dir, tasks: list[str] | None = None):
+    """STS Pearson (the paper's metric; the headline) and Spearman, mean pooling over E_sem."""
+    from orchestrator.train import evaluate_sts
+
+    report = evaluate_sts(cfg, Path(model_dir), tasks, pooling="mean")
+    report.headline = "sts_avg_pearson_all"
+    return report
