@@ -5,6 +5,7 @@ from a saved model."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -163,3 +164,33 @@ def test_generation_from_a_saved_model(tiny_bert_dir, tmp_path):
     st = SentenceTransformer(str(out), device="cpu")
     ours = model.embed(*[batcher(ROWS, train=False)[k] for k in ("src_ids", "src_mask")])
     assert torch.allclose(torch.tensor(st.encode(ROWS["src"])), ours.detach(), atol=1e-5)  # ū = ST mean pooling
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_parabart_under_ray_train(ray_cluster, tiny_bert_dir, tmp_path):
+    """Pairs → the spaCy pipeline's parses → shards + vocabularies; 2 workers (gradients averaged
+    by hand for both optimisers), adversary switched on mid-run, export, STS test, generation."""
+    from orchestrator.methods import get_method
+    from orchestrator.train import build_trainer, export_and_test, fit, prepare_data
+    from trainers.parabart import load_parabart
+
+    lines = tmp_path / "pairs.tsv"
+    src = Path(__file__).resolve().parents[1] / "data" / "paraphrase" / "mrpc-train.tsv"
+    lines.write_text("\n".join(src.read_text().splitlines()[:81]) + "\n")
+    method = get_method("parabart")
+    cfg = tiny(tiny_bert_dir, adversary_start_step=2, **{
+        "train": {"batch_size": 8, "max_steps": 4, "eval_steps": 2, "grad_clip": 1.0, "lr_schedule": "constant"},
+        "scaling": {"num_workers": 2, "cpus_per_worker": 1},
+        "data": {"pairs": [{"path": str(lines)}], "parser_workers": 1},
+        "eval": {"batch_size": 256, "max_length": 32}, "run": {"storage": str(tmp_path / "store")}})
+    shards = prepare_data(method, cfg)
+    manifest = json.loads((Path(shards) / "manifest.json").read_text())
+    assert manifest["rows"] > 64 and manifest["syntax_vocab"] > 10 and manifest["tags"] > 5
+    outcome = fit(build_trainer(method, cfg, shards, name="parabart"), method)
+    steps = [int(r["step"]) for r in outcome.history]
+    assert steps == [2, 4] and "loss_adv" in outcome.history[-1] and "loss_adv" not in outcome.history[0]
+    out, report = export_and_test(method, cfg, outcome, tmp_path / "model", tasks=["stsb"])
+    assert report.headline == "sts_avg_pearson_all"
+    model, batcher = load_parabart(out)
+    assert len(generate(model, batcher, ["the cat sat ."], ["(S (NP) (VP) (.))"], max_new_tokens=4)) == 1
