@@ -194,3 +194,25 @@ def test_parabart_under_ray_train(ray_cluster, tiny_bert_dir, tmp_path):
     assert report.headline == "sts_avg_pearson_all"
     model, batcher = load_parabart(out)
     assert len(generate(model, batcher, ["the cat sat ."], ["(S (NP) (VP) (.))"], max_new_tokens=4)) == 1
+
+
+def test_threshold_accuracy_and_the_shipped_easy_hard_split():
+    import csv
+
+    import numpy as np
+
+    from orchestrator.evaluation.syntax import PTB_PROBES, QQP_EASY_HARD, best_threshold_accuracy
+
+    sims = np.array([0.9, 0.8, 0.35, 0.3, -0.2])
+    labels = np.array([1, 1, 1, 0, 0])
+    assert best_threshold_accuracy(sims, labels) == (1.0, 0.31)  # the first threshold above 0.30
+    assert best_threshold_accuracy(np.array([0.5, 0.5]), np.array([1, 0]))[0] == 0.5
+    rows = list(csv.DictReader(open(QQP_EASY_HARD, encoding="utf-8"), delimiter="\t", quoting=csv.QUOTE_NONE))
+    by = {s: [r for r in rows if r["subset"] == s] for s in ("easy", "hard", "negative")}
+    assert len(by["easy"]) == len(by["hard"]) == len(by["negative"]) > 2000
+    assert all(r["top1"] == r["top2"] and r["label"] == "1" for r in by["easy"])
+    assert all(r["top1"] != r["top2"] and r["label"] == "1" for r in by["hard"])
+    assert all(r["label"] == "0" for r in by["negative"])
+    probes = list(csv.DictReader(open(PTB_PROBES, encoding="utf-8"), delimiter="\t", quoting=csv.QUOTE_NONE))
+    assert len(probes) == 3914 and {int(r["tree_depth"]) for r in probes} <= set(range(5, 13))
+    assert len({r["top_const"] for r in probes}) == 20  # 19 sequences + OTHER

@@ -1,0 +1,16 @@
+"""ParaBART sweep: λ_adv (0 = the "w/o adversarial loss" ablation) and word dropout with Ray Tune,
+model selection on STS-B dev, every trial tested on STS (Pearson, the paper's metric), tracked in
+MLflow, the best registered as ``parabart@candidate``. QQP-Easy/Hard and the syntactic probes:
+``bench/parabart_smoke.py``.
+
+    python jobs/parabart_sweep.py                    # smoke preset, embedded MLflow, local Ray
+    python jobs/parabart_sweep.py --preset paper --storage s3://bucket/sieve --tracking-uri http://mlflow:5000
+    python jobs/parabart_sweep.py --name NAME --resume
+"""
+
+import _bootstrap
+
+if __name__ == "__main__":
+    from orchestrator.sweep_cli import main
+
+    _bootstrap.run(lambda: main(__doc__, "parabart_sweep"))

@@ -1,0 +1,140 @@
+"""ParaBART's evaluations beyond STS: does the embedding hold meaning without syntax?
+
+* **QQP-Easy / QQP-Hard** (the paper's robustness test): duplicate question pairs whose two
+  sentences share their top-level constituents (Easy) or do not (Hard), each mixed with the same
+  random non-duplicates. Cosine similarity classifies a pair as duplicate above a threshold; we
+  report the best accuracy over thresholds −1 … 1 (step 0.01) as the paper does, and - because
+  picking the threshold on the test pairs is optimistic - the accuracy on a held-out half at the
+  threshold chosen on the other half.
+* **Probes** (the paper's Table 2): TreeDepth and TopConst labels of PTB sentences predicted from
+  the frozen embedding by an MLP with one 50-unit hidden layer (scikit-learn), accuracy on a
+  held-out 20%. Lower is better for a syntax-free semantic embedding.
+
+The derived data (``data/paraphrase/qqp-easy-hard.tsv``, ``data/probes/ptb-probes.tsv``) is built
+once by :func:`build_qqp_easy_hard` and :func:`build_probes` (spaCy / gold PTB trees) and shipped.
+"""
+
+from __future__ import annotations
+
+import csv
+import random
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+DATA = Path(__file__).resolve().parents[2] / "data"
+QQP_EASY_HARD = DATA / "paraphrase" / "qqp-easy-hard.tsv"
+PTB_PROBES = DATA / "probes" / "ptb-probes.tsv"
+
+
+def _read(path: Path) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+
+
+# ---------------------------------------------------------------- building the derived sets
+def build_qqp_easy_hard(qqp_tsv: Path, out: Path, *, seed: int = 0, limit: int | None = None) -> dict:
+    """Parse both questions of every pair (spaCy), split duplicates by top-level constituents."""
+    from orchestrator.data import augment as A
+    from orchestrator.data.parsing import SpacyParser
+
+    rows = _read(qqp_tsv)[:limit]
+    parser = SpacyParser()
+    texts = sorted({r[k] for r in rows for k in ("sentence1", "sentence2")})
+    tops = {t: " ".join(A.top_constituents(A.constituency(p))) for t, p in zip(texts, parser.parse_batch(texts), strict=True)}
+    easy = [r for r in rows if r["label"] == "1" and tops[r["sentence1"]] == tops[r["sentence2"]]]
+    hard = [r for r in rows if r["label"] == "1" and tops[r["sentence1"]] != tops[r["sentence2"]]]
+    neg = [r for r in rows if r["label"] == "0"]
+    rng = random.Random(seed)
+    n = min(len(easy), len(hard), len(neg))
+    picked = ([(r, "easy") for r in rng.sample(easy, n)] + [(r, "hard") for r in rng.sample(hard, n)]
+              + [(r, "negative") for r in rng.sample(neg, n)])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w", encoding="utf-8") as f:
+        f.write("sentence1\tsentence2\tlabel\tsubset\ttop1\ttop2\n")
+        for r, subset in picked:
+            f.write(f"{r['sentence1']}\t{r['sentence2']}\t{r['label']}\t{subset}\t"
+                    f"{tops[r['sentence1']]}\t{tops[r['sentence2']]}\n")
+    return {"pairs": len(rows), "easy": len(easy), "hard": len(hard), "negative": len(neg), "per_subset": n}
+
+
+def tree_depth(tree) -> int:
+    kids = [k for k in tree[1] if isinstance(k, tuple)]
+    return 1 + max((tree_depth(k) for k in kids), default=0)
+
+
+def _leaves(node) -> list[str]:
+    return [w for k in node[1] for w in (_leaves(k) if isinstance(k, tuple) else [k])]
+
+
+def build_probes(ptb_trees: Path, out: Path) -> dict:
+    """TreeDepth (clipped to 5…12) and TopConst (19 most frequent sequences + OTHER) per PTB sentence."""
+    from orchestrator.data import augment as A
+
+    rows = []
+    for line in ptb_trees.read_text(encoding="utf-8").splitlines():
+        tree = A.clean_ptb(A.read_bracketed(line))
+        if tree is None:
+            continue
+        words = _leaves(tree)
+        rows.append((" ".join(words), min(12, max(5, tree_depth(tree))), "-".join(A.top_constituents(tree))))
+    common = {c for c, _ in Counter(r[2] for r in rows).most_common(19)}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w", encoding="utf-8") as f:
+        f.write("sentence\ttree_depth\ttop_const\n")
+        for s, d, t in rows:
+            f.write(f"{s}\t{d}\t{t if t in common else 'OTHER'}\n")
+    return {"sentences": len(rows)}
+
+
+# ---------------------------------------------------------------- evaluating an encoder
+def _cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = a / np.clip(np.linalg.norm(a, axis=1, keepdims=True), 1e-12, None)
+    b = b / np.clip(np.linalg.norm(b, axis=1, keepdims=True), 1e-12, None)
+    return (a * b).sum(1)
+
+
+THRESHOLDS = np.round(np.arange(-1.0, 1.0001, 0.01), 2)
+
+
+def best_threshold_accuracy(sims: np.ndarray, labels: np.ndarray) -> tuple[float, float]:
+    """(best accuracy over THRESHOLDS, the threshold that gives it)."""
+    acc = [(float(((sims >= t) == labels).mean()), float(t)) for t in THRESHOLDS]
+    return max(acc, key=lambda x: (x[0], -abs(x[1])))
+
+
+def qqp_easy_hard(encoder, path: Path = QQP_EASY_HARD, seed: int = 0) -> dict[str, float]:
+    from orchestrator.evaluation.domain import encode_unique
+
+    rows = _read(path)
+    emb = encode_unique(encoder, [r[k] for r in rows for k in ("sentence1", "sentence2")])
+    sims = _cos(np.stack([emb[r["sentence1"]] for r in rows]), np.stack([emb[r["sentence2"]] for r in rows]))
+    labels = np.array([int(r["label"]) for r in rows])
+    subset = np.array([r["subset"] for r in rows])
+    out = {}
+    for name in ("easy", "hard"):
+        idx = np.flatnonzero((subset == name) | (subset == "negative"))
+        acc, thr = best_threshold_accuracy(sims[idx], labels[idx])
+        perm = np.random.default_rng(seed).permutation(idx)
+        dev, test = perm[: len(perm) // 2], perm[len(perm) // 2:]
+        _, dev_thr = best_threshold_accuracy(sims[dev], labels[dev])
+        out[f"qqp_{name}_best_acc"] = acc
+        out[f"qqp_{name}_dev_threshold_acc"] = float(((sims[test] >= dev_thr) == labels[test]).mean())
+    return out
+
+
+def probes(encoder, path: Path = PTB_PROBES, seed: int = 0) -> dict[str, float]:
+    from sklearn.model_selection import train_test_split
+    from sklearn.neural_network import MLPClassifier
+
+    rows = _read(path)
+    emb = encoder.encode([r["sentence"] for r in rows])
+    out = {}
+    for task in ("tree_depth", "top_const"):
+        y = np.array([r[task] for r in rows])
+        xtr, xte, ytr, yte = train_test_split(emb, y, test_size=0.2, random_state=seed, stratify=None)
+        clf = MLPClassifier(hidden_layer_sizes=(50,), max_iter=300, random_state=seed, early_stopping=True)
+        clf.fit(xtr, ytr)
+        out[f"probe_{task}_acc"] = float(clf.score(xte, yte))
+    return out
