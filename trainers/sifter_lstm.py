@@ -115,11 +115,12 @@ class SifterLSTM(nn.Module):
 
     def step(self, xw_t, h, c, short_t):
         """One time step from the precomputed input projection ``xw_t``; returns (h, c, i_t)."""
+        n = self.hidden_size
         gates = torch.addmm(xw_t, h, self.weight_hh.t())
-        i, f, g, o = gates.chunk(4, dim=1)
-        i = torch.where(short_t, torch.ones_like(i), torch.sigmoid(i))  # the short-circuit
-        c = torch.sigmoid(f) * c + i * torch.tanh(g)
-        h = torch.sigmoid(o) * torch.tanh(c)
+        s = torch.sigmoid(gates)  # one kernel for i, f, o (g's sigmoid is unused)
+        i = torch.where(short_t, 1.0, s[:, :n])  # the short-circuit: i_t = 1 for words in 𝕏
+        c = s[:, n:2 * n] * c + i * torch.tanh(gates[:, 2 * n:3 * n])
+        h = s[:, 3 * n:] * torch.tanh(c)
         return h, c, i
 
     def forward(self, x: torch.Tensor, short: torch.Tensor | None = None, valid: torch.Tensor | None = None):
@@ -130,7 +131,7 @@ class SifterLSTM(nn.Module):
         h = x.new_zeros(b, self.hidden_size)
         c = x.new_zeros(b, self.hidden_size)
         short = (torch.zeros(b, t, dtype=torch.bool, device=x.device) if short is None else short).unsqueeze(-1)
-        keep = None if valid is None else valid.unsqueeze(-1)
+        keep = None if valid is None or bool(valid.all()) else valid.unsqueeze(-1)  # no padding: no masking
         outputs = []
         for step in range(t):
             h_new, c_new, _ = self.step(xw[:, step], h, c, short[:, step])
