@@ -87,7 +87,7 @@ def run_experiments(cfg: ExperimentsConfig, name: str, *, out_root: str | Path =
             model_dir, report = export_and_test(method, run_cfg, outcome, Path(out_root) / "models" / name / label)
             metrics = {k: v for k, v in report.metrics.items() if k != "delta_mean"}
             results.setdefault(mode, {}).update(_per_set(metrics))
-            model_uri = _child(exp_id, parent.info.run_id, name, label, run_cfg.model_dump(mode="json"), metrics,
+            model_uri = _child(exp_id, parent.info.run_id, name, label, run_cfg.model_dump(mode="json"), _per_set(metrics),
                                history=outcome.history, model_dir=model_dir if mode in ("siamese", "all") else None)
             if mode in ("siamese", "all"):
                 reg = "siamese-all" if mode == "all" else f"siamese-{exp}"

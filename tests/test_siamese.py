@@ -161,3 +161,19 @@ def test_experiment_presets_expand_into_valid_runs():
     with pytest.raises(ConfigError, match=r"experiments\.x\.test: .*at least 1"):
         load_config(ExperimentsConfig, None, ["experiments.x.train.name=a", "experiments.x.train.path=b",
                                               "experiments.x.test=[]"])
+
+
+def test_results_table_and_chart(tmp_path):
+    """The experiments job's per-set bookkeeping and its report (no training: hand-made results)."""
+    from orchestrator.config import load_config
+    from orchestrator.experiments import ExperimentsConfig, _per_set, write_results
+
+    assert _per_set({"sentiment140_delta": 0.1, "sentiment140_map": 0.6, "sanders_topics_delta": 0.2}) == {
+        "sentiment140": {"delta": 0.1, "map": 0.6}, "sanders_topics": {"delta": 0.2}}
+    cfg = load_config(ExperimentsConfig, "configs/siamese_experiments/smoke.yaml")
+    sets = ["sentiment140", "sanders_topics", "crisis_unseen_events"]
+    results = {m: {s: {"delta": 0.1 * (i + 1), "map": 0.5} for s in sets} for i, m in enumerate(["orig", "siamese", "all"])}
+    write_results(tmp_path / "r", "toy", cfg, results, {"siamese-sentiment": 1}, 60.0)
+    md = (tmp_path / "r" / "results.md").read_text()
+    assert "| sentiment | sentiment140 | 10.00 | 20.00 | 30.00 |" in md and "| ORIG | SIAMESE | ALL |" in md
+    assert (tmp_path / "r" / "delta.png").stat().st_size > 1000
