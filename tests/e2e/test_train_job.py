@@ -60,7 +60,7 @@ def test_train_job_tracks_and_exports(ray_cluster, tiny_bert_dir, tmp_path):
 
     mlflow.set_tracking_uri(f"sqlite:///{db}")
     run = mlflow.get_run(out["run_id"])
-    assert "test_stsb_spearman_all" in run.data.metrics and "stsb_dev_spearman" in run.data.metrics
+    assert "test_sts_stsb_spearman_all" in run.data.metrics and "stsb_dev_spearman" in run.data.metrics
     assert run.data.params["method"] == "simcse" and run.data.params["lambda_xx"] == "1.0"
     assert (tmp_path / "outputs" / "models" / "tiny" / "test.json").is_file()
     assert mlflow.pyfunc.load_model(f"runs:/{out['run_id']}/model").predict(["a b c"]).shape == (1, 32)
