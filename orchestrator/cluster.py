@@ -4,7 +4,8 @@
   connect to it.
 * Otherwise start a local Ray with at least 4 logical CPUs: on a 2-core machine two 1-CPU
   actors would otherwise take every CPU and a Ray Data read task would never run (a silent
-  hang seen here).
+  hang seen here). ``RAY_ADDRESS=local`` always starts a new private local cluster (with the
+  same CPU floor), e.g. to run a job beside another job's cluster on one machine.
 """
 
 from __future__ import annotations
@@ -22,8 +23,13 @@ def init_ray(*, num_cpus: int | None = None, quiet: bool = False) -> None:
     if ray.is_initialized():
         return
     kwargs = {"log_to_driver": not quiet} if quiet else {}
-    if os.environ.get("RAY_ADDRESS"):
+    address = os.environ.get("RAY_ADDRESS")
+    if address and address != "local":
         ray.init(**kwargs)
+        return
+    if address == "local":  # a new private local cluster, even when another one runs on this machine
+        cpus = num_cpus or max(MIN_LOCAL_CPUS, os.cpu_count() or 1)
+        ray.init(address="local", num_cpus=cpus, include_dashboard=True, dashboard_host="127.0.0.1", **kwargs)
         return
     try:
         ray.init(address="auto", **kwargs)
