@@ -106,7 +106,11 @@ def mlflow_server(tmp_path_factory):
         yield url
     finally:
         os.killpg(proc.pid, 15)
-        proc.wait(20)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:  # a loaded machine: do not fail the session over it
+            os.killpg(proc.pid, 9)
+            proc.wait(20)
 
 
 @pytest.fixture

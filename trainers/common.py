@@ -322,6 +322,9 @@ def maybe_inject_failure(step: int) -> None:
     if marker.exists():
         return
     marker.write_text(str(step))
+    # let the controller collect the previous report first (Ray Train polls workers): a crash right
+    # after a report may otherwise lose it, and the run would restart from the checkpoint before
+    time.sleep(float(os.environ.get("SIEVE_FAIL_DELAY_S", "5")))
     os._exit(1)  # a hard crash, like a killed worker process
 
 
