@@ -216,3 +216,13 @@ def test_threshold_accuracy_and_the_shipped_easy_hard_split():
     probes = list(csv.DictReader(open(PTB_PROBES, encoding="utf-8"), delimiter="\t", quoting=csv.QUOTE_NONE))
     assert len(probes) == 3914 and {int(r["tree_depth"]) for r in probes} <= set(range(5, 13))
     assert len({r["top_const"] for r in probes}) == 20  # 19 sequences + OTHER
+
+
+def test_a_non_bert_model_is_refused_with_one_clear_line(tmp_path):
+    from orchestrator.errors import ConfigError
+
+    bart = tmp_path / "bart"
+    bart.mkdir()
+    (bart / "config.json").write_text('{"model_type": "bart", "architectures": ["BartModel"], "d_model": 16}')
+    with pytest.raises(ConfigError, match="needs a BERT-family encoder folder .*model_type 'bart'.*not supported yet"):
+        build_model(tiny(bart), Vocab([]), Vocab([]))

@@ -64,6 +64,7 @@ from orchestrator.config import (
     TrackingConfig,
     TrainLoopConfig,
 )
+from orchestrator.errors import ConfigError
 from trainers import common
 
 PAD, UNK = "<pad>", "<unk>"
@@ -182,9 +183,12 @@ def build_model(cfg: ParaBARTConfig, syntax: Vocab, tags: Vocab):
 
     from orchestrator.models import _quiet_transformers, load_encoder, resolve_model_source
 
-    encoder, tokenizer = load_encoder(cfg.model.name_or_path, add_pooling_layer=False)
     source = resolve_model_source(cfg.model.name_or_path)
     dconf = AutoConfig.from_pretrained(source, local_files_only=True)
+    if dconf.model_type != "bert":
+        raise ConfigError(f"model {cfg.model.name_or_path!r}: ParaBART here is a bert2bert warm start and needs a "
+                          f"BERT-family encoder folder (got model_type {dconf.model_type!r}; BART is not supported yet)")
+    encoder, tokenizer = load_encoder(cfg.model.name_or_path, add_pooling_layer=False)
     dconf.is_decoder, dconf.add_cross_attention, dconf.num_hidden_layers = True, True, cfg.decoder_layers
     _quiet_transformers()
     decoder = AutoModelForCausalLM.from_pretrained(source, config=dconf, local_files_only=True)
