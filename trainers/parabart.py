@@ -65,6 +65,7 @@ from orchestrator.config import (
     TrainLoopConfig,
 )
 from orchestrator.errors import ConfigError
+from orchestrator.evaluation.encode import mean_pool
 from trainers import common
 
 PAD, UNK = "<pad>", "<unk>"
@@ -154,9 +155,7 @@ class ParaBART(nn.Module):
 
     def embed(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """ū: mean of E_sem's token states (the sentence embedding)."""
-        states = self.sem(input_ids=ids, attention_mask=mask).last_hidden_state
-        m = mask.unsqueeze(-1).to(states.dtype)
-        return (states * m).sum(1) / m.sum(1).clamp(min=1e-9)
+        return mean_pool(self.sem(input_ids=ids, attention_mask=mask).last_hidden_state, mask)
 
     def syntax(self, parse_ids: torch.Tensor, parse_mask: torch.Tensor) -> torch.Tensor:
         pos = torch.arange(parse_ids.size(1), device=parse_ids.device)

@@ -54,6 +54,7 @@ from orchestrator.config import (
     TrackingConfig,
     TrainLoopConfig,
 )
+from orchestrator.evaluation.encode import mean_pool
 from trainers import common
 
 
@@ -102,11 +103,6 @@ class SiameseConfig(StrictModel):
 
 
 # ---------------------------------------------------------------- model
-def mean_pool(states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    m = mask.unsqueeze(-1).to(states.dtype)
-    return (states * m).sum(1) / m.sum(1).clamp(min=1e-9)
-
-
 class SiameseEncoder(nn.Module):
     """One encoder for both branches; ``head`` exists only in NAIVE mode (dropped at export)."""
 
@@ -238,12 +234,16 @@ def evaluate_sets(encoder, tokenizer, sets: list[LabelledSet], cfg: SiameseConfi
     return out
 
 
-def dev_delta(encoder, tokenizer, cfg: SiameseConfig) -> float:
+def dev_sets(cfg: SiameseConfig) -> dict[str, list[tuple[str, str]]]:
+    """The held-out part of every train set (read once per run, not per evaluation)."""
+    return {s.name: split_rows(s.rows(), cfg.dev_fraction, cfg.train.seed)[1] for s in cfg.train_sets}
+
+
+def dev_delta(encoder, tokenizer, cfg: SiameseConfig, sets: dict | None = None) -> float:
     deltas = []
-    for s in cfg.train_sets:
-        _, dev = split_rows(s.rows(), cfg.dev_fraction, cfg.train.seed)
+    for name, dev in (sets or dev_sets(cfg)).items():
         emb = embed(encoder, tokenizer, [t for t, _ in dev], cfg.model.max_length, cfg.eval_batch_size)
-        deltas.append(delta_cosine_distance(emb, [y for _, y in dev], min(1000, cfg.eval_pairs), name=s.name)["delta"])
+        deltas.append(delta_cosine_distance(emb, [y for _, y in dev], min(1000, cfg.eval_pairs), name=name)["delta"])
     return float(np.mean(deltas))
 
 
@@ -272,10 +272,11 @@ def train_func(config: dict) -> list[dict]:
     module, tokenizer = build_model(cfg, len(classes or []))
     module.to(device)
     stepper = common.make_stepper(module, cfg, int(config["rows_per_worker"]))
+    dev = dev_sets(cfg)
     return common.train_loop(
         cfg, stepper, rows_per_worker=int(config["rows_per_worker"]), metric="dev_delta",
         loss_fn=lambda batch, state: compute_loss(stepper.model, tokenizer, batch, cfg, classes, device),
-        dev_fn=lambda m: dev_delta(m.encoder, tokenizer, cfg),
+        dev_fn=lambda m: dev_delta(m.encoder, tokenizer, cfg, dev),
         build_plain=lambda: build_model(cfg, len(classes or []))[0].to(device))
 
 

@@ -187,15 +187,16 @@ def train_data_words(rows: list[tuple[str, int]], top_k: int, min_count: int) ->
     total = Counter()
     for c in counts.values():
         total.update(c)
+    size = {y: sum(c.values()) for y, c in counts.items()}  # once, not per word
+    all_size = sum(size.values())
     score = {}
     for w, n in total.items():
         if n < min_count or not re.search(r"[a-z]", w):
             continue
         best = 0.0
         for y, c in counts.items():
-            p_in = (c[w] + 1) / (sum(counts[y].values()) + 2)
-            rest = sum(cc[w] for yy, cc in counts.items() if yy != y)
-            p_out = (rest + 1) / (sum(sum(cc.values()) for yy, cc in counts.items() if yy != y) + 2)
+            p_in = (c[w] + 1) / (size[y] + 2)
+            p_out = (n - c[w] + 1) / (all_size - size[y] + 2)
             best = max(best, abs(math.log(p_in / p_out)))
         score[w] = best
     return set(sorted(score, key=lambda w: (-score[w], w))[:top_k])

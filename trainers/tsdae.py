@@ -62,6 +62,7 @@ from orchestrator.config import (
     TrainLoopConfig,
 )
 from orchestrator.data.augment import tsdae_noise
+from orchestrator.evaluation.encode import mean_pool
 from trainers import common
 
 
@@ -127,10 +128,7 @@ class TSDAE(nn.Module):
 
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         states = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        if self.pooling == "cls":
-            return states[:, 0]
-        mask = attention_mask.unsqueeze(-1).to(states.dtype)
-        return (states * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+        return states[:, 0] if self.pooling == "cls" else mean_pool(states, attention_mask)
 
     def decode(self, sentence: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Next-token logits; the only memory the decoder sees is ``sentence`` (B, H) as a length-1 sequence."""

@@ -17,6 +17,12 @@ from orchestrator.errors import SieveError
 POOLINGS = ("cls", "cls_before_pooler", "mean")
 
 
+def mean_pool(states: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The attention-masked mean of token states (what ``mean`` pooling and the trainers use)."""
+    mask = attention_mask.unsqueeze(-1).to(states.dtype)
+    return (states * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+
+
 def pool(outputs, attention_mask: torch.Tensor, pooling: str) -> torch.Tensor:
     last = outputs.last_hidden_state
     if pooling == "cls_before_pooler":
@@ -27,8 +33,7 @@ def pool(outputs, attention_mask: torch.Tensor, pooling: str) -> torch.Tensor:
             raise SieveError("pooling 'cls' needs a model with a pooler layer; use 'cls_before_pooler'")
         return pooled
     if pooling == "mean":
-        mask = attention_mask.unsqueeze(-1).to(last.dtype)
-        return (last * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+        return mean_pool(last, attention_mask)
     raise SieveError(f"pooling {pooling!r}: expected one of {', '.join(POOLINGS)}")
 
 

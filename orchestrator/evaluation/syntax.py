@@ -89,12 +89,6 @@ def build_probes(ptb_trees: Path, out: Path) -> dict:
 
 
 # ---------------------------------------------------------------- evaluating an encoder
-def _cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a = a / np.clip(np.linalg.norm(a, axis=1, keepdims=True), 1e-12, None)
-    b = b / np.clip(np.linalg.norm(b, axis=1, keepdims=True), 1e-12, None)
-    return (a * b).sum(1)
-
-
 THRESHOLDS = np.round(np.arange(-1.0, 1.0001, 0.01), 2)
 
 
@@ -105,11 +99,11 @@ def best_threshold_accuracy(sims: np.ndarray, labels: np.ndarray) -> tuple[float
 
 
 def qqp_easy_hard(encoder, path: Path = QQP_EASY_HARD, seed: int = 0) -> dict[str, float]:
-    from orchestrator.evaluation.domain import encode_unique
+    from orchestrator.evaluation.domain import cosine_rows, encode_unique
 
     rows = _read(path)
     emb = encode_unique(encoder, [r[k] for r in rows for k in ("sentence1", "sentence2")])
-    sims = _cos(np.stack([emb[r["sentence1"]] for r in rows]), np.stack([emb[r["sentence2"]] for r in rows]))
+    sims = cosine_rows(np.stack([emb[r["sentence1"]] for r in rows]), np.stack([emb[r["sentence2"]] for r in rows]))
     labels = np.array([int(r["label"]) for r in rows])
     subset = np.array([r["subset"] for r in rows])
     out = {}
