@@ -40,6 +40,35 @@ def write_sentence_transformers_modules(out: str | Path, *, hidden_size: int, po
     }, indent=2))
 
 
+def standalone_encoder(encoder):
+    """An encoder in a form ``SentenceTransformer`` and ``AutoModel``-style loading run as an encoder.
+
+    BERT-like encoders are returned as they are. A BART encoder (``BartEncoder``) is not: ST has
+    no BART encoder-only loader and would load ``BartModel``, whose output is the *decoder's*
+    states. The BlenderbotSmall encoder, which ST does load encoder-only, is the same network
+    (scaled word embeddings + learned positions + embedding LayerNorm + post-norm layers); only
+    BART's position table carries an offset of 2 rows. So the weights move into one, unchanged
+    but for those two rows (tested: same embeddings to 1e-5).
+    """
+    if type(encoder).__name__ != "BartEncoder":
+        return encoder
+    from transformers import BlenderbotSmallConfig
+    from transformers.models.blenderbot_small.modeling_blenderbot_small import BlenderbotSmallEncoder
+
+    c = encoder.config
+    keys = ("vocab_size", "d_model", "max_position_embeddings", "encoder_layers", "encoder_ffn_dim",
+            "encoder_attention_heads", "dropout", "attention_dropout", "activation_dropout",
+            "activation_function", "init_std", "encoder_layerdrop", "scale_embedding", "pad_token_id",
+            "bos_token_id", "eos_token_id")
+    conf = BlenderbotSmallConfig(**{k: getattr(c, k) for k in keys}, decoder_layers=0, is_encoder_decoder=False)
+    conf.architectures = ["BlenderbotSmallEncoder"]
+    out = BlenderbotSmallEncoder(conf)
+    state = encoder.state_dict()
+    state["embed_positions.weight"] = state["embed_positions.weight"][2:]  # BART's offset of 2
+    out.load_state_dict(state)
+    return out
+
+
 def export_encoder(model, tokenizer, out: str | Path, *, pooling: str, max_seq_length: int = 128,
                    extra_files: dict[str, str] | None = None) -> Path:
     """Save ``model`` + ``tokenizer`` + ST modules to ``out`` atomically (a crash keeps the old one)."""

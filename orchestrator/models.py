@@ -107,11 +107,22 @@ def load_tokenizer(name: str):
         raise ModelSourceError(f"model {name!r}: cannot load a tokenizer from {path} ({type(exc).__name__})") from None
 
 
+# Encoder-only classes of encoder-decoder families, saved on their own (orchestrator.export.standalone_encoder)
+_STANDALONE_ENCODERS = {"BlenderbotSmallEncoder": "transformers.models.blenderbot_small.modeling_blenderbot_small"}
+
+
 def load_encoder(name: str, *, dropout: float | None = None, add_pooling_layer: bool = True):
     """(encoder, tokenizer) for ``name``; ``add_pooling_layer=False`` for DDP (unused pooler)."""
     path = resolve_model_source(name)  # before importing transformers: bad names fail at once
     config = load_config(name, dropout=dropout)
     from transformers import AutoModel
+
+    standalone = next((a for a in config.architectures or [] if a in _STANDALONE_ENCODERS), None)
+    if standalone:
+        import importlib
+
+        cls = getattr(importlib.import_module(_STANDALONE_ENCODERS[standalone]), standalone)
+        return cls.from_pretrained(path, config=config, local_files_only=True), load_tokenizer(name)
 
     kwargs = {}
     if config.model_type in {"bert", "roberta", "xlm-roberta", "camembert", "electra"}:

@@ -16,6 +16,7 @@ from trainers.parabart import (
     Vocab,
     adv_loss,
     build_model,
+    discriminator,
     generate,
     main_loss,
     parameter_groups,
@@ -37,12 +38,13 @@ def tiny(model_dir, **kw) -> ParaBARTConfig:
 
 
 def setup(model_dir, **kw):
+    """(cfg, ParaBART, D, batcher) on a tiny model folder, seeded."""
     cfg = tiny(model_dir, **kw)
     syntax = Vocab.build(parse_tokens(p) for p in ROWS["tgt_parse"])
     tags = Vocab.build(json.loads(b).keys() for b in ROWS["src_bag"])
     torch.manual_seed(0)
     model, tok = build_model(cfg, syntax, tags)
-    return cfg, model, Batch(tok, syntax, tags, cfg)
+    return cfg, model, discriminator(model), Batch(tok, syntax, tags, cfg)
 
 
 def test_parse_vocab():
@@ -52,7 +54,7 @@ def test_parse_vocab():
 
 
 def test_word_dropout_touches_only_source_tokens(tiny_bert_dir):
-    cfg, model, batcher = setup(tiny_bert_dir, word_dropout=0.5)
+    cfg, model, dis, batcher = setup(tiny_bert_dir, word_dropout=0.5)
     g = torch.Generator().manual_seed(0)
     train = batcher(ROWS, train=True, generator=g)
     clean = batcher(ROWS, train=False)
@@ -69,49 +71,50 @@ def test_word_dropout_touches_only_source_tokens(tiny_bert_dir):
 
 
 def test_optimisers_update_disjoint_parameter_sets_in_alternation(tiny_bert_dir):
-    cfg, model, batcher = setup(tiny_bert_dir)
-    groups, dis = parameter_groups(model, cfg)
+    cfg, model, dis, batcher = setup(tiny_bert_dir)
+    groups = parameter_groups(model, cfg)
     main = [p for g in groups for p in g["params"]]
-    assert {id(p) for p in main}.isdisjoint({id(p) for p in dis})
-    assert len({id(p) for p in main}) + len(dis) == len(list(model.parameters()))  # every parameter, once
+    assert {id(p) for p in main}.isdisjoint({id(p) for p in dis.parameters()})
+    assert len({id(p) for p in main}) == len(main) == len(list(model.parameters()))  # every parameter, once
     assert groups[0]["lr"] == cfg.lr_pretrained and groups[1]["lr"] == cfg.lr_new
     new_names = {n for n, p in model.named_parameters() if any(p is q for q in groups[1]["params"])}
     assert any(n.startswith("syn") for n in new_names) and any("crossattention" in n for n in new_names)
     assert not any(n.startswith("sem.") for n in new_names)
     opt_main = torch.optim.AdamW(groups, lr=cfg.lr_pretrained)
-    opt_dis = torch.optim.AdamW(dis, lr=1e-2)
+    opt_dis = torch.optim.AdamW(dis.parameters(), lr=1e-2)
     b = batcher(ROWS, train=False)
-    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    snapshot = lambda: {n: p.detach().clone() for m, pre in ((model, ""), (dis, "dis.")) for n, p in  # noqa: E731
+                        ((pre + n, p) for n, p in m.named_parameters())}
+    before = snapshot()
     # (1) the discriminator step changes D and nothing else
-    loss, logs = main_loss(model, b, cfg, adversary_on=True, opt_dis=opt_dis)
-    after_d = {n: p.detach().clone() for n, p in model.named_parameters()}
+    loss, logs = main_loss(model, dis, b, cfg, adversary_on=True, opt_dis=opt_dis)
+    after_d = snapshot()
     changed = {n for n in before if not torch.equal(before[n], after_d[n])}
-    assert changed == {"discriminator.weight", "discriminator.bias"}
+    assert changed == {"dis.weight", "dis.bias"}
     # (2) the main step changes the encoders/decoder and not D
     opt_main.zero_grad()
     loss.backward()
     opt_main.step()
-    after_m = {n: p.detach() for n, p in model.named_parameters()}
+    after_m = snapshot()
     changed = {n for n in before if not torch.equal(after_d[n], after_m[n])}
-    assert "discriminator.weight" not in changed and any(n.startswith("sem.") for n in changed)
+    assert not any(n.startswith("dis.") for n in changed) and any(n.startswith("sem.") for n in changed)
     assert any(n.startswith("syn") for n in changed)
 
 
 def test_lambda_zero_keeps_the_adversary_out_of_the_encoder(tiny_bert_dir):
     """With λ_adv = 0 the encoder's gradient is exactly L_para's; with λ_adv > 0 it is not."""
     def encoder_grads(lam):
-        cfg, model, batcher = setup(tiny_bert_dir, lambda_adv=lam)
+        cfg, model, dis, batcher = setup(tiny_bert_dir, lambda_adv=lam)
         model.eval()
-        _, dis = parameter_groups(model, cfg)
-        loss, _ = main_loss(model, batcher(ROWS, train=False), cfg, adversary_on=True,
-                            opt_dis=torch.optim.SGD(dis, lr=0.1))
+        loss, _ = main_loss(model, dis, batcher(ROWS, train=False), cfg, adversary_on=True,
+                            opt_dis=torch.optim.SGD(dis.parameters(), lr=0.1))
         loss.backward()
         return {n: p.grad.clone() for n, p in model.sem.named_parameters() if p.grad is not None}
 
     def para_only():
-        cfg, model, batcher = setup(tiny_bert_dir)
+        cfg, model, dis, batcher = setup(tiny_bert_dir)
         model.eval()
-        loss, _ = main_loss(model, batcher(ROWS, train=False), cfg, adversary_on=False)
+        loss, _ = main_loss(model, dis, batcher(ROWS, train=False), cfg, adversary_on=False)
         loss.backward()
         return {n: p.grad.clone() for n, p in model.sem.named_parameters() if p.grad is not None}
 
@@ -119,9 +122,9 @@ def test_lambda_zero_keeps_the_adversary_out_of_the_encoder(tiny_bert_dir):
     assert zero.keys() == plain.keys() and all(torch.equal(zero[k], plain[k]) for k in zero)
     assert any(not torch.allclose(adv[k], plain[k]) for k in adv)
     # and the discriminator's own step never writes an encoder gradient
-    cfg, model, batcher = setup(tiny_bert_dir)
+    cfg, model, dis, batcher = setup(tiny_bert_dir)
     u = model.embed(*[batcher(ROWS, train=False)[k] for k in ("src_ids", "src_mask")])
-    adv_loss(model.discriminator(u.detach()), batcher(ROWS, train=False)["bags"]).backward()
+    adv_loss(dis(u.detach()), batcher(ROWS, train=False)["bags"]).backward()
     assert all(p.grad is None for p in model.sem.parameters())
 
 
@@ -130,14 +133,13 @@ GOLDEN = [[10.338041, 1.805365], [10.33244, 1.794737], [10.326851, 1.784308]]
 
 
 def test_golden_losses(tiny_bert_dir):
-    cfg, model, batcher = setup(tiny_bert_dir)
+    cfg, model, dis, batcher = setup(tiny_bert_dir)
     model.eval()
-    groups, dis = parameter_groups(model, cfg)
-    opt_main, opt_dis = torch.optim.AdamW(groups), torch.optim.AdamW(dis, lr=1e-3)
+    opt_main, opt_dis = torch.optim.AdamW(parameter_groups(model, cfg)), torch.optim.AdamW(dis.parameters(), lr=1e-3)
     b = batcher(ROWS, train=False)
     got = []
     for _ in range(3):
-        loss, logs = main_loss(model, b, cfg, adversary_on=True, opt_dis=opt_dis)
+        loss, logs = main_loss(model, dis, b, cfg, adversary_on=True, opt_dis=opt_dis)
         opt_main.zero_grad()
         loss.backward()
         opt_main.step()
@@ -150,7 +152,7 @@ def test_generation_from_a_saved_model(tiny_bert_dir, tmp_path):
 
     from trainers.parabart import export_model, load_parabart
 
-    cfg, model, batcher = setup(tiny_bert_dir)
+    cfg, model, dis, batcher = setup(tiny_bert_dir)
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     torch.save({"model": model.state_dict()}, ckpt / "model.pt")
@@ -166,34 +168,71 @@ def test_generation_from_a_saved_model(tiny_bert_dir, tmp_path):
     assert torch.allclose(torch.tensor(st.encode(ROWS["src"])), ours.detach(), atol=1e-5)  # ū = ST mean pooling
 
 
+@pytest.fixture(scope="module")
+def parabart_store(tmp_path_factory):
+    """One storage for the Ray runs below: the parsed shards are content-addressed, parsed once."""
+    return tmp_path_factory.mktemp("parabart-store")
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_parabart_under_ray_train(ray_cluster, tiny_bert_dir, tmp_path):
-    """Pairs → the spaCy pipeline's parses → shards + vocabularies; 2 workers (gradients averaged
-    by hand for both optimisers), adversary switched on mid-run, export, STS test, generation."""
+@pytest.mark.parametrize("engine", ["ddp", "zero2"])
+def test_parabart_under_ray_train(engine, ray_cluster, tiny_bert_dir, parabart_store, tmp_path):
+    """Pairs → the spaCy pipeline's parses → shards + vocabularies; 2 workers (the main model under
+    DDP or DeepSpeed ZeRO-2, D's gradients averaged by hand), adversary switched on mid-run, D saved
+    in the checkpoint, export, STS test, generation."""
     from orchestrator.methods import get_method
     from orchestrator.train import build_trainer, export_and_test, fit, prepare_data
     from trainers.parabart import load_parabart
 
-    lines = tmp_path / "pairs.tsv"
+    lines = parabart_store / "pairs.tsv"
     src = Path(__file__).resolve().parents[1] / "data" / "paraphrase" / "mrpc-train.tsv"
     lines.write_text("\n".join(src.read_text().splitlines()[:81]) + "\n")
     method = get_method("parabart")
     cfg = tiny(tiny_bert_dir, adversary_start_step=2, **{
         "train": {"batch_size": 8, "max_steps": 4, "eval_steps": 2, "grad_clip": 1.0, "lr_schedule": "constant"},
         "scaling": {"num_workers": 2, "cpus_per_worker": 1},
+        "deepspeed": {"stage": 2 if engine == "zero2" else 0},
         "data": {"pairs": [{"path": str(lines)}], "parser_workers": 1},
-        "eval": {"batch_size": 256, "max_length": 32}, "run": {"storage": str(tmp_path / "store")}})
+        "eval": {"batch_size": 256, "max_length": 32}, "run": {"storage": str(parabart_store / "runs")}})
     shards = prepare_data(method, cfg)
     manifest = json.loads((Path(shards) / "manifest.json").read_text())
     assert manifest["rows"] > 64 and manifest["syntax_vocab"] > 10 and manifest["tags"] > 5
-    outcome = fit(build_trainer(method, cfg, shards, name="parabart"), method)
+    outcome = fit(build_trainer(method, cfg, shards, name=f"parabart-{engine}"), method)
     steps = [int(r["step"]) for r in outcome.history]
     assert steps == [2, 4] and "loss_adv" in outcome.history[-1] and "loss_adv" not in outcome.history[0]
+    with outcome.best_checkpoint.as_directory() as d:
+        blob = (torch.load(Path(d) / "model.pt", weights_only=False) if engine == "ddp" else
+                torch.load(next((Path(d) / "ds").glob("*model_states.pt")), weights_only=False))
+    assert set(blob["extra_modules"]["discriminator"]) == {"weight", "bias"}  # D travels with the checkpoint
+    assert blob["extra_optimizers"]["discriminator"]["state"]  # and so does its optimiser
     out, report = export_and_test(method, cfg, outcome, tmp_path / "model", tasks=["stsb"])
     assert report.headline == "sts_avg_pearson_all"
     model, batcher = load_parabart(out)
     assert len(generate(model, batcher, ["the cat sat ."], ["(S (NP) (VP) (.))"], max_new_tokens=4)) == 1
+
+
+def test_the_discriminator_is_saved_and_restored_with_the_checkpoint(tiny_bert_dir, tmp_path):
+    from trainers import common
+
+    cfg, model, dis, batcher = setup(tiny_bert_dir)
+    opt_dis = torch.optim.AdamW(dis.parameters(), lr=1e-2)
+    stepper = common.Stepper(model, parameter_groups(model, cfg), lr=1e-4, schedule="constant", total_steps=10,
+                             grad_clip=1.0, extra_modules={"discriminator": dis},
+                             extra_optimizers={"discriminator": opt_dis})
+    loss, _ = main_loss(stepper.model, dis, batcher(ROWS, train=True), cfg, adversary_on=True, opt_dis=opt_dis)
+    stepper.step(loss)
+    stepper.save(tmp_path / "ckpt", {"step": 1})
+    cfg, model2, dis2, _ = setup(tiny_bert_dir)
+    torch.nn.init.zeros_(dis2.weight)
+    opt2 = torch.optim.AdamW(dis2.parameters(), lr=1e-2)
+    stepper2 = common.Stepper(model2, parameter_groups(model2, cfg), lr=1e-4, schedule="constant", total_steps=10,
+                              grad_clip=1.0, extra_modules={"discriminator": dis2},
+                              extra_optimizers={"discriminator": opt2})
+    assert stepper2.load(tmp_path / "ckpt") == {"step": 1}
+    assert torch.equal(dis2.weight, dis.weight) and torch.equal(dis2.bias, dis.bias)
+    assert torch.equal(opt2.state_dict()["state"][0]["exp_avg"], opt_dis.state_dict()["state"][0]["exp_avg"])
+    assert all(torch.equal(a, b) for a, b in zip(model2.parameters(), model.parameters(), strict=True))
 
 
 def test_threshold_accuracy_and_the_shipped_easy_hard_split():
@@ -218,11 +257,105 @@ def test_threshold_accuracy_and_the_shipped_easy_hard_split():
     assert len({r["top_const"] for r in probes}) == 20  # 19 sequences + OTHER
 
 
-def test_a_non_bert_model_is_refused_with_one_clear_line(tmp_path):
+def test_an_unsupported_model_is_refused_with_one_clear_line(tmp_path, tiny_bart_dir):
     from orchestrator.errors import ConfigError
 
-    bart = tmp_path / "bart"
-    bart.mkdir()
-    (bart / "config.json").write_text('{"model_type": "bart", "architectures": ["BartModel"], "d_model": 16}')
-    with pytest.raises(ConfigError, match="needs a BERT-family encoder folder .*model_type 'bart'.*not supported yet"):
-        build_model(tiny(bart), Vocab([]), Vocab([]))
+    t5 = tmp_path / "t5"
+    t5.mkdir()
+    (t5 / "config.json").write_text('{"model_type": "t5", "architectures": ["T5Model"], "d_model": 16}')
+    with pytest.raises(ConfigError, match="ParaBART needs a BART or BERT model folder .*model_type 't5'"):
+        build_model(tiny(t5), Vocab([]), Vocab([]))
+    with pytest.raises(ConfigError, match="architecture 'bert2bert' needs a BERT-family model folder .*'bart'"):
+        build_model(tiny(tiny_bart_dir, architecture="bert2bert"), Vocab([]), Vocab([]))
+    with pytest.raises(ConfigError, match="decoder_layers 3: .* has only 2 decoder layers"):
+        build_model(tiny(tiny_bart_dir, decoder_layers=3), Vocab([]), Vocab([]))
+
+
+# ---------------------------------------------------------------- BART backbones
+@pytest.fixture(scope="module")
+def tiny_bart_dir(tmp_path_factory):
+    """A tiny random BART (2 encoder + 2 decoder layers) saved as a model folder - the shape of a
+    ``facebook/bart-base`` copy (no BART weights exist here; MiniLM's tokenizer stands in for BART's)."""
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    from orchestrator.models import load_tokenizer
+
+    out = tmp_path_factory.mktemp("tiny") / "tiny-bart"
+    tok = load_tokenizer("default")
+    torch.manual_seed(0)
+    conf = BartConfig(vocab_size=tok.vocab_size, d_model=32, encoder_layers=2, decoder_layers=2,
+                      encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                      max_position_embeddings=128, pad_token_id=tok.pad_token_id, bos_token_id=tok.cls_token_id,
+                      eos_token_id=tok.sep_token_id, decoder_start_token_id=tok.cls_token_id, scale_embedding=True)
+    BartForConditionalGeneration(conf).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def test_a_bart_folder_gives_its_encoder_and_first_decoder_layers(tiny_bart_dir):
+    from transformers import BartModel
+
+    cfg, model, dis, batcher = setup(tiny_bart_dir, decoder_layers=1)
+    bart = BartModel.from_pretrained(tiny_bart_dir)
+    assert type(model.sem).__name__ == "BartEncoder" and type(model.decoder).__name__ == "BartForCausalLM"
+    for n, p in bart.encoder.state_dict().items():
+        assert torch.equal(model.sem.state_dict()[n], p), n  # E_sem = BART's encoder
+    dec = model.decoder.model.decoder
+    assert len(dec.layers) == 1
+    for n, p in bart.decoder.layers[0].state_dict().items():
+        assert torch.equal(dec.layers[0].state_dict()[n], p), n  # the first decoder layer, cross-attention included
+    emb = model.sem.embed_tokens.weight
+    assert dec.embed_tokens.weight is emb and model.decoder.get_output_embeddings().weight is emb  # one vocabulary
+    groups = parameter_groups(model, cfg)
+    assert not any(n.startswith(("sem.", "decoder.")) for n, p in model.named_parameters()
+                   if any(p is q for q in groups[1]["params"]))  # all of BART at lr_pretrained, E_syn new
+    loss, logs = main_loss(model, dis, batcher(ROWS, train=True), cfg, adversary_on=True,
+                           opt_dis=torch.optim.AdamW(dis.parameters()))
+    loss.backward()
+    assert torch.isfinite(loss) and model.sem.layers[0].fc1.weight.grad is not None
+
+
+def test_bart_from_config_takes_the_bert_vocabulary_and_embeddings(tiny_bert_dir):
+    from transformers import AutoModel
+
+    cfg, model, dis, batcher = setup(tiny_bert_dir, architecture="bart")
+    bert = AutoModel.from_pretrained(tiny_bert_dir)
+    assert type(model.sem).__name__ == "BartEncoder" and len(model.sem.layers) == bert.config.num_hidden_layers
+    assert torch.equal(model.sem.embed_tokens.weight, bert.embeddings.word_embeddings.weight)
+    assert torch.equal(model.sem.embed_positions.weight[2:], bert.embeddings.position_embeddings.weight)
+    assert model.decoder.get_output_embeddings().weight is model.sem.embed_tokens.weight
+    assert model.pretrained == {"sem.embed_tokens.weight", "sem.embed_positions.weight",
+                                "decoder.model.decoder.embed_positions.weight"}  # the rest is new
+
+
+@pytest.mark.parametrize("arch", ["bart-folder", "bart-from-bert"])
+def test_a_bart_model_exports_an_encoder_sentence_transformers_runs_as_an_encoder(arch, tiny_bart_dir, tiny_bert_dir,
+                                                                                 tmp_path):
+    """ST has no BART encoder-only loader (it would run BART's decoder): the export must still give ū."""
+    from sentence_transformers import SentenceTransformer
+
+    from orchestrator.evaluation.encode import HFEncoder
+    from orchestrator.models import load_encoder
+    from trainers.parabart import export_model, load_parabart
+
+    if arch == "bart-folder":
+        cfg, model, dis, batcher = setup(tiny_bart_dir)
+    else:
+        cfg, model, dis, batcher = setup(tiny_bert_dir, architecture="bart")
+    with torch.no_grad():  # move away from the saved weights, so the export must carry the trained ones
+        for p in model.sem.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    torch.save({"model": model.state_dict()}, ckpt / "model.pt")
+    out = export_model(cfg, ckpt, tmp_path / "model")
+    model.eval()
+    ours = model.embed(*[batcher(ROWS, train=False)[k] for k in ("src_ids", "src_mask")]).detach()
+    st = SentenceTransformer(str(out), device="cpu")
+    assert torch.allclose(torch.tensor(st.encode(ROWS["src"])), ours, atol=1e-5)
+    enc, tok = load_encoder(str(out))  # what evaluate_sts and jobs/evaluate.py load
+    got = HFEncoder(enc, tok, pooling="mean", max_length=24).encode(ROWS["src"])
+    assert torch.allclose(torch.tensor(got), ours, atol=1e-5)
+    loaded, b2 = load_parabart(out)
+    assert generate(loaded, b2, ROWS["src"], ROWS["tgt_parse"], max_new_tokens=5) == \
+        generate(model, batcher, ROWS["src"], ROWS["tgt_parse"], max_new_tokens=5)

@@ -91,13 +91,16 @@ class Stepper:
 
     def __init__(self, module: torch.nn.Module, param_groups, *, lr: float, schedule: str, total_steps: int,
                  grad_clip: float | None, deepspeed_cfg=None, distributed: bool = True,
-                 extra_optimizers: dict | None = None):
+                 extra_optimizers: dict | None = None, extra_modules: dict | None = None):
         self.module = module
         self.grad_clip = grad_clip
         # distributed=False with several workers: no DDP wrapper; gradients are averaged by hand
         # (average_gradients) - for methods that step two optimisers in alternation (ParaBART)
         self.sync_grads = not distributed and world_size() > 1
-        self.extra_optimizers = extra_optimizers or {}  # saved and restored with the checkpoint
+        # saved and restored with the checkpoint: small modules trained beside the main one (ParaBART's
+        # discriminator, outside DDP/ZeRO: its gradients are averaged by hand) and their optimisers
+        self.extra_optimizers = extra_optimizers or {}
+        self.extra_modules = extra_modules or {}
         self.deepspeed = deepspeed_cfg is not None and deepspeed_cfg.stage > 0
         if self.deepspeed:
             import deepspeed
@@ -159,13 +162,13 @@ class Stepper:
     # -- checkpoints: every rank writes (ZeRO shards), plain runs only rank 0
     def save(self, directory: Path, state: dict) -> None:
         directory.mkdir(parents=True, exist_ok=True)
+        extras = {"extra_optimizers": {k: o.state_dict() for k, o in self.extra_optimizers.items()},
+                  "extra_modules": {k: m.state_dict() for k, m in self.extra_modules.items()}}
         if self.deepspeed:
-            self.model.save_checkpoint(str(directory), tag="ds")
+            self.model.save_checkpoint(str(directory), tag="ds", client_state=extras)
         elif rank() == 0:
             torch.save({"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
-                        "scheduler": self.scheduler.state_dict(),
-                        "extra_optimizers": {k: o.state_dict() for k, o in self.extra_optimizers.items()}},
-                       directory / "model.pt")
+                        "scheduler": self.scheduler.state_dict(), **extras}, directory / "model.pt")
         if rank() == 0:
             (directory / "state.json").write_text(json.dumps(state))
         torch.save(rng_state(), directory / f"rng_rank{rank()}.pt")  # every rank: its own dropout stream
@@ -178,12 +181,15 @@ class Stepper:
 
     def _load(self, directory: Path) -> dict:
         if self.deepspeed:
-            self.model.load_checkpoint(str(directory), tag="ds")
-            return json.loads((directory / "state.json").read_text())
-        blob = torch.load(directory / "model.pt", map_location="cpu", weights_only=False)
-        self.module.load_state_dict(blob["model"])
-        self.optimizer.load_state_dict(blob["optimizer"])
-        self.scheduler.load_state_dict(blob["scheduler"])
+            _, blob = self.model.load_checkpoint(str(directory), tag="ds")
+            blob = blob or {}
+        else:
+            blob = torch.load(directory / "model.pt", map_location="cpu", weights_only=False)
+            self.module.load_state_dict(blob["model"])
+            self.optimizer.load_state_dict(blob["optimizer"])
+            self.scheduler.load_state_dict(blob["scheduler"])
+        for k, state in blob.get("extra_modules", {}).items():
+            self.extra_modules[k].load_state_dict(state)
         for k, state in blob.get("extra_optimizers", {}).items():
             self.extra_optimizers[k].load_state_dict(state)
         return json.loads((directory / "state.json").read_text())
@@ -236,13 +242,15 @@ def param_groups(module: torch.nn.Module, weight_decay: float) -> list[dict]:
             {"params": [p for n, p in named if any(k in n for k in no_decay)], "weight_decay": 0.0}]
 
 
-def make_stepper(module: torch.nn.Module, cfg, rows_per_worker: int, groups: list[dict] | None = None) -> Stepper:
-    """The optimiser of a method config with the shared ``train`` / ``deepspeed`` blocks."""
+def make_stepper(module: torch.nn.Module, cfg, rows_per_worker: int, groups: list[dict] | None = None,
+                 **extras) -> Stepper:
+    """The optimiser of a method config with the shared ``train`` / ``deepspeed`` blocks
+    (``extras``: ``extra_modules`` / ``extra_optimizers`` saved with every checkpoint)."""
     steps_per_epoch = max(1, rows_per_worker // cfg.train.batch_size)
     total_steps = cfg.train.max_steps or steps_per_epoch * cfg.train.epochs
     return Stepper(module, groups or param_groups(module, cfg.train.weight_decay), lr=cfg.train.lr,
                    schedule=cfg.train.lr_schedule, total_steps=total_steps, grad_clip=cfg.train.grad_clip,
-                   deepspeed_cfg=getattr(cfg, "deepspeed", None))
+                   deepspeed_cfg=getattr(cfg, "deepspeed", None), **extras)
 
 
 def train_loop(cfg, stepper: Stepper, *, rows_per_worker: int, loss_fn, dev_fn, build_plain, metric: str,
@@ -368,5 +376,12 @@ def load_module_state(checkpoint_dir) -> dict:
     if (checkpoint_dir / "ds").is_dir():
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-        return get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir), tag="ds")
+        state = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir), tag="ds")
+        # zero_to_fp32 merges parameters and buffers only; a module's extra state (e.g. ParaBART's
+        # vocabularies) is in rank 0's model-states file, which holds the unpartitioned entries
+        ranks = sorted((checkpoint_dir / "ds").glob("*model_states.pt"))
+        if ranks:
+            module = torch.load(ranks[0], map_location="cpu", weights_only=False).get("module") or {}
+            state.update({k: v for k, v in module.items() if k.endswith("_extra_state")})
+        return state
     raise FileNotFoundError(f"{checkpoint_dir}: neither model.pt nor a DeepSpeed 'ds' checkpoint")

@@ -24,19 +24,27 @@ E_sem, E_syn and the decoder on L_para − λ_adv·L_adv with the updated D - th
 make ū *useless* for predicting syntax. The adversary is switched on after ``adversary_start_step``
 (the reference code: after epoch 1); λ_adv = 0 is the "w/o adversarial loss" ablation (then D is
 still trained, but nothing from it reaches the encoder). Pretrained and new parameters have
-separate learning rates; gradients are clipped at 1.0. With several workers the gradients of
-both optimisers are averaged by hand (no DDP wrapper: two backward passes per step).
+separate learning rates; gradients are clipped at 1.0. D is a module of its own, outside the
+main model: the main model runs under DDP or DeepSpeed ZeRO (the shared ``deepspeed`` block) with
+one forward and one backward per step (D's step only sees ū.detach()); D's small gradients are
+averaged across workers by hand, and D and its optimiser travel in every checkpoint.
 
-No BART weights exist on these machines, so the ``default`` model is a **bert2bert warm start
-from MiniLM**: E_sem = the MiniLM encoder, the decoder = MiniLM's first ``decoder_layers``
-layers with cross-attention added, word embeddings and the output matrix tied to E_sem's.
-(A ``facebook/bart-base`` folder is not supported yet.) E_sem with mean pooling is exported
-as a folder that loads with ``AutoModel`` and ``SentenceTransformer``; the whole model (for
-generation) is saved beside it.
+Backbones (``architecture``)
+    ``bart`` with a BART folder (the paper: a copy of ``facebook/bart-base``): E_sem = BART's
+    encoder, the decoder = its first ``decoder_layers`` layers. No BART weights exist on these
+    machines, so the smoke preset uses ``bert2bert``: a warm start from MiniLM (E_sem = MiniLM,
+    the decoder = MiniLM's first layers with cross-attention added). ``bart`` with a BERT folder
+    builds BART from config in that BERT's shape, on its WordPiece vocabulary with its word and
+    position embeddings copied. Word embeddings and the output matrix are one tensor throughout.
+
+E_sem with mean pooling is exported as a folder that loads with ``SentenceTransformer`` (a BART
+encoder is saved in the BlenderbotSmall encoder's form, the same network, since ST would run
+BART's decoder; see ``orchestrator.export.standalone_encoder``); the whole model, its
+vocabularies and the backbone's config (for generation) are saved beside it.
 
 Args (config keys, see :class:`ParaBARTConfig`)
-    lambda_adv (0.1), adversary_start_step, word_dropout (0.2), lr_pretrained (2e-5), lr_new (1e-4)
-    syntax_layers, syntax_heads, decoder_layers (1), parse_max_length (160), model.max_length (40)
+    architecture (auto), lambda_adv (0.1), adversary_start_step, word_dropout (0.2), lr_pretrained (2e-5),
+    lr_new (1e-4), syntax_layers, syntax_heads, decoder_layers (1), parse_max_length (160), model.max_length (40)
 
 Example
     python jobs/train.py --method parabart --preset smoke
@@ -45,6 +53,7 @@ Example
 from __future__ import annotations
 
 import json
+import random
 import re
 from collections import Counter
 from pathlib import Path
@@ -56,6 +65,7 @@ from pydantic import Field
 from torch import nn
 
 from orchestrator.config import (
+    DeepSpeedBlock,
     EvalConfig,
     ModelConfig,
     RunBlock,
@@ -80,8 +90,17 @@ class PairFile(StrictModel):
 
 
 class ParaphraseData(StrictModel):
-    pairs: list[PairFile] = [PairFile(path="data/paraphrase/mrpc-train.tsv")]
+    """Paraphrase pairs (label 1 kept), both directions, shuffled once with ``seed`` (the files
+    differ in domain; training reads rows in order), then cut to ``limit``. The default mix is
+    every paraphrase set shipped in ``data/``: MRPC train, PAWS-X en dev, TwitterPara PIT-2015 dev
+    and QQP duplicates that share no question with the QQP-Easy/Hard evaluation pool."""
+
+    pairs: list[PairFile] = [PairFile(path="data/paraphrase/mrpc-train.tsv"),
+                             PairFile(path="data/paraphrase/pawsx-en-dev.tsv"),
+                             PairFile(path="data/twitterpara/pit2015-dev.tsv"),
+                             PairFile(path="data/paraphrase/qqp-train-duplicates.tsv")]
     both_directions: bool = True
+    seed: int = 0
     limit: int | None = Field(None, gt=0, description="at most this many pairs (after both directions)")
     parser_workers: int = Field(2, ge=1)
 
@@ -89,6 +108,8 @@ class ParaphraseData(StrictModel):
 class ParaBARTConfig(StrictModel):
     method: Literal["parabart"] = "parabart"
     model: ModelConfig = ModelConfig(max_length=40, pooling="mean")
+    architecture: Literal["auto", "bert2bert", "bart"] = Field(
+        "auto", description="auto: bart for a BART folder, bert2bert for a BERT folder (see build_model)")
     parse_max_length: int = Field(160, gt=0)
     syntax_layers: int = Field(2, ge=1)
     syntax_heads: int = Field(6, ge=1)
@@ -101,6 +122,7 @@ class ParaBARTConfig(StrictModel):
     train: TrainLoopConfig = TrainLoopConfig(lr=2e-5, batch_size=64, eval_steps=500, grad_clip=1.0,
                                              lr_schedule="constant")
     scaling: ScalingBlock = ScalingBlock(num_workers=1)
+    deepspeed: DeepSpeedBlock = DeepSpeedBlock()
     data: ParaphraseData = ParaphraseData()
     eval: EvalConfig = EvalConfig(batch_size=128, max_length=64)
     run: RunBlock = RunBlock()
@@ -134,18 +156,26 @@ class Vocab:
 
 # ---------------------------------------------------------------- model
 class ParaBART(nn.Module):
+    """E_sem + E_syn + decoder: what generates, and (E_sem) what embeds. The discriminator D is a
+    separate module (:func:`discriminator`): it is an adversary used in training only, and keeping
+    it outside lets the main model run under DDP / DeepSpeed ZeRO with one backward per step."""
+
     def __init__(self, encoder: nn.Module, decoder: nn.Module, syntax: Vocab, tags: Vocab, *,
                  syntax_layers: int = 2, syntax_heads: int = 6, parse_max_length: int = 160):
         super().__init__()
         d = encoder.config.hidden_size
         self.syntax_vocab, self.tag_vocab = syntax, tags  # travel in the state dict (extra state)
+        self.pretrained: set[str] = set()  # names of parameters loaded from pretrained weights (lr_pretrained)
         self.sem = encoder  # E_sem
         self.syn_embed = nn.Embedding(len(syntax), d, padding_idx=0)  # E_syn
         self.syn_pos = nn.Embedding(parse_max_length, d)
         layer = nn.TransformerEncoderLayer(d, syntax_heads, 4 * d, dropout=0.1, batch_first=True, norm_first=True)
         self.syn = nn.TransformerEncoder(layer, syntax_layers, enable_nested_tensor=False)
-        self.decoder = decoder  # a *LMHeadModel with cross-attention
-        self.discriminator = nn.Linear(d, len(tags))  # D_dis
+        self.decoder = decoder  # a *ForCausalLM / *LMHeadModel with cross-attention
+
+    @property
+    def hidden_size(self) -> int:
+        return self.sem.config.hidden_size
 
     def get_extra_state(self) -> dict:
         return {"syntax": self.syntax_vocab.items, "tags": self.tag_vocab.items}
@@ -176,41 +206,132 @@ class ParaBART(nn.Module):
         return logits, u
 
 
-def build_model(cfg: ParaBARTConfig, syntax: Vocab, tags: Vocab):
-    """bert2bert warm start from MiniLM (or any BERT folder): (ParaBART, tokenizer)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+def discriminator(model: ParaBART) -> nn.Linear:
+    """D_dis: linear (+ softmax in the loss) from ū to the constituent-tag vocabulary."""
+    return nn.Linear(model.hidden_size, len(model.tag_vocab))
 
-    from orchestrator.models import _quiet_transformers, load_encoder, resolve_model_source
 
-    source = resolve_model_source(cfg.model.name_or_path)
-    dconf = AutoConfig.from_pretrained(source, local_files_only=True)
-    if dconf.model_type != "bert":
-        raise ConfigError(f"model {cfg.model.name_or_path!r}: ParaBART here is a bert2bert warm start and needs a "
-                          f"BERT-family encoder folder (got model_type {dconf.model_type!r}; BART is not supported yet)")
-    encoder, tokenizer = load_encoder(cfg.model.name_or_path, add_pooling_layer=False)
+def build_model(cfg: ParaBARTConfig, syntax: Vocab, tags: Vocab, skeleton: str | Path | None = None):
+    """(ParaBART, tokenizer) for ``cfg.model`` and ``cfg.architecture``:
+
+    * ``bert2bert`` (BERT folder, the default): E_sem = the encoder; the decoder = its first
+      ``decoder_layers`` layers with cross-attention added (new);
+    * ``bart`` with a BART folder (the paper: ``facebook/bart-base`` copied to a folder or s3://):
+      E_sem = BART's encoder, the decoder = BART's first ``decoder_layers`` decoder layers;
+    * ``bart`` with a BERT folder: BART built from config in the BERT's shape (layers, width,
+      heads), with its WordPiece vocabulary, word and position embeddings copied; the rest new.
+
+    Word embeddings and the output matrix are one tensor shared by E_sem and the decoder.
+    ``skeleton``: a folder with the backbone's ``config.json`` + tokenizer (saved by
+    :func:`export_model`): the same architecture with no weights loaded (a state dict follows).
+    """
+    from transformers import AutoConfig
+
+    from orchestrator.models import resolve_model_source
+
+    source = Path(skeleton) if skeleton else resolve_model_source(cfg.model.name_or_path)
+    conf = AutoConfig.from_pretrained(source, local_files_only=True)
+    arch = cfg.architecture
+    if arch == "auto":
+        arch = "bart" if conf.model_type == "bart" else "bert2bert"
+    if conf.model_type not in ("bert", "bart"):
+        raise ConfigError(f"model {cfg.model.name_or_path!r}: ParaBART needs a BART or BERT model folder "
+                          f"(got model_type {conf.model_type!r})")
+    if arch == "bert2bert" and conf.model_type != "bert":
+        raise ConfigError(f"model {cfg.model.name_or_path!r}: architecture 'bert2bert' needs a BERT-family "
+                          f"model folder (got model_type {conf.model_type!r})")
+    build = _bert2bert if arch == "bert2bert" else _bart
+    encoder, decoder, tokenizer, pretrained = build(cfg, source, conf, weights=skeleton is None)
+    model = ParaBART(encoder, decoder, syntax, tags, syntax_layers=cfg.syntax_layers,
+                     syntax_heads=cfg.syntax_heads, parse_max_length=cfg.parse_max_length)
+    model.pretrained = pretrained
+    return model, tokenizer
+
+
+def _tie(encoder_embeddings: nn.Embedding, decoder: nn.Module) -> None:
+    decoder.get_input_embeddings().weight = encoder_embeddings.weight  # one vocabulary
+    decoder.get_output_embeddings().weight = encoder_embeddings.weight
+
+
+def _bert2bert(cfg, source, conf, weights: bool = True):
+    import copy
+
+    from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
+
+    from orchestrator.models import _quiet_transformers, load_encoder
+
+    dconf = copy.deepcopy(conf)
     dconf.is_decoder, dconf.add_cross_attention, dconf.num_hidden_layers = True, True, cfg.decoder_layers
     _quiet_transformers()
-    decoder = AutoModelForCausalLM.from_pretrained(source, config=dconf, local_files_only=True)
-    decoder.base_model.embeddings.word_embeddings.weight = encoder.get_input_embeddings().weight  # one vocabulary
-    decoder.get_output_embeddings().weight = encoder.get_input_embeddings().weight
-    return ParaBART(encoder, decoder, syntax, tags, syntax_layers=cfg.syntax_layers,
-                    syntax_heads=cfg.syntax_heads, parse_max_length=cfg.parse_max_length), tokenizer
+    if not weights:
+        encoder = AutoModel.from_config(conf, add_pooling_layer=False)
+        decoder = AutoModelForCausalLM.from_config(dconf)
+        _tie(encoder.get_input_embeddings(), decoder)
+        return encoder, decoder, AutoTokenizer.from_pretrained(source, local_files_only=True), set()
+    encoder, tokenizer = load_encoder(cfg.model.name_or_path, add_pooling_layer=False)
+    decoder, info = AutoModelForCausalLM.from_pretrained(source, config=dconf, local_files_only=True,
+                                                         output_loading_info=True)
+    _tie(encoder.get_input_embeddings(), decoder)
+    new = set(info["missing_keys"])  # cross-attention (and any head the checkpoint lacks)
+    pretrained = {f"sem.{n}" for n, _ in encoder.named_parameters()}
+    pretrained |= {f"decoder.{n}" for n, _ in decoder.named_parameters() if n not in new}
+    return encoder, decoder, tokenizer, pretrained
 
 
-def parameter_groups(model: ParaBART, cfg: ParaBARTConfig) -> tuple[list[dict], list[nn.Parameter]]:
-    """(main optimiser's groups: pretrained at lr_pretrained, new at lr_new; D's parameters)."""
-    dis = list(model.discriminator.parameters())
-    dis_ids = {id(p) for p in dis}
-    pretrained_ids = {id(p) for p in model.sem.parameters()}
-    pretrained_ids |= {id(p) for n, p in model.decoder.named_parameters()
-                       if "crossattention" not in n and not n.startswith("cls.predictions.transform")}
-    seen, pre, new = set(), [], []
-    for p in model.parameters():  # parameters() yields a tied tensor once
-        if id(p) in dis_ids or id(p) in seen:
-            continue
-        seen.add(id(p))
-        (pre if id(p) in pretrained_ids else new).append(p)
-    return [{"params": pre, "lr": cfg.lr_pretrained}, {"params": new, "lr": cfg.lr_new}], dis
+def _bart(cfg, source, conf, weights: bool = True):
+    from transformers import AutoTokenizer, BartConfig, BartForCausalLM, BartModel
+
+    from orchestrator.models import _quiet_transformers, load_encoder
+
+    _quiet_transformers()
+    if conf.model_type == "bart":  # pretrained BART: encoder + the first decoder layers
+        bart = BartModel.from_pretrained(source, local_files_only=True) if weights else BartModel(conf)
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+        if cfg.decoder_layers > bart.config.decoder_layers:
+            raise ConfigError(f"decoder_layers {cfg.decoder_layers}: {cfg.model.name_or_path!r} has only "
+                              f"{bart.config.decoder_layers} decoder layers")
+        pretrained_decoder = weights
+    else:  # BART from config in the BERT's shape, with its vocabulary and embeddings
+        bert, tokenizer = load_encoder(cfg.model.name_or_path, add_pooling_layer=False)
+        bconf = BartConfig(
+            vocab_size=conf.vocab_size, d_model=conf.hidden_size, max_position_embeddings=conf.max_position_embeddings,
+            encoder_layers=conf.num_hidden_layers, decoder_layers=cfg.decoder_layers,
+            encoder_attention_heads=conf.num_attention_heads, decoder_attention_heads=conf.num_attention_heads,
+            encoder_ffn_dim=conf.intermediate_size, decoder_ffn_dim=conf.intermediate_size,
+            activation_function="gelu", scale_embedding=False, pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id,
+            decoder_start_token_id=tokenizer.cls_token_id, forced_eos_token_id=tokenizer.sep_token_id)
+        bart = BartModel(bconf)
+        with torch.no_grad():
+            bart.shared.weight.copy_(bert.embeddings.word_embeddings.weight)
+            for positions in (bart.encoder.embed_positions, bart.decoder.embed_positions):
+                positions.weight[2:].copy_(bert.embeddings.position_embeddings.weight)  # BART's offset of 2
+        pretrained_decoder = False
+    encoder = bart.encoder
+    encoder.embed_tokens.weight = bart.shared.weight
+    dconf = BartConfig.from_dict({**bart.config.to_dict(), "decoder_layers": cfg.decoder_layers, "is_decoder": True,
+                                  "is_encoder_decoder": False})
+    decoder = BartForCausalLM(dconf)
+    state = {k: v for k, v in bart.decoder.state_dict().items()
+             if not k.startswith("layers.") or int(k.split(".")[1]) < cfg.decoder_layers}
+    decoder.model.decoder.load_state_dict(state)  # strict: every kept decoder weight has a home
+    _tie(encoder.embed_tokens, decoder)
+    if pretrained_decoder:
+        pretrained = {f"sem.{n}" for n, _ in encoder.named_parameters()}
+        pretrained |= {f"decoder.{n}" for n, _ in decoder.named_parameters()}
+    else:
+        pretrained = {"sem.embed_tokens.weight", "sem.embed_positions.weight",
+                      "decoder.model.decoder.embed_positions.weight"}
+    return encoder, decoder, tokenizer, pretrained
+
+
+def parameter_groups(model: ParaBART, cfg: ParaBARTConfig) -> list[dict]:
+    """The main optimiser's groups: pretrained parameters at lr_pretrained, new ones at lr_new
+    (D has its own optimiser)."""
+    pre, new = [], []
+    for n, p in model.named_parameters():  # named_parameters() yields a tied tensor once
+        (pre if n in model.pretrained else new).append(p)
+    return [{"params": pre, "lr": cfg.lr_pretrained}, {"params": new, "lr": cfg.lr_new}]
 
 
 # ---------------------------------------------------------------- losses and the noise
@@ -267,26 +388,29 @@ class Batch:
         return {k: v.to(device) for k, v in out.items()}
 
 
-def adversary_step(model: ParaBART, opt_dis: torch.optim.Optimizer, u: torch.Tensor, bags: torch.Tensor) -> float:
+def adversary_step(dis: nn.Module, opt_dis: torch.optim.Optimizer, u: torch.Tensor, bags: torch.Tensor) -> float:
     """(1) D alone minimises L_adv on ū.detach(): no gradient reaches the encoders."""
     opt_dis.zero_grad(set_to_none=True)
-    loss = adv_loss(model.discriminator(u.detach()), bags)
+    loss = adv_loss(dis(u.detach().to(dis.weight.dtype)), bags)
     loss.backward()
-    common.average_gradients(model.discriminator.parameters())
+    common.average_gradients(dis.parameters())
     opt_dis.step()
     return float(loss.detach())
 
 
-def main_loss(model: ParaBART, b: dict, cfg: ParaBARTConfig, adversary_on: bool, opt_dis=None):
-    """One ParaBART step's loss for the encoders and decoder: L_para − λ·L_adv (D updated first)."""
+def main_loss(model: nn.Module, dis: nn.Module, b: dict, cfg: ParaBARTConfig, adversary_on: bool, opt_dis=None):
+    """One ParaBART step's loss for the encoders and decoder: L_para − λ·L_adv (D updated first).
+
+    ``model``: the ParaBART module, or its DDP / DeepSpeed wrapper (one forward, one backward of
+    the main model per step; D's own step works on ū.detach())."""
     logits, u = model(b["src_ids"], b["src_mask"], b["parse_ids"], b["parse_mask"], b["tgt_ids"], b["tgt_mask"])
     l_para = para_loss(logits, b["tgt_ids"], b["tgt_mask"])
     logs = {"loss_para": float(l_para.detach())}
     if not adversary_on:
         return l_para, {**logs, "loss": logs["loss_para"]}
     if opt_dis is not None:
-        logs["loss_dis"] = adversary_step(model, opt_dis, u, b["bags"])
-    l_adv = adv_loss(model.discriminator(u), b["bags"])
+        logs["loss_dis"] = adversary_step(dis, opt_dis, u, b["bags"])
+    l_adv = adv_loss(dis(u.to(dis.weight.dtype)), b["bags"])  # D stays fp32 when ZeRO runs the model in bf16
     loss = l_para - cfg.lambda_adv * l_adv
     return loss, {**logs, "loss_adv": float(l_adv.detach()), "loss": float(loss.detach())}
 
@@ -328,6 +452,7 @@ def read_pairs(cfg: ParaBARTConfig) -> list[tuple[str, str]]:
                 pairs.append((s1, s2))
                 if cfg.data.both_directions:
                     pairs.append((s2, s1))
+    random.Random(cfg.data.seed).shuffle(pairs)
     return pairs[: cfg.data.limit] if cfg.data.limit else pairs
 
 
@@ -396,15 +521,16 @@ def train_func(config: dict) -> list[dict]:
     syntax, tags = load_vocabs(config["shards"])
     model, tokenizer = build_model(cfg, syntax, tags)
     model.to(device)
-    groups, dis = parameter_groups(model, cfg)
-    opt_dis = torch.optim.AdamW(dis, lr=cfg.lr_new)
-    stepper = common.Stepper(model, groups, lr=cfg.lr_pretrained, schedule=cfg.train.lr_schedule, total_steps=10**9,
-                             grad_clip=cfg.train.grad_clip, distributed=False, extra_optimizers={"discriminator": opt_dis})
+    dis = discriminator(model).to(device)  # outside DDP / ZeRO; its gradients are averaged by hand
+    opt_dis = torch.optim.AdamW(dis.parameters(), lr=cfg.lr_new)
+    stepper = common.make_stepper(model, cfg, int(config["rows_per_worker"]), groups=parameter_groups(model, cfg),
+                                  extra_modules={"discriminator": dis}, extra_optimizers={"discriminator": opt_dis})
     batcher = Batch(tokenizer, syntax, tags, cfg)
 
     def loss_fn(batch, state):
         b = batcher(batch, train=True, device=device)
-        return main_loss(model, b, cfg, adversary_on=state["step"] >= cfg.adversary_start_step, opt_dis=opt_dis)
+        return main_loss(stepper.model, dis, b, cfg, adversary_on=state["step"] >= cfg.adversary_start_step,
+                         opt_dis=opt_dis)
 
     return common.train_loop(cfg, stepper, rows_per_worker=int(config["rows_per_worker"]), metric="stsb_dev_spearman",
                              loss_fn=loss_fn, dev_fn=lambda m: dev_score(m.sem, tokenizer, cfg),
@@ -421,15 +547,19 @@ def dev_score(encoder, tokenizer, cfg: ParaBARTConfig) -> float:
 
 # ---------------------------------------------------------------- export, load, evaluate
 def export_model(cfg: ParaBARTConfig, checkpoint_dir, out_dir):
-    """E_sem as a sentence encoder (mean pooling) + ``parabart.pt`` (whole model and its two
-    vocabularies) + ``parabart_config.json`` for generation."""
-    from orchestrator.export import export_encoder
+    """E_sem as a sentence encoder (mean pooling; loads with ``SentenceTransformer``) +
+    ``parabart.pt`` (the whole model and its two vocabularies) + ``generator/`` (the backbone's
+    config and tokenizer) + ``parabart_config.json``, for generation (:func:`load_parabart`)."""
+    from orchestrator.export import export_encoder, standalone_encoder
 
     state = common.load_module_state(checkpoint_dir)
     model, tokenizer = build_model(cfg, Vocab(state["_extra_state"]["syntax"]), Vocab(state["_extra_state"]["tags"]))
     model.load_state_dict(state)
-    out = export_encoder(model.sem, tokenizer, out_dir, pooling="mean", max_seq_length=cfg.eval.max_length,
+    out = export_encoder(standalone_encoder(model.sem), tokenizer, out_dir, pooling="mean",
+                         max_seq_length=cfg.eval.max_length,
                          extra_files={"parabart_config.json": cfg.model_dump_json(indent=2)})
+    model.sem.config.save_pretrained(Path(out) / "generator")
+    tokenizer.save_pretrained(Path(out) / "generator")
     torch.save(model.state_dict(), Path(out) / "parabart.pt")
     return out
 
@@ -440,8 +570,7 @@ def load_parabart(model_dir) -> tuple[ParaBART, Batch]:
     cfg = ParaBARTConfig.model_validate_json((d / "parabart_config.json").read_text())
     state = torch.load(d / "parabart.pt", map_location="cpu", weights_only=True)
     syntax, tags = Vocab(state["_extra_state"]["syntax"]), Vocab(state["_extra_state"]["tags"])
-    cfg.model.name_or_path = str(d)  # E_sem's folder; the rest comes from the state dict
-    model, tokenizer = build_model(cfg, syntax, tags)
+    model, tokenizer = build_model(cfg, syntax, tags, skeleton=d / "generator")
     model.load_state_dict(state)
     model.eval()
     return model, Batch(tokenizer, syntax, tags, cfg)
