@@ -136,10 +136,36 @@ def concurrent_trials(cfg, requested: int | None) -> int:
 
 
 # ---------------------------------------------------------------- the trainable
-def trial_fn(tune_config: dict) -> None:
-    """One Tune trial: validate the sampled config, train it with Ray Train, report through Tune."""
-    import ray.tune
+def _recording_callback(reports_uri: str):
+    """Ray Tune's ``TuneReportCallback`` that also keeps every report (metrics + checkpoint path)
+    in ``reports_uri``, keyed by step, so a finished trial's results outlive the Tune driver."""
     from ray.tune.integration.ray_train import TuneReportCallback
+
+    class RecordingTuneReportCallback(TuneReportCallback):
+        def __init__(self):
+            super().__init__()
+            # a trial resumed after a crash keeps the reports made before it
+            self.by_step = ({str(r.get("step")): r for r in json.loads(storage.read_bytes(reports_uri))}
+                            if storage.exists(reports_uri) else {})
+
+        def after_report(self, run_context, metrics, checkpoint):
+            super().after_report(run_context, metrics, checkpoint)
+            record = {**metrics[0], **({"checkpoint_path": checkpoint.path} if checkpoint else {})}
+            self.by_step[str(record.get("step"))] = record
+            storage.write_bytes(reports_uri, json.dumps(list(self.by_step.values()), default=str).encode())
+
+    return RecordingTuneReportCallback()
+
+
+def trial_fn(tune_config: dict) -> None:
+    """One Tune trial: validate the sampled config, train it with Ray Train, report through Tune.
+
+    A trial that already finished is never trained again. Tune snapshots its experiment state
+    only every few seconds, so a driver killed just after a trial ended restores that trial as
+    unfinished and calls this again (seen in the kill/resume test); the ``done`` marker written
+    after training makes that call replay the recorded reports to Tune instead.
+    """
+    import ray.tune
 
     from orchestrator.methods import get_method
     from orchestrator.train import build_trainer, fit
@@ -149,12 +175,18 @@ def trial_fn(tune_config: dict) -> None:
     cfg = method_config(method, tune_config["base"], params, "sweep trial")
     trial = ray.tune.get_context().get_trial_name()
     sweep_dir = tune_config["sweep_dir"]
-    # an audit line per trial start: proves on resume that finished trials were not re-run
+    reports, done = storage.join(sweep_dir, "reports", f"{trial}.json"), storage.join(sweep_dir, "done", trial)
+    if storage.exists(done):
+        for record in json.loads(storage.read_bytes(reports)):
+            ray.tune.report(record)
+        return
+    # an audit line per training start: proves on resume that finished trials were not re-run
     log = storage.join(sweep_dir, "invocations", f"{trial}-{time.time_ns()}.json")
     storage.write_bytes(log, json.dumps({"trial": trial, "params": params}).encode())
-    trainer = build_trainer(method, cfg, tune_config["shards"], name=trial, callbacks=[TuneReportCallback()],
+    trainer = build_trainer(method, cfg, tune_config["shards"], name=trial, callbacks=[_recording_callback(reports)],
                             storage_path=storage.join(sweep_dir, "train"))
     fit(trainer, method)
+    storage.write_bytes(done, b"")
 
 
 def run_sweep(job: SweepJobConfig, base: dict, shards: str, *, name: str, storage_root: str, resume: bool,
@@ -216,6 +248,9 @@ def trial_rows(result_grid, metric: str) -> list[dict]:
         df = r.metrics_dataframe
         history = json.loads(df.to_json(orient="records")) if df is not None and len(df) else []
         evals = [h for h in history if h.get(metric) is not None and h[metric] == h[metric]]  # drop NaN
+        # a trial restored after a driver crash may report a step again (Ray Train resuming from its
+        # checkpoint, or trial_fn replaying a finished trial): the latest report of a step stands
+        evals = sorted({h.get("step", i): h for i, h in enumerate(evals)}.values(), key=lambda h: h.get("step", 0))
         best = max(evals, key=lambda h: h[metric]) if evals else None
         rows.append({
             "trial": Path(r.path).name if r.path else "?",
