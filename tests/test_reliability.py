@@ -62,13 +62,19 @@ def catalogue(tmp: Path, tiny: Path) -> list[tuple[str, list[str], str]]:
 def test_bad_input_catalogue(tmp_path, tiny_bert_dir, s3_endpoint):
     cases = catalogue(tmp_path, tiny_bert_dir)
     assert len(cases) >= 20
-    failures = []
-    for name, cmd, fragment in cases:
+    def check(case) -> str | None:
+        name, cmd, fragment = case
         res = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, timeout=120, cwd=tmp_path)
         err = res.stderr.strip().splitlines()
         last = err[-1] if err else ""
         if res.returncode != 2 or "Traceback" in res.stderr or not last.startswith("error: ") or fragment not in last:
-            failures.append(f"{name}: rc={res.returncode} last={last!r}")
+            return f"{name}: rc={res.returncode} last={last!r}"
+        return None
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=3) as pool:  # independent processes; mostly import time
+        failures = [f for f in pool.map(check, cases) if f]
     assert failures == []
     assert not (tmp_path / "o").exists() and not (tmp_path / "outputs").exists()  # no partial output
 
