@@ -177,6 +177,7 @@ def trial_fn(tune_config: dict) -> None:
     sweep_dir = tune_config["sweep_dir"]
     reports, done = storage.join(sweep_dir, "reports", f"{trial}.json"), storage.join(sweep_dir, "done", trial)
     if storage.exists(done):
+        storage.write_bytes(storage.join(sweep_dir, "replays", f"{trial}-{time.time_ns()}"), b"")  # audit
         for record in json.loads(storage.read_bytes(reports)):
             ray.tune.report(record)
         return
