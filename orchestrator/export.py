@@ -70,8 +70,9 @@ def standalone_encoder(encoder):
 
 
 def export_encoder(model, tokenizer, out: str | Path, *, pooling: str, max_seq_length: int = 128,
-                   extra_files: dict[str, str] | None = None) -> Path:
-    """Save ``model`` + ``tokenizer`` + ST modules to ``out`` atomically (a crash keeps the old one)."""
+                   extra_files: dict[str, str] | None = None, write_more=None) -> Path:
+    """Save ``model`` + ``tokenizer`` + ST modules to ``out`` atomically (a crash keeps the old one).
+    ``write_more(folder)`` adds files of its own inside the same atomic write."""
     with atomic_dir(out) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
@@ -79,4 +80,6 @@ def export_encoder(model, tokenizer, out: str | Path, *, pooling: str, max_seq_l
                                             max_seq_length=max_seq_length)
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)
+        if write_more:
+            write_more(Path(tmp))
     return Path(out)

@@ -90,13 +90,10 @@ class Stepper:
     """
 
     def __init__(self, module: torch.nn.Module, param_groups, *, lr: float, schedule: str, total_steps: int,
-                 grad_clip: float | None, deepspeed_cfg=None, distributed: bool = True,
+                 grad_clip: float | None, deepspeed_cfg=None,
                  extra_optimizers: dict | None = None, extra_modules: dict | None = None):
         self.module = module
         self.grad_clip = grad_clip
-        # distributed=False with several workers: no DDP wrapper; gradients are averaged by hand
-        # (average_gradients) - for methods that step two optimisers in alternation (ParaBART)
-        self.sync_grads = not distributed and world_size() > 1
         # saved and restored with the checkpoint: small modules trained beside the main one (ParaBART's
         # discriminator, outside DDP/ZeRO: its gradients are averaged by hand) and their optimisers
         self.extra_optimizers = extra_optimizers or {}
@@ -111,7 +108,7 @@ class Stepper:
             self.model, self.optimizer, _, self.scheduler = deepspeed.initialize(
                 model=module, optimizer=self.optimizer, lr_scheduler=self.scheduler, config=ds_config)
         else:
-            if distributed and world_size() > 1:
+            if world_size() > 1:
                 import ray.train.torch
 
                 self.model = ray.train.torch.prepare_model(module)
@@ -127,8 +124,6 @@ class Stepper:
             return
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        if self.sync_grads:
-            average_gradients([p for g in self.optimizer.param_groups for p in g["params"]])
         if self.grad_clip:
             torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.grad_clip)
         self.optimizer.step()

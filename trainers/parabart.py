@@ -555,13 +555,15 @@ def export_model(cfg: ParaBARTConfig, checkpoint_dir, out_dir):
     state = common.load_module_state(checkpoint_dir)
     model, tokenizer = build_model(cfg, Vocab(state["_extra_state"]["syntax"]), Vocab(state["_extra_state"]["tags"]))
     model.load_state_dict(state)
-    out = export_encoder(standalone_encoder(model.sem), tokenizer, out_dir, pooling="mean",
-                         max_seq_length=cfg.eval.max_length,
-                         extra_files={"parabart_config.json": cfg.model_dump_json(indent=2)})
-    model.sem.config.save_pretrained(Path(out) / "generator")
-    tokenizer.save_pretrained(Path(out) / "generator")
-    torch.save(model.state_dict(), Path(out) / "parabart.pt")
-    return out
+    def generator_files(folder: Path) -> None:
+        model.sem.config.save_pretrained(folder / "generator")
+        tokenizer.save_pretrained(folder / "generator")
+        torch.save(model.state_dict(), folder / "parabart.pt")
+
+    return export_encoder(standalone_encoder(model.sem), tokenizer, out_dir, pooling="mean",
+                          max_seq_length=cfg.eval.max_length,
+                          extra_files={"parabart_config.json": cfg.model_dump_json(indent=2)},
+                          write_more=generator_files)
 
 
 def load_parabart(model_dir) -> tuple[ParaBART, Batch]:

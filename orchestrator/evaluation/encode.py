@@ -51,10 +51,6 @@ class HFEncoder:
         self.max_length = max_length
         self.device = device or next(model.parameters()).device
         self.progress = progress
-        import inspect
-
-        params = inspect.signature(model.forward).parameters  # e.g. no token_type_ids for BART-like encoders
-        self.inputs = None if any(p.kind == p.VAR_KEYWORD for p in params.values()) else set(params)
 
     @torch.inference_mode()
     def encode(self, sentences: Sequence[str], desc: str = "encoding") -> np.ndarray:
@@ -74,7 +70,7 @@ class HFEncoder:
                 [sentences[i] for i in idx], padding=True, truncation=True,
                 max_length=self.max_length, return_tensors="pt",
             ).to(self.device)
-            outputs = self.model(**{k: v for k, v in batch.items() if self.inputs is None or k in self.inputs})
+            outputs = self.model(**batch)
             chunks.append(pool(outputs, batch["attention_mask"], self.pooling).float().cpu().numpy())
         if chunks:
             emb = np.concatenate(chunks)
