@@ -56,10 +56,10 @@ def job(args: list[str], cwd: Path, env: dict | None = None) -> tuple[float, int
 
 
 def main() -> None:
-    from orchestrator.cluster import init_ray
     from orchestrator.data.corpus import CorpusConfig, run_pipeline
-    from orchestrator.methods import get_method
-    from orchestrator.train import build_trainer, fit
+    from orchestrator.drivers.cluster import init_ray
+    from orchestrator.drivers.registry import get_method
+    from orchestrator.drivers.train import build_trainer, fit
     from trainers.sifter_simcse import ContrastiveConfig
 
     tmp = Path(tempfile.mkdtemp(prefix="sieve-faults-"))
@@ -103,12 +103,12 @@ def main() -> None:
                       "AWS_SECRET_ACCESS_KEY": "y"})
     starts.append({"fault": "S3 endpoint unreachable at start (train job)", "seconds": t, "exit": rc, "message": msg})
 
-    from orchestrator import tracking
+    from orchestrator.drivers import publish
 
-    record = tracking.run_record(experiment="faults", run_name="bench", method="simcse", params={"a": 1},
+    record = publish.run_record(experiment="faults", run_name="bench", method="simcse", params={"a": 1},
                                  history=[{"step": 2, "loss": 1.0}], metrics={"x": 1.0})
     t0 = time.time()
-    tracking.log_or_defer(record, dead, tmp / "pending")
+    publish.log_or_defer(record, dead, tmp / "pending")
     deferred = time.time() - t0
 
     md = ["# Faults and recovery (`python bench/faults.py`, 2-core CPU)", "",

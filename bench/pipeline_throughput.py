@@ -54,7 +54,7 @@ def main() -> None:
     single_total_s = time.perf_counter() - t0
 
     # --- Ray Data: 2 parser actors (a local Ray with 4 logical CPUs on this 2-core machine)
-    from orchestrator.cluster import init_ray
+    from orchestrator.drivers.cluster import init_ray
 
     init_ray()
     import ray

@@ -31,10 +31,10 @@ def main() -> None:
     best_test = json.loads((out / "models" / args.name / "test.json").read_text())["detail"]["sts"]
 
     from orchestrator.config import REPO_ROOT, _read_yaml, apply_overrides
-    from orchestrator.methods import get_method
-    from orchestrator.sweep import method_config, params_label
-    from orchestrator.sweep_cli import _checkpoint
-    from orchestrator.train import Outcome, export_and_test
+    from orchestrator.drivers.registry import get_method
+    from orchestrator.drivers.sweep import method_config, params_label
+    from orchestrator.drivers.sweep_job import _checkpoint
+    from orchestrator.drivers.train import Outcome, export_and_test
 
     method = get_method("sifter_simcse")
 

@@ -90,10 +90,10 @@ def sentence_transformers_mnrl(texts, steps, batch, max_len, seed):
 
 
 def ray_train_one_worker(steps, batch, max_len, seed, tmp):
-    from orchestrator.cluster import init_ray
     from orchestrator.data.corpus import CorpusConfig, run_pipeline
-    from orchestrator.methods import get_method
-    from orchestrator.train import build_trainer, fit
+    from orchestrator.drivers.cluster import init_ray
+    from orchestrator.drivers.registry import get_method
+    from orchestrator.drivers.train import build_trainer, fit
     from trainers.sifter_simcse import ContrastiveConfig
 
     init_ray()

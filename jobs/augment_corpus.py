@@ -16,9 +16,9 @@ import _bootstrap
 
 
 def main() -> int:
-    from orchestrator.cluster import init_ray
     from orchestrator.config import load_config
     from orchestrator.data.corpus import CorpusConfig, input_files, run_pipeline
+    from orchestrator.drivers.cluster import init_ray
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--input", help="text / tsv / parquet file or directory, local or s3://")

@@ -11,6 +11,6 @@ MLflow, the best registered as ``parabart@candidate``. QQP-Easy/Hard and the syn
 import _bootstrap
 
 if __name__ == "__main__":
-    from orchestrator.sweep_cli import main
+    from orchestrator.drivers.sweep_job import main
 
     _bootstrap.run(lambda: main(__doc__, "parabart_sweep"))

@@ -10,6 +10,6 @@ tracked in MLflow, the best registered as ``sifter-lstm@candidate``.
 import _bootstrap
 
 if __name__ == "__main__":
-    from orchestrator.sweep_cli import main
+    from orchestrator.drivers.sweep_job import main
 
     _bootstrap.run(lambda: main(__doc__, "sentiment_sweep"))

@@ -18,7 +18,7 @@ import _bootstrap
 
 def main() -> int:
     from orchestrator.config import load_config, resolve_config_path
-    from orchestrator.experiments import ExperimentsConfig, run_experiments
+    from orchestrator.drivers.experiments import ExperimentsConfig, run_experiments
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = ap.add_mutually_exclusive_group()

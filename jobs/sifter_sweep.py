@@ -11,6 +11,6 @@ track it in MLflow, register the best model as ``sifter-simcse@candidate``.
 import _bootstrap
 
 if __name__ == "__main__":
-    from orchestrator.sweep_cli import main
+    from orchestrator.drivers.sweep_job import main
 
     _bootstrap.run(lambda: main(__doc__, "sifter_sweep"))

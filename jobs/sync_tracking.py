@@ -15,13 +15,13 @@ import _bootstrap
 
 
 def main() -> int:
-    from orchestrator import tracking
+    from orchestrator.drivers import publish
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tracking-uri", help="MLflow tracking URI (default: env, else embedded ./mlruns)")
-    ap.add_argument("--pending", default=str(tracking.PENDING_DIR))
+    ap.add_argument("--pending", default=str(publish.PENDING_DIR))
     args = ap.parse_args()
-    done = tracking.sync_pending(args.tracking_uri, args.pending)
+    done = publish.sync_pending(args.tracking_uri, args.pending)
     for path, run_id in done:
         print(f"logged {path} as run {run_id}")
     print(f"{len(done)} pending run(s) logged")

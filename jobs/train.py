@@ -15,11 +15,12 @@ import _bootstrap
 
 
 def main() -> int:
-    from orchestrator import storage, tracking
-    from orchestrator.cluster import init_ray
+    from orchestrator import storage
     from orchestrator.config import config_hash, load_config, resolve_config_path
-    from orchestrator.methods import get_method, method_names
-    from orchestrator.train import build_trainer, export_and_test, fit, preflight, prepare_data
+    from orchestrator.drivers import publish
+    from orchestrator.drivers.cluster import init_ray
+    from orchestrator.drivers.registry import get_method, method_names
+    from orchestrator.drivers.train import build_trainer, export_and_test, fit, preflight, prepare_data
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--method", required=True, help=f"one of: {', '.join(method_names())}")
@@ -57,14 +58,14 @@ def main() -> int:
 
     # The run is logged after training from one record; if the tracking server went away meanwhile,
     # the record waits in outputs/tracking-pending/ for `jobs/sync_tracking.py` (nothing is lost).
-    record = tracking.run_record(
+    record = publish.run_record(
         experiment=cfg.tracking.experiment, run_name=name, method=args.method,
         params={**cfg.model_dump(mode="json"), "config_hash": config_hash(cfg), "shards": shards},
         history=outcome.history,
         metrics={**{f"test_{k}": v for k, v in test.metrics.items()}, "wall_s": wall_s,
                  f"best_{method.metric}": outcome.best_metrics.get(method.metric, float("nan"))},
         texts={"test.md": f"# {test.title}\n\n{test.table}\n"}, model_dir=str(model_dir))
-    run_id = tracking.log_or_defer(record, cfg.tracking.tracking_uri)
+    run_id = publish.log_or_defer(record, cfg.tracking.tracking_uri)
     print(test.table)
     print(json.dumps({"run_id": run_id or "pending (tracking server unreachable)", "model_dir": str(model_dir), "wall_s": round(wall_s, 1),
                       "best_dev": outcome.best_metrics.get(method.metric)}, indent=2))

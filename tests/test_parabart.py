@@ -181,8 +181,8 @@ def test_parabart_under_ray_train(engine, ray_cluster, tiny_bert_dir, parabart_s
     """Pairs → the spaCy pipeline's parses → shards + vocabularies; 2 workers (the main model under
     DDP or DeepSpeed ZeRO-2, D's gradients averaged by hand), adversary switched on mid-run, D saved
     in the checkpoint, export, STS test, generation."""
-    from orchestrator.methods import get_method
-    from orchestrator.train import build_trainer, export_and_test, fit, prepare_data
+    from orchestrator.drivers.registry import get_method
+    from orchestrator.drivers.train import build_trainer, export_and_test, fit, prepare_data
     from trainers.parabart import load_parabart
 
     lines = parabart_store / "pairs.tsv"

@@ -112,16 +112,16 @@ def test_tracking_outage_after_training_keeps_the_run_and_sync_logs_it(mlflow_se
     import mlflow
     from conftest import free_port
 
-    from orchestrator import tracking
+    from orchestrator.drivers import publish
 
     history = [{"step": 2, "stsb_dev_spearman": 0.5, "loss": 3.0}, {"step": 4, "stsb_dev_spearman": 0.6, "loss": 2.5}]
-    record = tracking.run_record(experiment="outage", run_name="tiny-run", method="sifter_simcse",
+    record = publish.run_record(experiment="outage", run_name="tiny-run", method="sifter_simcse",
                                  params={"train": {"lr": 1e-4}}, history=history, metrics={"test_sts_avg": 0.7},
                                  texts={"test.md": "| a |"}, model_dir=str(tiny_bert_dir))
     pending = tmp_path / "pending"
     dead = f"http://127.0.0.1:{free_port()}"
     t0 = time.time()
-    assert tracking.log_or_defer(record, dead, pending) is None
+    assert publish.log_or_defer(record, dead, pending) is None
     assert time.time() - t0 < 10
     err = capsys.readouterr().err
     assert err.count("warning:") == 1 and dead in err and "jobs/sync_tracking.py" in err

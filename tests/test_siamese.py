@@ -107,8 +107,8 @@ def test_siamese_under_ray_train(ray_cluster, tiny_bert_dir, tmp_path):
     from sentence_transformers import SentenceTransformer
 
     from orchestrator.data.episodes import write_episodes
-    from orchestrator.methods import get_method
-    from orchestrator.train import build_trainer, export_and_test, fit, prepare_data
+    from orchestrator.drivers.registry import get_method
+    from orchestrator.drivers.train import build_trainer, export_and_test, fit, prepare_data
 
     # episodes on Ray Data: the same pairs whatever the block count
     sets = {"toy": ROWS}
@@ -145,8 +145,8 @@ def test_siamese_under_ray_train(ray_cluster, tiny_bert_dir, tmp_path):
 
 def test_experiment_presets_expand_into_valid_runs():
     from orchestrator.config import load_config
+    from orchestrator.drivers.experiments import ExperimentsConfig
     from orchestrator.errors import ConfigError
-    from orchestrator.experiments import ExperimentsConfig
 
     for preset in ("smoke", "paper"):
         cfg = load_config(ExperimentsConfig, f"configs/siamese_experiments/{preset}.yaml")
@@ -166,7 +166,7 @@ def test_experiment_presets_expand_into_valid_runs():
 def test_results_table_and_chart(tmp_path):
     """The experiments job's per-set bookkeeping and its report (no training: hand-made results)."""
     from orchestrator.config import load_config
-    from orchestrator.experiments import ExperimentsConfig, _per_set, write_results
+    from orchestrator.drivers.experiments import ExperimentsConfig, _per_set, write_results
 
     assert _per_set({"sentiment140_delta": 0.1, "sentiment140_map": 0.6, "sanders_topics_delta": 0.2}) == {
         "sentiment140": {"delta": 0.1, "map": 0.6}, "sanders_topics": {"delta": 0.2}}

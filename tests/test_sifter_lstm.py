@@ -141,8 +141,8 @@ def test_sentiment_model_learns(tiny_bert_dir):
 def test_sifter_lstm_under_ray_train_exports_and_logs(ray_cluster, tiny_bert_dir, tmp_path, embedded_tracking):
     import mlflow
 
-    from orchestrator.methods import get_method
-    from orchestrator.train import build_trainer, export_and_test, fit, prepare_data
+    from orchestrator.drivers.registry import get_method
+    from orchestrator.drivers.train import build_trainer, export_and_test, fit, prepare_data
     from trainers.sifter_lstm import load_exported
 
     method = get_method("sifter_lstm")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.config import _read_yaml
+from orchestrator.drivers.registry import get_method, method_names
+from orchestrator.drivers.report import group_rows, group_table
+from orchestrator.drivers.sweep import Dimension, SweepJobConfig, check_space
 from orchestrator.errors import ConfigError
-from orchestrator.methods import get_method, method_names
-from orchestrator.report import group_rows, group_table
-from orchestrator.sweep import Dimension, SweepJobConfig, check_space
 
 
 def test_every_shipped_sweep_config_validates():

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.methods import get_method
-from orchestrator.train import build_trainer, export_and_test, fit
+from orchestrator.drivers.registry import get_method
+from orchestrator.drivers.train import build_trainer, export_and_test, fit
 from trainers.sifter_simcse import ContrastiveConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

@@ -202,8 +202,8 @@ def test_tsdae_under_ray_train_exports_a_sentence_transformer(tiny_bert_dir, tin
     from sentence_transformers import SentenceTransformer
     from transformers import AutoModel
 
-    from orchestrator.methods import get_method
-    from orchestrator.train import build_trainer, export_and_test, fit
+    from orchestrator.drivers.registry import get_method
+    from orchestrator.drivers.train import build_trainer, export_and_test, fit
 
     method = get_method("tsdae")
     cfg = TSDAEConfig.model_validate({

@@ -580,7 +580,7 @@ def load_parabart(model_dir) -> tuple[ParaBART, Batch]:
 
 def evaluate(cfg: ParaBARTConfig, model_dir, tasks: list[str] | None = None):
     """STS Pearson (the paper's metric; the headline) and Spearman, mean pooling over E_sem."""
-    from orchestrator.train import evaluate_sts
+    from orchestrator.evaluation.suite import evaluate_sts
 
     report = evaluate_sts(cfg, Path(model_dir), tasks, pooling="mean")
     report.headline = "sts_avg_pearson_all"

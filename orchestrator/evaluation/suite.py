@@ -42,3 +42,14 @@ def sts_report(encoder, tasks: list[str], pooling: str) -> TestReport:
     result = sts.evaluate(encoder, tasks)
     return TestReport(f"STS test sets (Spearman / Pearson ×100, `{pooling}`)", sts.flat_metrics(result, "sts_"),
                       "sts_avg_spearman_all", sts.format_table(result), {"sts": result})
+
+
+def evaluate_sts(cfg, model_dir: Path, tasks: list[str] | None = None, pooling: str = "cls_before_pooler"):
+    """The STS harness on an exported encoder folder (the encoder methods' final evaluation)."""
+    from orchestrator.evaluation.encode import HFEncoder
+    from orchestrator.evaluation.suite import sts_report
+    from orchestrator.models import load_encoder
+
+    model, tok = load_encoder(str(model_dir))
+    enc = HFEncoder(model, tok, pooling=pooling, batch_size=cfg.eval.batch_size, max_length=cfg.eval.max_length)
+    return sts_report(enc, tasks or cfg.eval.tasks, pooling)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from orchestrator.drivers.sweep import params_label
 from orchestrator.storage import atomic_dir
-from orchestrator.sweep import params_label
 
 
 def write_sweep_report(out_dir: str | Path, *, name: str, method: str, metric: str, rows: list[dict],

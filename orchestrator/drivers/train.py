@@ -157,15 +157,4 @@ def export_and_test(method, cfg, outcome: Outcome, out_dir: str | Path, tasks: l
     return Path(out_dir), report
 
 
-def evaluate_sts(cfg, model_dir: Path, tasks: list[str] | None = None, pooling: str = "cls_before_pooler"):
-    """The STS harness on an exported encoder (the contrastive methods' final evaluation)."""
-    from orchestrator.evaluation.encode import HFEncoder
-    from orchestrator.evaluation.suite import sts_report
-    from orchestrator.models import load_encoder
-
-    model, tok = load_encoder(str(model_dir))
-    enc = HFEncoder(model, tok, pooling=pooling, batch_size=cfg.eval.batch_size, max_length=cfg.eval.max_length)
-    return sts_report(enc, tasks or cfg.eval.tasks, pooling)
-
-
 os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")

@@ -35,7 +35,7 @@ def parse_args(doc: str, default_dir: str) -> argparse.Namespace:
 
 
 def main(doc: str, default_dir: str) -> int:
-    from orchestrator.sweep import SweepJobConfig, check_space, method_config
+    from orchestrator.drivers.sweep import SweepJobConfig, check_space, method_config
 
     args = parse_args(doc, default_dir)
     if args.resume and not args.name:
@@ -44,7 +44,7 @@ def main(doc: str, default_dir: str) -> int:
     sweep_over = [o for o in args.overrides if o.startswith("sweep.")]
     base_over = [o for o in args.overrides if not o.startswith("sweep.")]
     job = load_config(SweepJobConfig, path, sweep_over)
-    from orchestrator.methods import get_method
+    from orchestrator.drivers.registry import get_method
 
     method = get_method(job.method)
     base_path = Path(job.base) if Path(job.base).is_absolute() else REPO_ROOT / job.base
@@ -58,16 +58,16 @@ def main(doc: str, default_dir: str) -> int:
     check_space(method, base, job.sweep.space, str(path))
     name = args.name or f"{default_dir}-{time.strftime('%Y%m%d-%H%M%S')}"
 
-    from orchestrator.train import preflight
+    from orchestrator.drivers.train import preflight
 
     exp_id = preflight(cfg0)  # tracking server, storage, model source: fail before any Ray work
 
     import mlflow
 
-    from orchestrator.cluster import init_ray
-    from orchestrator.report import write_sweep_report
-    from orchestrator.sweep import run_sweep, trial_rows
-    from orchestrator.train import Outcome, export_and_test, prepare_data
+    from orchestrator.drivers.cluster import init_ray
+    from orchestrator.drivers.report import write_sweep_report
+    from orchestrator.drivers.sweep import run_sweep, trial_rows
+    from orchestrator.drivers.train import Outcome, export_and_test, prepare_data
 
     init_ray()
     t0 = time.time()

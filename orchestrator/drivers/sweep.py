@@ -1,6 +1,6 @@
 """Ray Tune sweeps over any method, shared by every ``jobs/*_sweep.py``.
 
-One trial = one ``TorchTrainer`` (Ray Train V2) built by :mod:`orchestrator.train` inside a Tune
+One trial = one ``TorchTrainer`` (Ray Train V2) built by :mod:`orchestrator.drivers.train` inside a Tune
 function trainable; ``TuneReportCallback`` forwards every evaluation (and its checkpoint path)
 to Tune, so ASHA can stop weak trials early on the method's dev metric.
 
@@ -167,8 +167,8 @@ def trial_fn(tune_config: dict) -> None:
     """
     import ray.tune
 
-    from orchestrator.methods import get_method
-    from orchestrator.train import build_trainer, fit
+    from orchestrator.drivers.registry import get_method
+    from orchestrator.drivers.train import build_trainer, fit
 
     method = get_method(tune_config["method"])
     params = tune_config["params"]
@@ -197,7 +197,7 @@ def run_sweep(job: SweepJobConfig, base: dict, shards: str, *, name: str, storag
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
     from ray.tune.search import BasicVariantGenerator
 
-    from orchestrator.methods import get_method
+    from orchestrator.drivers.registry import get_method
 
     method = get_method(job.method)
     cfg0 = method_config(method, base, {}, "base")

@@ -50,10 +50,10 @@ def run_experiments(cfg: ExperimentsConfig, name: str, *, out_root: str | Path =
     import mlflow
 
     from orchestrator import tracking
-    from orchestrator.cluster import init_ray
-    from orchestrator.methods import get_method
+    from orchestrator.drivers.cluster import init_ray
+    from orchestrator.drivers.registry import get_method
+    from orchestrator.drivers.train import build_trainer, export_and_test, fit, preflight, prepare_data
     from orchestrator.models import load_encoder
-    from orchestrator.train import build_trainer, export_and_test, fit, preflight, prepare_data
     from trainers.siamese import evaluate_sets
 
     method = get_method("siamese")

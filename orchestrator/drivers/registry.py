@@ -22,14 +22,14 @@ class Method:
     metric_label: str = "STS-B dev Spearman"
     columns: tuple[str, ...] | None = ("text",)  # None: every column of the shards
     # (cfg, progress) -> the directory of parquet shards + manifest.json to train on;
-    # None: the SIFTER corpus pipeline over ``cfg.data`` (orchestrator.train.prepare_shards)
+    # None: the SIFTER corpus pipeline over ``cfg.data`` (orchestrator.drivers.train.prepare_shards)
     prepare_data: Callable | None = None
     # (model_dir, name) -> mlflow ModelInfo; None: a sentence-transformers model
     log_model: Callable | None = None
 
 
 def _contrastive(name: str) -> Method:
-    from orchestrator.train import evaluate_sts
+    from orchestrator.evaluation.suite import evaluate_sts
     from trainers import sifter_simcse as m
 
     return Method(name, m.ContrastiveConfig, m.train_func, m.export_model, evaluate_sts,
