@@ -23,7 +23,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def run(main) -> None:
-    from orchestrator.errors import SieveError
+    from orchestrator.errors import SieveError  # here, not at the top: sys.path gets the repo root above
 
     try:
         code = main()

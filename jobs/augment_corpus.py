@@ -14,12 +14,12 @@ import json
 
 import _bootstrap
 
+from orchestrator.config import load_config
+from orchestrator.data.corpus import CorpusConfig, input_files, run_pipeline
+from orchestrator.drivers.cluster import init_ray
+
 
 def main() -> int:
-    from orchestrator.config import load_config
-    from orchestrator.data.corpus import CorpusConfig, input_files, run_pipeline
-    from orchestrator.drivers.cluster import init_ray
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--input", help="text / tsv / parquet file or directory, local or s3://")
     ap.add_argument("--output", required=True, help="output directory, local or s3://")

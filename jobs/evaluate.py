@@ -1,8 +1,11 @@
-"""Evaluate an encoder on the STS tasks.
+"""Evaluate an encoder on the STS tasks, with the pooling it was saved with (or the one you name).
 
-    python jobs/evaluate.py --model default --pooling mean \
-        --tasks sts12,sts13,sts14,sts15,sts16,stsb,sickr --json OUT.json
-    python jobs/evaluate.py --model PATH --sts-file my_pairs.tsv
+    python jobs/evaluate.py --model default --tasks sts12,sts13,sts14,sts15,sts16,stsb,sickr --json OUT.json
+    python jobs/evaluate.py --model PATH --pooling cls_before_pooler --sts-file my_pairs.tsv
+
+``--pooling`` defaults to the model folder's own saved pooling (a sentence-transformers folder
+records it; a plain transformers folder has none, and then ``mean`` is used). ``cls`` reads the
+model's pooler layer and is refused when the folder has no pooler weights.
 """
 
 from __future__ import annotations
@@ -11,19 +14,20 @@ import argparse
 import json
 
 import _bootstrap
+import mlflow
+
+from orchestrator import storage
+from orchestrator.errors import ConfigError
+from orchestrator.evaluation import sts
+from orchestrator.evaluation.encode import POOLINGS, HFEncoder
+from orchestrator.models import load_encoder, resolve_model_source, saved_pooling
+from orchestrator.seed import seed_everything
 
 
 def main() -> int:
-    from orchestrator import storage
-    from orchestrator.errors import ConfigError
-    from orchestrator.evaluation import sts
-    from orchestrator.evaluation.encode import POOLINGS, HFEncoder
-    from orchestrator.models import load_encoder
-    from orchestrator.seed import seed_everything
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="default", help="local folder, s3:// URI, or 'default'")
-    ap.add_argument("--pooling", default="mean", choices=POOLINGS)
+    ap.add_argument("--pooling", choices=POOLINGS, help="default: the model folder's saved pooling, else mean")
     ap.add_argument("--tasks", default=",".join(sts.SEVEN_TASKS), help="comma-separated; '' for none")
     ap.add_argument("--sts-file", action="append", default=[], help="extra TSV(s) with sentence1, sentence2, score")
     ap.add_argument("--json", help="write results here (local path or s3://)")
@@ -44,14 +48,14 @@ def main() -> int:
         sts.read_sts_tsv(f)
 
     seed_everything(args.seed)
-    model, tokenizer = load_encoder(args.model, add_pooling_layer=args.pooling == "cls")
-    encoder = HFEncoder(model, tokenizer, pooling=args.pooling, batch_size=args.batch_size,
+    pooling = args.pooling or saved_pooling(resolve_model_source(args.model)) or "mean"
+    model, tokenizer = load_encoder(args.model, add_pooling_layer=pooling == "cls", require_pooler=pooling == "cls")
+    encoder = HFEncoder(model, tokenizer, pooling=pooling, batch_size=args.batch_size,
                         max_length=args.max_length, progress=not args.no_progress)
     result = sts.evaluate(encoder, tasks, extra_files=args.sts_file)
-    result = {"model": args.model, "pooling": args.pooling, **result}
+    result = {"model": args.model, "pooling": pooling, **result}
+    print(f"pooling: {pooling}" + ("" if args.pooling else " (the model's own)"))
     print(sts.format_table(result))
-
-    import mlflow
 
     if mlflow.active_run() is not None:
         mlflow.log_metrics(sts.flat_metrics(result))

@@ -10,7 +10,7 @@ MLflow, the best registered as ``parabart@candidate``. QQP-Easy/Hard and the syn
 
 import _bootstrap
 
-if __name__ == "__main__":
-    from orchestrator.drivers.sweep_job import main
+from orchestrator.drivers.sweep_job import main
 
+if __name__ == "__main__":
     _bootstrap.run(lambda: main(__doc__, "parabart_sweep"))

@@ -12,15 +12,14 @@ from __future__ import annotations
 import argparse
 
 import _bootstrap
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+
+from orchestrator import tracking
+from orchestrator.errors import TrackingError
 
 
 def main() -> int:
-    from mlflow import MlflowClient
-    from mlflow.exceptions import MlflowException
-
-    from orchestrator import tracking
-    from orchestrator.errors import TrackingError
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
     ap.add_argument("--version", type=int, required=True)

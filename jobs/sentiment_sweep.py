@@ -9,7 +9,7 @@ tracked in MLflow, the best registered as ``sifter-lstm@candidate``.
 
 import _bootstrap
 
-if __name__ == "__main__":
-    from orchestrator.drivers.sweep_job import main
+from orchestrator.drivers.sweep_job import main
 
+if __name__ == "__main__":
     _bootstrap.run(lambda: main(__doc__, "sentiment_sweep"))

@@ -9,40 +9,33 @@ Train, evaluated by Δ cosine distance, tracked in MLflow, SIAMESE and ALL regis
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 
 import _bootstrap
 
+from orchestrator.config import load_config, resolve_config_path
+from orchestrator.drivers.cli import job_parser, location_overrides, print_config
+from orchestrator.drivers.cluster import shutdown_ray
+from orchestrator.drivers.experiments import ExperimentsConfig, run_experiments
+
 
 def main() -> int:
-    from orchestrator.config import load_config, resolve_config_path
-    from orchestrator.drivers.experiments import ExperimentsConfig, run_experiments
-
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    src = ap.add_mutually_exclusive_group()
-    src.add_argument("--preset", default="smoke", help="configs/siamese_experiments/<preset>.yaml")
-    src.add_argument("--config", help="an experiments YAML file")
-    ap.add_argument("--name", help="run name (default: siamese-<time>)")
-    ap.add_argument("--tracking-uri", help="MLflow tracking URI (default: env, else embedded ./mlruns)")
-    ap.add_argument("--storage", help="local path or s3:// URI for episodes and checkpoints")
-    ap.add_argument("overrides", nargs="*", help="key=value overrides (base.* for the shared run settings)")
-    args = ap.parse_args()
-    overrides = list(args.overrides)
-    if args.storage:
-        overrides.append(f"base.run.storage={args.storage}")
-    if args.tracking_uri:
-        overrides.append(f"base.tracking.tracking_uri={args.tracking_uri}")
+    args = job_parser(__doc__, "siamese_experiments").parse_args()
+    overrides = [*args.overrides, *location_overrides(args, prefix="base.")]
     cfg = load_config(ExperimentsConfig, args.config or resolve_config_path(args.preset, "siamese_experiments"),
                       overrides)
+    if args.print_config:
+        return print_config(cfg)
     for exp in cfg.experiments:  # every run's config validates before anything starts
         for mode in ("naive", "siamese"):
             cfg.run_config(exp, mode)
     cfg.run_config(None, "all")
     out = run_experiments(cfg, args.name or f"siamese-{time.strftime('%Y%m%d-%H%M%S')}")
+    shutdown_ray()
     print(open(out["report"]).read())
-    print(json.dumps({k: v for k, v in out.items() if k != "results"}, indent=2))
+    print(json.dumps({k: v for k, v in out.items() if k not in ("results", "gates")}, indent=2))
+    print("\n".join(out["gates"]))
     return 0
 
 

@@ -10,7 +10,7 @@ track it in MLflow, register the best model as ``sifter-simcse@candidate``.
 
 import _bootstrap
 
-if __name__ == "__main__":
-    from orchestrator.drivers.sweep_job import main
+from orchestrator.drivers.sweep_job import main
 
+if __name__ == "__main__":
     _bootstrap.run(lambda: main(__doc__, "sifter_sweep"))

@@ -13,10 +13,10 @@ import argparse
 
 import _bootstrap
 
+from orchestrator.drivers import publish
+
 
 def main() -> int:
-    from orchestrator.drivers import publish
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tracking-uri", help="MLflow tracking URI (default: env, else embedded ./mlruns)")
     ap.add_argument("--pending", default=str(publish.PENDING_DIR))

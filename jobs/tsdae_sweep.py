@@ -9,7 +9,7 @@ and STS, tracked in MLflow and registered as ``tsdae@candidate``.
 
 import _bootstrap
 
-if __name__ == "__main__":
-    from orchestrator.drivers.sweep_job import main
+from orchestrator.drivers.sweep_job import main
 
+if __name__ == "__main__":
     _bootstrap.run(lambda: main(__doc__, "tsdae_sweep"))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -35,11 +35,18 @@ Pooling = Literal["cls", "cls_before_pooler", "mean"]
 
 
 class ModelConfig(StrictModel):
-    """Which encoder to start from: ``default`` (packaged MiniLM), a local folder, or ``s3://``."""
+    """Which encoder to start from: ``default`` (packaged MiniLM), a local folder, or ``s3://``.
+
+    ``pooling`` is honoured everywhere - the embedding fed to the loss, dev scoring, the test report
+    and the exported folder's pooling module: ``mean`` (attention-masked mean of the token states),
+    ``cls`` (SimCSE's MLP head over ``[CLS]`` in training, the raw ``[CLS]`` state at test - the
+    papers' setting), ``cls_before_pooler`` (the raw ``[CLS]`` state throughout). Left empty, the
+    model folder's own saved pooling is used (a sentence-transformers folder records it), else the
+    method's default."""
 
     name_or_path: str = "default"
     max_length: int = Field(32, gt=0, le=8192)
-    pooling: Pooling = "cls_before_pooler"
+    pooling: Pooling | None = None
 
 
 class TrackingConfig(StrictModel):
@@ -48,12 +55,6 @@ class TrackingConfig(StrictModel):
     tracking_uri: str | None = None
     experiment: str = "sieve"
     registry_model_name: str | None = None
-
-
-class StorageConfig(StrictModel):
-    """Where runs, checkpoints and augmented shards live: a local path or an ``s3://`` URI."""
-
-    uri: str = "outputs"
 
 
 class EvalConfig(StrictModel):
@@ -65,7 +66,7 @@ class EvalConfig(StrictModel):
 T = TypeVar("T", bound=BaseModel)
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
     try:
@@ -99,20 +100,35 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     return key.split("."), value
 
 
+def set_path(data: dict[str, Any], parts: list[str], value: Any, what: str) -> None:
+    """``data[a][b][c] = value`` for ``parts`` [a, b, c], creating mappings on the way (in place)."""
+    node = data
+    for part in parts[:-1]:
+        nxt = node.get(part)
+        if nxt is None:
+            nxt = node[part] = {}
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"{what}: {part} is not a mapping")
+        node = nxt
+    node[parts[-1]] = value
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str] | None) -> dict[str, Any]:
+    """Command-line ``key.sub=value`` strings (values parsed as YAML) applied to a copy of ``data``."""
     out = json.loads(json.dumps(data))  # deep copy of plain data
     for item in overrides or []:
         parts, value = parse_override(item)
-        node = out
-        for part in parts[:-1]:
-            nxt = node.get(part)
-            if nxt is None:
-                nxt = node[part] = {}
-            if not isinstance(nxt, dict):
-                raise ConfigError(f"override {item!r}: {part} is not a mapping")
-            node = nxt
-        node[parts[-1]] = value
+        set_path(out, parts, value, f"override {item!r}")
     return out
+
+
+def with_params(cfg: T, params: dict[str, Any], source: str) -> T:
+    """A typed config with ``params`` (dotted path → value, e.g. ``{"train.lr": 3e-5}``) applied,
+    validated once. Values are set by path on the config's own dump: no string round trip."""
+    data = cfg.model_dump(mode="json")
+    for path, value in params.items():
+        set_path(data, path.split("."), value, f"{source}: {path}")
+    return validate(type(cfg), data, source)
 
 
 def format_validation_error(exc: ValidationError, source: str) -> str:
@@ -151,7 +167,7 @@ def load_config(model_cls: type[T], path: str | Path | None, overrides: list[str
     data: dict[str, Any] = {}
     source = "<defaults>"
     if path is not None:
-        data = _read_yaml(Path(path))
+        data = read_yaml(Path(path))
         source = str(path)
     data = apply_overrides(data, overrides)
     if overrides:
@@ -226,13 +242,30 @@ class RunBlock(StrictModel):
     num_to_keep: int = Field(2, ge=1)
 
 
-class CorpusBlock(StrictModel):
-    """The training corpus: augmented shards (a directory from ``augment_corpus``), or a raw
-    corpus that the job augments first (content-addressed, so it is done once)."""
+# ---------------------------------------------------------------- what every method's config has
+class MethodConfig(StrictModel):
+    """The blocks every method shares: the loop, scaling, DeepSpeed, run storage and tracking.
 
-    shards: str | None = None
-    corpus: str = "data/corpus/wikisplit_sample.txt"
-    limit: int | None = Field(None, gt=0)
-    parser_workers: int = Field(2, ge=1)
-    min_words: int = Field(3, ge=1)
-    drop_capitalised_splits: bool = Field(True, description="SIFTER's sentence-split filter; off for tweets")
+    A recipe's config subclasses this (or :class:`EncoderMethodConfig`) and adds its own keys."""
+
+    method: str
+    train: TrainLoopConfig = TrainLoopConfig()
+    scaling: ScalingBlock = ScalingBlock()
+    deepspeed: DeepSpeedBlock = DeepSpeedBlock()
+    run: RunBlock = RunBlock()
+    tracking: TrackingConfig = TrackingConfig()
+
+    def model_sources(self) -> list[str]:
+        """Every model folder / URI the run reads (checked before any Ray work)."""
+        return []
+
+
+class EncoderMethodConfig(MethodConfig):
+    """A method that trains a Transformer sentence encoder (``model``) and evaluates it (``eval``)."""
+
+    model: ModelConfig = ModelConfig()
+    eval: EvalConfig = EvalConfig()
+    default_pooling: ClassVar[str] = "mean"  # when neither the config nor the model folder names one
+
+    def model_sources(self) -> list[str]:
+        return [self.model.name_or_path]

@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from transformers import BlenderbotSmallConfig
+from transformers.models.blenderbot_small.modeling_blenderbot_small import BlenderbotSmallEncoder
+
 from orchestrator.storage import atomic_dir
 
 _ST_POOLING_MODE = {"cls": "cls", "cls_before_pooler": "cls", "mean": "mean"}
@@ -52,9 +55,6 @@ def standalone_encoder(encoder):
     """
     if type(encoder).__name__ != "BartEncoder":
         return encoder
-    from transformers import BlenderbotSmallConfig
-    from transformers.models.blenderbot_small.modeling_blenderbot_small import BlenderbotSmallEncoder
-
     c = encoder.config
     keys = ("vocab_size", "d_model", "max_position_embeddings", "encoder_layers", "encoder_ffn_dim",
             "encoder_attention_heads", "dropout", "attention_dropout", "activation_dropout",

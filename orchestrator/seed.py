@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 
 import numpy as np
+import torch
 
 
 def seed_everything(seed: int, *, deterministic_torch: bool = True) -> None:
@@ -13,8 +15,6 @@ def seed_everything(seed: int, *, deterministic_torch: bool = True) -> None:
     os.environ["PYTHONHASHSEED"] = str(seed)
     random.seed(seed)
     np.random.seed(seed)
-    import torch
-
     torch.manual_seed(seed)
     if deterministic_torch:
         torch.use_deterministic_algorithms(True, warn_only=True)
@@ -25,7 +25,5 @@ def derive_seed(seed: int, *names: object) -> int:
 
     Python's ``hash`` is salted per process, so this uses a fixed digest instead.
     """
-    import hashlib
-
     digest = hashlib.sha256(repr((seed, *names)).encode()).digest()
     return int.from_bytes(digest[:4], "little")

@@ -18,6 +18,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import boto3
+import pyarrow.fs as pafs
+from botocore.config import Config
+from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
+
 from orchestrator.errors import StorageError
 
 COMPLETE_MARKER = "_COMPLETE"
@@ -44,15 +49,17 @@ def join(base: str, *parts: str) -> str:
     return str(Path(base, *parts))
 
 
+def absolute(uri: str) -> str:
+    """An ``s3://`` URI as it is; a local path made absolute (Ray workers run in other directories)."""
+    return uri if is_s3(uri) else str(Path(uri).resolve())
+
+
 def _endpoint() -> str | None:
     return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
 
 
 def s3_client():
     """A boto3 client that fails fast (short timeouts, no retry storm) when the endpoint is down."""
-    import boto3
-    from botocore.config import Config
-
     cfg = Config(connect_timeout=3, read_timeout=30, retries={"max_attempts": 2, "mode": "standard"})
     # A fresh session each time: boto3's default session caches credentials, so rotated or
     # removed keys would go unnoticed.
@@ -60,8 +67,6 @@ def s3_client():
 
 
 def _s3_error(uri: str, exc: Exception) -> StorageError:
-    from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
-
     if isinstance(exc, EndpointConnectionError):
         return StorageError(f"{uri}: S3 endpoint unreachable ({_endpoint() or 'AWS default'})")
     if isinstance(exc, NoCredentialsError):
@@ -295,8 +300,6 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
 
 def pyarrow_filesystem(uri: str):
     """(pyarrow FileSystem, path) for Ray Data reads/writes of ``uri``."""
-    import pyarrow.fs as pafs
-
     if is_s3(uri):
         bucket, key = split_s3(uri)
         fs = pafs.S3FileSystem(

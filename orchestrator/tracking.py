@@ -19,6 +19,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import mlflow
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+
 from orchestrator.config import flatten
 from orchestrator.errors import TrackingError
 
@@ -69,8 +73,6 @@ def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
 
 def setup(tracking_uri: str | None = None, experiment: str = "sieve", *, check: bool = True) -> str:
     """Point MLflow at the resolved URI, make sure the experiment exists; return the experiment id."""
-    import mlflow
-
     uri = resolve_tracking_uri(tracking_uri)
     if check:
         check_reachable(uri)
@@ -112,14 +114,10 @@ def clean_params(params: dict[str, Any]) -> dict[str, str]:
 
 
 def log_params(params: dict[str, Any]) -> None:
-    import mlflow
-
     mlflow.log_params(clean_params(params))
 
 
 def log_metrics(metrics: dict[str, float], step: int | None = None) -> None:
-    import mlflow
-
     finite = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}
     mlflow.log_metrics(finite, step=step)
 
@@ -130,8 +128,7 @@ def log_sentence_encoder(model_dir: str | Path, name: str = "model", *, register
     Returns the ``ModelInfo``; ``mlflow.pyfunc.load_model(info.model_uri).predict([...])`` gives
     the embeddings, and the folder itself loads with ``SentenceTransformer``.
     """
-    import mlflow
-    from sentence_transformers import SentenceTransformer
+    from sentence_transformers import SentenceTransformer  # lazy: a heavy import, needed only to log a model
 
     st = SentenceTransformer(str(model_dir), device="cpu")
     return mlflow.sentence_transformers.log_model(
@@ -143,9 +140,6 @@ def log_sentence_encoder(model_dir: str | Path, name: str = "model", *, register
 def register(model_uri: str, name: str, *, alias: str | None = None, description: str | None = None,
              tags: dict[str, str] | None = None) -> int:
     """Register ``model_uri`` as a new version of ``name``; optionally point ``alias`` at it."""
-    import mlflow
-    from mlflow import MlflowClient
-
     try:
         mv = mlflow.register_model(model_uri, name, tags=tags)
         client = MlflowClient()
@@ -160,9 +154,6 @@ def register(model_uri: str, name: str, *, alias: str | None = None, description
 
 def alias_version(name: str, alias: str) -> int | None:
     """The version ``alias`` points at, or None when the alias (or model) does not exist."""
-    from mlflow import MlflowClient
-    from mlflow.exceptions import MlflowException
-
     try:
         return int(MlflowClient().get_model_version_by_alias(name, alias).version)
     except MlflowException:
@@ -170,15 +161,11 @@ def alias_version(name: str, alias: str) -> int | None:
 
 
 def set_alias(name: str, alias: str, version: int) -> None:
-    from mlflow import MlflowClient
-
     MlflowClient().set_registered_model_alias(name, alias, str(version))
 
 
 def find_run(experiment_id: str, tags: dict[str, str]):
     """The newest run in the experiment carrying all ``tags`` (None if there is none)."""
-    import mlflow
-
     flt = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
     runs = mlflow.search_runs([experiment_id], filter_string=flt, order_by=["start_time DESC"], max_results=1,
                               output_format="list")
@@ -186,7 +173,5 @@ def find_run(experiment_id: str, tags: dict[str, str]):
 
 
 def version_metric(name: str, version: int, key: str) -> float | None:
-    from mlflow import MlflowClient
-
     tags = MlflowClient().get_model_version(name, str(version)).tags
     return float(tags[key]) if key in tags else None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -30,6 +31,15 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
+
+# Ray reads its auth settings when it is imported, and test modules import the drivers (and so ray) at
+# collection time: the session's token file and mode are set here, before any of them. The token is
+# private to this test session (the ray_cluster fixture's head is started with it).
+_RAY_DIR = Path(tempfile.mkdtemp(prefix="sieve-ray-auth-"))
+RAY_TOKEN_FILE = _RAY_DIR / "auth_token"
+RAY_TOKEN_FILE.write_text(secrets.token_hex(32))
+RAY_TOKEN_FILE.chmod(0o600)
+os.environ.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(RAY_TOKEN_FILE)})
 
 
 def free_port() -> int:
@@ -186,14 +196,8 @@ def ray_cluster(tmp_path_factory, s3_endpoint):
     Jobs and tests connect through ``RAY_ADDRESS`` with a session-private token file. The S3
     endpoint's variables are in the head's environment, as a cluster's pod identity would be.
     """
-    import secrets
-
-    root = tmp_path_factory.mktemp("ray")
-    token = root / "auth_token"
-    token.write_text(secrets.token_hex(32))
-    token.chmod(0o600)
     port, dashboard = free_port(), free_port()
-    env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+    env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(RAY_TOKEN_FILE)}  # set at import (above)
     os.environ.update(env)
     # the venv's bin first on PATH: `ray job submit` entrypoints resolve `python` from ray start's PATH
     start_env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
@@ -214,7 +218,7 @@ def ray_cluster(tmp_path_factory, s3_endpoint):
         ray.shutdown()
         stop_ray_processes(temp_dir)
         shutil.rmtree(temp_dir, ignore_errors=True)
-        for k in [*env, "RAY_ADDRESS", "SIEVE_TEST_DASHBOARD"]:
+        for k in ["RAY_ADDRESS", "SIEVE_TEST_DASHBOARD"]:
             os.environ.pop(k, None)
 
 

@@ -76,11 +76,11 @@ def test_optimisers_update_disjoint_parameter_sets_in_alternation(tiny_bert_dir)
     main = [p for g in groups for p in g["params"]]
     assert {id(p) for p in main}.isdisjoint({id(p) for p in dis.parameters()})
     assert len({id(p) for p in main}) == len(main) == len(list(model.parameters()))  # every parameter, once
-    assert groups[0]["lr"] == cfg.lr_pretrained and groups[1]["lr"] == cfg.lr_new
+    assert groups[0]["lr"] == cfg.train.lr and groups[1]["lr"] == cfg.lr_new
     new_names = {n for n, p in model.named_parameters() if any(p is q for q in groups[1]["params"])}
     assert any(n.startswith("syn") for n in new_names) and any("crossattention" in n for n in new_names)
     assert not any(n.startswith("sem.") for n in new_names)
-    opt_main = torch.optim.AdamW(groups, lr=cfg.lr_pretrained)
+    opt_main = torch.optim.AdamW(groups, lr=cfg.train.lr)
     opt_dis = torch.optim.AdamW(dis.parameters(), lr=1e-2)
     b = batcher(ROWS, train=False)
     snapshot = lambda: {n: p.detach().clone() for m, pre in ((model, ""), (dis, "dis.")) for n, p in  # noqa: E731
@@ -182,7 +182,7 @@ def test_parabart_under_ray_train(engine, ray_cluster, tiny_bert_dir, parabart_s
     DDP or DeepSpeed ZeRO-2, D's gradients averaged by hand), adversary switched on mid-run, D saved
     in the checkpoint, export, STS test, generation."""
     from orchestrator.drivers.registry import get_method
-    from orchestrator.drivers.train import build_trainer, export_and_test, fit, prepare_data
+    from orchestrator.drivers.train import build_trainer, export_and_test, fit
     from trainers.parabart import load_parabart
 
     lines = parabart_store / "pairs.tsv"
@@ -195,7 +195,7 @@ def test_parabart_under_ray_train(engine, ray_cluster, tiny_bert_dir, parabart_s
         "deepspeed": {"stage": 2 if engine == "zero2" else 0},
         "data": {"pairs": [{"path": str(lines)}], "parser_workers": 1},
         "eval": {"batch_size": 256, "max_length": 32}, "run": {"storage": str(parabart_store / "runs")}})
-    shards = prepare_data(method, cfg)
+    shards = method.prepare_data(cfg)
     manifest = json.loads((Path(shards) / "manifest.json").read_text())
     assert manifest["rows"] > 64 and manifest["syntax_vocab"] > 10 and manifest["tags"] > 5
     outcome = fit(build_trainer(method, cfg, shards, name=f"parabart-{engine}"), method)
@@ -308,7 +308,7 @@ def test_a_bart_folder_gives_its_encoder_and_first_decoder_layers(tiny_bart_dir)
     assert dec.embed_tokens.weight is emb and model.decoder.get_output_embeddings().weight is emb  # one vocabulary
     groups = parameter_groups(model, cfg)
     assert not any(n.startswith(("sem.", "decoder.")) for n, p in model.named_parameters()
-                   if any(p is q for q in groups[1]["params"]))  # all of BART at lr_pretrained, E_syn new
+                   if any(p is q for q in groups[1]["params"]))  # all of BART at train.lr, E_syn new
     loss, logs = main_loss(model, dis, batcher(ROWS, train=True), cfg, adversary_on=True,
                            opt_dis=torch.optim.AdamW(dis.parameters()))
     loss.backward()

@@ -12,7 +12,8 @@ import torch
 
 from orchestrator.data.episodes import ClassIndex, make_pairs
 from orchestrator.errors import DataError
-from trainers.siamese import SiameseConfig, delta_cosine_distance, pair_loss, same_class_map
+from orchestrator.evaluation.separation import delta_cosine_distance, same_class_map
+from trainers.siamese import SiameseConfig, pair_loss
 
 ROWS = [(f"text {i}", c) for i, c in enumerate("aaaabbbcccccd")]  # 'd' is a singleton class
 
@@ -108,7 +109,7 @@ def test_siamese_under_ray_train(ray_cluster, tiny_bert_dir, tmp_path):
 
     from orchestrator.data.episodes import write_episodes
     from orchestrator.drivers.registry import get_method
-    from orchestrator.drivers.train import build_trainer, export_and_test, fit, prepare_data
+    from orchestrator.drivers.train import build_trainer, export_and_test, fit
 
     # episodes on Ray Data: the same pairs whatever the block count
     sets = {"toy": ROWS}
@@ -133,7 +134,7 @@ def test_siamese_under_ray_train(ray_cluster, tiny_bert_dir, tmp_path):
         "scaling": {"num_workers": 2, "cpus_per_worker": 1},
         "run": {"storage": str(tmp_path / "store")},
     })
-    shards = prepare_data(method, cfg)
+    shards = method.prepare_data(cfg)
     manifest = json.loads((Path(shards) / "manifest.json").read_text())
     assert manifest["rows"] == 160 and manifest["same_class_pairs"] == {"sanders": 80}
     outcome = fit(build_trainer(method, cfg, shards, name="siamese"), method)

@@ -142,7 +142,7 @@ def test_sifter_lstm_under_ray_train_exports_and_logs(ray_cluster, tiny_bert_dir
     import mlflow
 
     from orchestrator.drivers.registry import get_method
-    from orchestrator.drivers.train import build_trainer, export_and_test, fit, prepare_data
+    from orchestrator.drivers.train import build_trainer, export_and_test, fit
     from trainers.sifter_lstm import load_exported
 
     method = get_method("sifter_lstm")
@@ -153,8 +153,8 @@ def test_sifter_lstm_under_ray_train_exports_and_logs(ray_cluster, tiny_bert_dir
         "data": {"limit": 200},
         "run": {"storage": str(tmp_path / "store")},
     })
-    shards = prepare_data(method, cfg)
-    assert prepare_data(method, cfg) == shards  # content-addressed: written once
+    shards = method.prepare_data(cfg)
+    assert method.prepare_data(cfg) == shards  # content-addressed: written once
     outcome = fit(build_trainer(method, cfg, shards, name="lstm"), method)
     assert [int(r["step"]) for r in outcome.history] == [3, 6]
     assert all(0 <= r["dev_accuracy"] <= 1 for r in outcome.history)

@@ -19,8 +19,9 @@ Z = ["man is playing guitar .", "cat sat on mat .", "reads long book .", "dogs r
 BATCH = {"text": X, "backbone_view": Y, "deletion_view": Z}
 
 
-def cfg_for(model_dir, **kw) -> ContrastiveConfig:
-    return ContrastiveConfig.model_validate({"model": {"name_or_path": str(model_dir), "max_length": 16}, **kw})
+def cfg_for(model_dir, pooling: str = "cls", **kw) -> ContrastiveConfig:
+    return ContrastiveConfig.model_validate({"model": {"name_or_path": str(model_dir), "max_length": 16,
+                                                       "pooling": pooling}, **kw})
 
 
 def test_info_nce_matches_hand_computation():

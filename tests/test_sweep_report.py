@@ -1,48 +1,136 @@
-"""The sweep's space checks and its report's seed groups (mean ± std), without Ray."""
+"""The sweep's space checks, the choice of the best setting against the base, the registration gate
+(both ways, on a real embedded MLflow registry), and the report's seed groups - without Ray."""
 
 from __future__ import annotations
 
+from argparse import Namespace
+from pathlib import Path
+
 import pytest
 
-from orchestrator.config import _read_yaml
+from orchestrator.config import REPO_ROOT, load_config, read_yaml, set_path, validate
+from orchestrator.drivers.publish import Choice, choose, gate_line, register
 from orchestrator.drivers.registry import get_method, method_names
-from orchestrator.drivers.report import group_rows, group_table
-from orchestrator.drivers.sweep import Dimension, SweepJobConfig, check_space
+from orchestrator.drivers.report import common_step, dev_at, group_rows, group_table
+from orchestrator.drivers.sweep import Dimension, SweepJobConfig, check_space, trial_config
 from orchestrator.errors import ConfigError
+from orchestrator.evaluation.suite import TestReport, compare_table
+from orchestrator.spec import BaseResult
+
+
+def base_of(job: SweepJobConfig):
+    data = read_yaml(REPO_ROOT / job.base)
+    for k, v in job.base_overrides.items():
+        set_path(data, k.split("."), v, "test")
+    return validate(get_method(job.method).config_cls, data, job.base)
 
 
 def test_every_shipped_sweep_config_validates():
     """Every configs/*_sweep/*.yaml names a known method, a base that validates, and a space
     whose every value gives a valid config."""
-    from pathlib import Path
-
-    from orchestrator.config import REPO_ROOT, apply_overrides, load_config
-
     files = sorted(Path(REPO_ROOT, "configs").glob("*_sweep/*.yaml"))
     assert {f.parent.name for f in files} >= {"sifter_sweep", "tsdae_sweep", "sentiment_sweep"}
     for f in files:
         job = load_config(SweepJobConfig, f)
         assert job.method in method_names()
-        method = get_method(job.method)
-        base = apply_overrides(_read_yaml(REPO_ROOT / job.base), [f"{k}={v}" for k, v in job.base_overrides.items()])
-        check_space(method, base, job.sweep.space, str(f))
+        check_space(base_of(job), job.sweep.space, str(f))
 
 
 def test_bad_space_value_names_the_key():
-    method = get_method("tsdae")
+    base = get_method("tsdae").config_cls()
     with pytest.raises(ConfigError, match=r"sweep\.space\.deletion_ratio=1\.5: deletion_ratio: Input should be less"):
-        check_space(method, {}, {"deletion_ratio": Dimension(grid=[0.3, 1.5])}, "x.yaml")
+        check_space(base, {"deletion_ratio": Dimension(grid=[0.3, 1.5])}, "x.yaml")
+
+
+def test_params_apply_to_the_typed_config_by_path():
+    base = get_method("sifter_simcse").config_cls()
+    cfg = trial_config(base, {"train.lr": 5e-5, "lambdas": {"lambda_xx": 1, "lambda_xy": 0}}, "t")
+    assert cfg.train.lr == 5e-5 and cfg.lambda_xx == 1 and cfg.lambda_xy == 0 and base.train.lr != 5e-5
+    with pytest.raises(ConfigError, match=r"t: train\.lrr: unknown key"):
+        trial_config(base, {"train.lrr": 1}, "t")
+
+
+def row(trial, params, dev, *, stopped=False, history=None):
+    return {"trial": trial, "params": params, "best_dev": dev, "checkpoint_path": f"/ckpt/{trial}",
+            "stopped_early": stopped, "history": history or [], "best": {}, "error": None}
+
+
+def report(value: float) -> TestReport:
+    return TestReport("t", {"sts_stsb_spearman_all": value, "sts_avg_spearman_all": value}, "sts_avg_spearman_all", "")
+
+
+def test_choice_prefers_full_budget_trials_and_compares_with_the_base():
+    rows = [row("a", {"lr": 1}, 0.90, stopped=True), row("b", {"lr": 2}, 0.80), row("c", {"lr": 3}, 0.70)]
+    base = BaseResult(0.75, report(0.7), "base (m, mean)")
+    c = choose(rows, group_out=[], base=base, baseline_params={})
+    assert c.best["trial"] == "b" and c.beats_base  # the ASHA-stopped trial is not set against full ones
+    assert not choose(rows, group_out=[], base=base, baseline_params={}, margin=0.06).beats_base
+    worse = choose(rows, group_out=[], base=BaseResult(0.85, report(0.7), "base"), baseline_params={})
+    assert not worse.beats_base
+
+
+def test_choice_averages_seeds_and_uses_a_grid_baseline():
+    """SIFTER-LSTM: the setting with the best mean over seeds vs the plain-LSTM point's mean; a
+    single lucky seed does not win."""
+    rows = [row("s1", {"short_circuit": True, "train.seed": 1}, 0.90), row("s2", {"short_circuit": True, "train.seed": 2}, 0.70),
+            row("l1", {"short_circuit": False, "train.seed": 1}, 0.81), row("l2", {"short_circuit": False, "train.seed": 2}, 0.81)]
+    c = choose(rows, group_out=["train.seed"], base=None, baseline_params={"short_circuit": False})
+    assert c.best["trial"] == "s1" and c.best_dev == pytest.approx(0.80) and c.base_dev == pytest.approx(0.81)
+    assert not c.beats_base and "nothing better than the base" in gate_line(c, "dev", {"name": "m", "version": 3})
+
+
+def test_registration_gate_both_ways(embedded_tracking, tiny_bert_dir):
+    """``candidate`` moves only when the best setting beats the base; otherwise the version is still
+    registered, with beats_base=false and both scores in its tags."""
+    import mlflow
+
+    from orchestrator import tracking
+
+    tracking.setup(None, "gate")
+    with mlflow.start_run():
+        info = tracking.log_sentence_encoder(tiny_bert_dir, name="model")
+    good = Choice(row("a", {}, 0.80), 0.80, 0.75, "base", 0.0)
+    reg = register(info.model_uri, "gated", good, description="d", tags={})
+    assert reg["alias"] == "candidate" and tracking.alias_version("gated", "candidate") == reg["version"]
+    bad = Choice(row("b", {}, 0.70), 0.70, 0.75, "base", 0.0)
+    reg2 = register(info.model_uri, "gated", bad, description="d", tags={})
+    assert reg2["alias"] is None and reg2["version"] == reg["version"] + 1
+    assert tracking.alias_version("gated", "candidate") == reg["version"]  # not moved
+    tags = mlflow.MlflowClient().get_model_version("gated", str(reg2["version"])).tags
+    assert tags["beats_base"] == "false" and float(tags["dev_score"]) == 0.7 and float(tags["base_dev_score"]) == 0.75
+
+
+def test_equal_step_columns_and_candidate_minus_base():
+    rows = [row("a", {}, 0.8, history=[{"step": 2, "m": 0.7}, {"step": 4, "m": 0.8}]),
+            row("b", {}, 0.6, stopped=True, history=[{"step": 2, "m": 0.6}])]
+    assert common_step(rows) == 2 and dev_at(rows[0], 2, "m") == 0.7 and dev_at(rows[1], 4, "m") != dev_at(rows[1], 4, "m")
+    table = compare_table(report(0.70), report(0.72))
+    assert "| sts_stsb_spearman_all | 70.00 | 72.00 | +2.00 |" in table
 
 
 def test_groups_average_over_seeds():
-    def row(sc, seed, dev, test):
+    def trial(sc, seed, dev, test):
         return {"params": {"short_circuit": sc, "train.seed": seed}, "best_dev": dev, "test": {"test_accuracy": test}}
 
-    rows = [row(True, 1, 0.80, 0.79), row(True, 2, 0.82, 0.81), row(False, 1, 0.78, 0.77), row(False, 2, 0.76, 0.75),
-            {"params": {"short_circuit": False, "train.seed": 3}, "best_dev": float("nan"), "test": {}}]
+    rows = [trial(True, 1, 0.80, 0.79), trial(True, 2, 0.82, 0.81), trial(False, 1, 0.78, 0.77),
+            trial(False, 2, 0.76, 0.75), {"params": {"short_circuit": False, "train.seed": 3}, "best_dev": float("nan"),
+                                          "test": {}}]
     groups = group_rows(rows, ["train.seed"], "test_accuracy")
     assert [g["setting"] for g in groups] == ["short_circuit=True", "short_circuit=False"]
     assert groups[0]["n"] == 2 and groups[0]["dev_mean"] == pytest.approx(0.81)
     assert groups[0]["test_std"] == pytest.approx(0.01414, abs=1e-4)  # sample std of 0.79, 0.81
     table = group_table(groups, "SST-2 dev accuracy", "test_accuracy")
     assert "| short_circuit=True | 2 | 81.00 ± 1.41 | 80.00 ± 1.41 |" in table
+
+
+def test_sweep_job_resolves_without_ray(embedded_tracking):
+    """``resolve`` validates the base config once and checks the space before anything starts."""
+    from orchestrator.drivers.sweep_job import resolve
+
+    args = Namespace(resume=False, name="x", config=None, preset="smoke", overrides=["train.lr=4e-5"], storage=None,
+                     tracking_uri=None, no_progress=True, print_config=False)
+    plan = resolve(args, "sifter_sweep")
+    assert plan.base.train.lr == 4e-5 and plan.base.model.pooling == "mean"  # resolved from MiniLM's folder
+    args.overrides = ["sweep.space={lambdas: {grid: [{lambda_xx: 0, lambda_xy: 0, lambda_xz: 0, lambda_yz: 0}]}}"]
+    with pytest.raises(ConfigError, match="at least one of lambda_xx"):
+        resolve(args, "sifter_sweep")

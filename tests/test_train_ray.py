@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 def tiny_cfg(model_dir, tmp_path, **kw) -> ContrastiveConfig:
     base = {
-        "model": {"name_or_path": str(model_dir), "max_length": 16},
+        "model": {"name_or_path": str(model_dir), "max_length": 16, "pooling": "cls"},
         "train": {"lr": 1e-4, "batch_size": 8, "max_steps": 6, "eval_steps": 2},
         "scaling": {"num_workers": 2, "cpus_per_worker": 1},
         "eval": {"batch_size": 256, "max_length": 32},

@@ -16,8 +16,9 @@ TEXTS = ["The quick brown fox jumps over the lazy dog .", "A man is playing a gu
          "Stocks fell sharply on Monday after the report .", "She has lived in Paris since 2010 ."]
 
 
-def tiny(model_dir, **kw) -> TSDAEConfig:
-    return TSDAEConfig.model_validate({"model": {"name_or_path": str(model_dir), "max_length": 24}, **kw})
+def tiny(model_dir, pooling: str = "cls", **kw) -> TSDAEConfig:
+    return TSDAEConfig.model_validate({"model": {"name_or_path": str(model_dir), "max_length": 24, "pooling": pooling},
+                                       **kw})
 
 
 def tokens(tok, texts):
@@ -207,10 +208,10 @@ def test_tsdae_under_ray_train_exports_a_sentence_transformer(tiny_bert_dir, tin
 
     method = get_method("tsdae")
     cfg = TSDAEConfig.model_validate({
-        "model": {"name_or_path": str(tiny_bert_dir), "max_length": 24},
+        "model": {"name_or_path": str(tiny_bert_dir), "max_length": 24, "pooling": "cls"},
         "train": {"lr": 1e-3, "batch_size": 8, "max_steps": 4, "eval_steps": 2},
         "scaling": {"num_workers": 2, "cpus_per_worker": 1},
-        "eval": {"batch_size": 512, "max_length": 32, "sts_tasks": ["stsb"]},
+        "eval": {"batch_size": 512, "max_length": 32, "tasks": ["stsb"]},
         "run": {"storage": str(tmp_path / "store")},
     })
     outcome = fit(build_trainer(method, cfg, tiny_shards, name="tsdae"), method)

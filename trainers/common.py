@@ -18,6 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+import ray.train
+import ray.train.torch
 import torch
 import torch.distributed as dist
 
@@ -75,6 +77,11 @@ def setup_worker(seed: int, threads: int = 1) -> None:
     torch.manual_seed(s)
 
 
+def device_for(cfg) -> torch.device:
+    """The worker's device: its GPU when the run asks for GPUs and one is there, else the CPU."""
+    return torch.device("cuda" if cfg.scaling.use_gpu and torch.cuda.is_available() else "cpu")
+
+
 def lr_lambda(schedule: str, total_steps: int):
     if schedule == "constant":
         return lambda step: 1.0
@@ -100,17 +107,15 @@ class Stepper:
         self.extra_modules = extra_modules or {}
         self.deepspeed = deepspeed_cfg is not None and deepspeed_cfg.stage > 0
         if self.deepspeed:
-            import deepspeed
+            import deepspeed  # lazy: heavy (compiles op builders' metadata), and only ZeRO runs need it
 
-            ds_config = deepspeed_config(deepspeed_cfg, lr=lr, grad_clip=grad_clip)
+            ds_config = deepspeed_config(deepspeed_cfg, grad_clip=grad_clip)
             self.optimizer = torch.optim.AdamW(param_groups, lr=lr)
             self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(schedule, total_steps))
             self.model, self.optimizer, _, self.scheduler = deepspeed.initialize(
                 model=module, optimizer=self.optimizer, lr_scheduler=self.scheduler, config=ds_config)
         else:
             if world_size() > 1:
-                import ray.train.torch
-
                 self.model = ray.train.torch.prepare_model(module)
             else:
                 self.model = module
@@ -142,7 +147,7 @@ class Stepper:
         if not stage3:
             yield self.module
             return
-        import deepspeed
+        import deepspeed  # lazy: only ZeRO-3 runs get here
 
         with deepspeed.zero.GatheredParameters(list(self.module.parameters()), modifier_rank=None):
             if rank() == 0:
@@ -205,7 +210,7 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def deepspeed_config(cfg, *, lr: float, grad_clip: float | None) -> dict:
+def deepspeed_config(cfg, *, grad_clip: float | None) -> dict:
     on_gpu = torch.cuda.is_available()
     bf16 = cfg.bf16 == "on" or (cfg.bf16 == "auto" and on_gpu)
     zero: dict = {"stage": cfg.stage}
@@ -245,7 +250,7 @@ def make_stepper(module: torch.nn.Module, cfg, rows_per_worker: int, groups: lis
     total_steps = cfg.train.max_steps or steps_per_epoch * cfg.train.epochs
     return Stepper(module, groups or param_groups(module, cfg.train.weight_decay), lr=cfg.train.lr,
                    schedule=cfg.train.lr_schedule, total_steps=total_steps, grad_clip=cfg.train.grad_clip,
-                   deepspeed_cfg=getattr(cfg, "deepspeed", None), **extras)
+                   deepspeed_cfg=cfg.deepspeed, **extras)
 
 
 def train_loop(cfg, stepper: Stepper, *, rows_per_worker: int, loss_fn, dev_fn, build_plain, metric: str,
@@ -259,8 +264,6 @@ def train_loop(cfg, stepper: Stepper, *, rows_per_worker: int, loss_fn, dev_fn, 
     shard ``train``). Returns every evaluation's metrics; the list travels in the checkpoint
     state, so it survives a restart.
     """
-    import ray.train
-
     steps_per_epoch = max(1, rows_per_worker // cfg.train.batch_size)
     total_steps = cfg.train.max_steps or steps_per_epoch * cfg.train.epochs
     if batches is None:
@@ -334,8 +337,6 @@ def maybe_inject_failure(step: int) -> None:
 # ---------------------------------------------------------------- reporting to Ray Train
 def report(metrics: dict, stepper: Stepper | None = None, state: dict | None = None) -> None:
     """``ray.train.report`` with (optionally) a checkpoint written by every rank that has a share."""
-    import ray.train
-
     if stepper is None:
         ray.train.report(metrics)
         return
@@ -349,8 +350,6 @@ def report(metrics: dict, stepper: Stepper | None = None, state: dict | None = N
 @contextmanager
 def resumed_checkpoint():
     """The latest reported checkpoint as a local directory (or None on a fresh start)."""
-    import ray.train
-
     ckpt = ray.train.get_checkpoint()
     if ckpt is None:
         yield None
@@ -369,7 +368,7 @@ def load_module_state(checkpoint_dir) -> dict:
     if (checkpoint_dir / "model.pt").is_file():
         return torch.load(checkpoint_dir / "model.pt", map_location="cpu", weights_only=False)["model"]
     if (checkpoint_dir / "ds").is_dir():
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint  # lazy: ZeRO only
 
         state = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir), tag="ds")
         # zero_to_fp32 merges parameters and buffers only; a module's extra state (e.g. ParaBART's

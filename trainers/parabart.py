@@ -53,61 +53,38 @@ Example
 from __future__ import annotations
 
 import json
-import random
-import re
-from collections import Counter
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from orchestrator.config import (
-    DeepSpeedBlock,
-    EvalConfig,
-    ModelConfig,
-    RunBlock,
-    ScalingBlock,
-    StrictModel,
-    TrackingConfig,
-    TrainLoopConfig,
+from orchestrator import backbones
+from orchestrator.config import EncoderMethodConfig, EvalConfig, ModelConfig, TrackingConfig, TrainLoopConfig
+from orchestrator.data.paraphrase import (
+    ParaphraseData,
+    Vocab,
+    load_vocabs,
+    parse_tokens,
+    prepare_paraphrase_data,
 )
-from orchestrator.errors import ConfigError
-from orchestrator.evaluation.encode import mean_pool
+from orchestrator.evaluation import sts
+from orchestrator.evaluation.encode import HFEncoder, mean_pool
+from orchestrator.evaluation.suite import evaluate_sts
+from orchestrator.export import export_encoder, standalone_encoder
+from orchestrator.spec import BaseResult, MethodSpec, measure_base
 from trainers import common
-
-PAD, UNK = "<pad>", "<unk>"
 
 
 # ---------------------------------------------------------------- config
-class PairFile(StrictModel):
-    path: str
-    sentence1: str = "sentence1"
-    sentence2: str = "sentence2"
-    label: str | None = Field("label", description="keep rows with label 1 (None: every row is a paraphrase)")
+class ParaBARTConfig(EncoderMethodConfig):
+    """``train.lr`` is the pretrained parameters' learning rate, ``lr_new`` the new parameters' and D's."""
 
-
-class ParaphraseData(StrictModel):
-    """Paraphrase pairs (label 1 kept), both directions, shuffled once with ``seed`` (the files
-    differ in domain; training reads rows in order), then cut to ``limit``. The default mix is
-    every paraphrase set shipped in ``data/``: MRPC train, PAWS-X en dev, TwitterPara PIT-2015 dev
-    and QQP duplicates that share no question with the QQP-Easy/Hard evaluation pool."""
-
-    pairs: list[PairFile] = [PairFile(path="data/paraphrase/mrpc-train.tsv"),
-                             PairFile(path="data/paraphrase/pawsx-en-dev.tsv"),
-                             PairFile(path="data/twitterpara/pit2015-dev.tsv"),
-                             PairFile(path="data/paraphrase/qqp-train-duplicates.tsv")]
-    both_directions: bool = True
-    seed: int = 0
-    limit: int | None = Field(None, gt=0, description="at most this many pairs (after both directions)")
-    parser_workers: int = Field(2, ge=1)
-
-
-class ParaBARTConfig(StrictModel):
     method: Literal["parabart"] = "parabart"
     model: ModelConfig = ModelConfig(max_length=40, pooling="mean")
+    default_pooling: ClassVar[str] = "mean"  # ū: the paper's mean pooling
     architecture: Literal["auto", "bert2bert", "bart"] = Field(
         "auto", description="auto: bart for a BART folder, bert2bert for a BERT folder (see build_model)")
     parse_max_length: int = Field(160, gt=0)
@@ -117,41 +94,12 @@ class ParaBARTConfig(StrictModel):
     lambda_adv: float = Field(0.1, ge=0)
     adversary_start_step: int = Field(0, ge=0, description="steps of plain L_para before the adversary")
     word_dropout: float = Field(0.2, ge=0, lt=1)
-    lr_pretrained: float = Field(2e-5, gt=0)
     lr_new: float = Field(1e-4, gt=0)
     train: TrainLoopConfig = TrainLoopConfig(lr=2e-5, batch_size=64, eval_steps=500, grad_clip=1.0,
                                              lr_schedule="constant")
-    scaling: ScalingBlock = ScalingBlock(num_workers=1)
-    deepspeed: DeepSpeedBlock = DeepSpeedBlock()
     data: ParaphraseData = ParaphraseData()
     eval: EvalConfig = EvalConfig(batch_size=128, max_length=64)
-    run: RunBlock = RunBlock()
     tracking: TrackingConfig = TrackingConfig(registry_model_name="parabart")
-
-
-# ---------------------------------------------------------------- vocabularies
-def parse_tokens(linearized: str) -> list[str]:
-    """``(S (NP (DT)))`` → ``["(", "S", "(", "NP", "(", "DT", ")", ")", ")"]``."""
-    return re.findall(r"\(|\)|[^\s()]+", linearized)
-
-
-class Vocab:
-    """A small string → id table (0 = padding, 1 = unknown), saved as JSON with the model."""
-
-    def __init__(self, items: list[str]):
-        self.items = [PAD, UNK] + [t for t in items if t not in (PAD, UNK)]
-        self.index = {t: i for i, t in enumerate(self.items)}
-
-    @classmethod
-    def build(cls, sequences, min_count: int = 1) -> Vocab:
-        counts = Counter(t for seq in sequences for t in seq)
-        return cls(sorted(t for t, n in counts.items() if n >= min_count))
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def ids(self, tokens: list[str]) -> list[int]:
-        return [self.index.get(t, 1) for t in tokens]
 
 
 # ---------------------------------------------------------------- model
@@ -212,7 +160,7 @@ def discriminator(model: ParaBART) -> nn.Linear:
 
 
 def build_model(cfg: ParaBARTConfig, syntax: Vocab, tags: Vocab, skeleton: str | Path | None = None):
-    """(ParaBART, tokenizer) for ``cfg.model`` and ``cfg.architecture``:
+    """(ParaBART, tokenizer) for ``cfg.model`` and ``cfg.architecture`` (``orchestrator.backbones``):
 
     * ``bert2bert`` (BERT folder, the default): E_sem = the encoder; the decoder = its first
       ``decoder_layers`` layers with cross-attention added (new);
@@ -225,113 +173,21 @@ def build_model(cfg: ParaBARTConfig, syntax: Vocab, tags: Vocab, skeleton: str |
     ``skeleton``: a folder with the backbone's ``config.json`` + tokenizer (saved by
     :func:`export_model`): the same architecture with no weights loaded (a state dict follows).
     """
-    from transformers import AutoConfig
-
-    from orchestrator.models import resolve_model_source
-
-    source = Path(skeleton) if skeleton else resolve_model_source(cfg.model.name_or_path)
-    conf = AutoConfig.from_pretrained(source, local_files_only=True)
-    arch = cfg.architecture
-    if arch == "auto":
-        arch = "bart" if conf.model_type == "bart" else "bert2bert"
-    if conf.model_type not in ("bert", "bart"):
-        raise ConfigError(f"model {cfg.model.name_or_path!r}: ParaBART needs a BART or BERT model folder "
-                          f"(got model_type {conf.model_type!r})")
-    if arch == "bert2bert" and conf.model_type != "bert":
-        raise ConfigError(f"model {cfg.model.name_or_path!r}: architecture 'bert2bert' needs a BERT-family "
-                          f"model folder (got model_type {conf.model_type!r})")
-    build = _bert2bert if arch == "bert2bert" else _bart
-    encoder, decoder, tokenizer, pretrained = build(cfg, source, conf, weights=skeleton is None)
-    model = ParaBART(encoder, decoder, syntax, tags, syntax_layers=cfg.syntax_layers,
+    b = backbones.build(cfg.model.name_or_path, cfg.architecture, decoder_layers=cfg.decoder_layers,
+                        skeleton=skeleton)
+    model = ParaBART(b.encoder, b.decoder, syntax, tags, syntax_layers=cfg.syntax_layers,
                      syntax_heads=cfg.syntax_heads, parse_max_length=cfg.parse_max_length)
-    model.pretrained = pretrained
-    return model, tokenizer
-
-
-def _tie(encoder_embeddings: nn.Embedding, decoder: nn.Module) -> None:
-    decoder.get_input_embeddings().weight = encoder_embeddings.weight  # one vocabulary
-    decoder.get_output_embeddings().weight = encoder_embeddings.weight
-
-
-def _bert2bert(cfg, source, conf, weights: bool = True):
-    import copy
-
-    from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
-
-    from orchestrator.models import _quiet_transformers, load_encoder
-
-    dconf = copy.deepcopy(conf)
-    dconf.is_decoder, dconf.add_cross_attention, dconf.num_hidden_layers = True, True, cfg.decoder_layers
-    _quiet_transformers()
-    if not weights:
-        encoder = AutoModel.from_config(conf, add_pooling_layer=False)
-        decoder = AutoModelForCausalLM.from_config(dconf)
-        _tie(encoder.get_input_embeddings(), decoder)
-        return encoder, decoder, AutoTokenizer.from_pretrained(source, local_files_only=True), set()
-    encoder, tokenizer = load_encoder(cfg.model.name_or_path, add_pooling_layer=False)
-    decoder, info = AutoModelForCausalLM.from_pretrained(source, config=dconf, local_files_only=True,
-                                                         output_loading_info=True)
-    _tie(encoder.get_input_embeddings(), decoder)
-    new = set(info["missing_keys"])  # cross-attention (and any head the checkpoint lacks)
-    pretrained = {f"sem.{n}" for n, _ in encoder.named_parameters()}
-    pretrained |= {f"decoder.{n}" for n, _ in decoder.named_parameters() if n not in new}
-    return encoder, decoder, tokenizer, pretrained
-
-
-def _bart(cfg, source, conf, weights: bool = True):
-    from transformers import AutoTokenizer, BartConfig, BartForCausalLM, BartModel
-
-    from orchestrator.models import _quiet_transformers, load_encoder
-
-    _quiet_transformers()
-    if conf.model_type == "bart":  # pretrained BART: encoder + the first decoder layers
-        bart = BartModel.from_pretrained(source, local_files_only=True) if weights else BartModel(conf)
-        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
-        if cfg.decoder_layers > bart.config.decoder_layers:
-            raise ConfigError(f"decoder_layers {cfg.decoder_layers}: {cfg.model.name_or_path!r} has only "
-                              f"{bart.config.decoder_layers} decoder layers")
-        pretrained_decoder = weights
-    else:  # BART from config in the BERT's shape, with its vocabulary and embeddings
-        bert, tokenizer = load_encoder(cfg.model.name_or_path, add_pooling_layer=False)
-        bconf = BartConfig(
-            vocab_size=conf.vocab_size, d_model=conf.hidden_size, max_position_embeddings=conf.max_position_embeddings,
-            encoder_layers=conf.num_hidden_layers, decoder_layers=cfg.decoder_layers,
-            encoder_attention_heads=conf.num_attention_heads, decoder_attention_heads=conf.num_attention_heads,
-            encoder_ffn_dim=conf.intermediate_size, decoder_ffn_dim=conf.intermediate_size,
-            activation_function="gelu", scale_embedding=False, pad_token_id=tokenizer.pad_token_id,
-            bos_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id,
-            decoder_start_token_id=tokenizer.cls_token_id, forced_eos_token_id=tokenizer.sep_token_id)
-        bart = BartModel(bconf)
-        with torch.no_grad():
-            bart.shared.weight.copy_(bert.embeddings.word_embeddings.weight)
-            for positions in (bart.encoder.embed_positions, bart.decoder.embed_positions):
-                positions.weight[2:].copy_(bert.embeddings.position_embeddings.weight)  # BART's offset of 2
-        pretrained_decoder = False
-    encoder = bart.encoder
-    encoder.embed_tokens.weight = bart.shared.weight
-    dconf = BartConfig.from_dict({**bart.config.to_dict(), "decoder_layers": cfg.decoder_layers, "is_decoder": True,
-                                  "is_encoder_decoder": False})
-    decoder = BartForCausalLM(dconf)
-    state = {k: v for k, v in bart.decoder.state_dict().items()
-             if not k.startswith("layers.") or int(k.split(".")[1]) < cfg.decoder_layers}
-    decoder.model.decoder.load_state_dict(state)  # strict: every kept decoder weight has a home
-    _tie(encoder.embed_tokens, decoder)
-    if pretrained_decoder:
-        pretrained = {f"sem.{n}" for n, _ in encoder.named_parameters()}
-        pretrained |= {f"decoder.{n}" for n, _ in decoder.named_parameters()}
-    else:
-        pretrained = {"sem.embed_tokens.weight", "sem.embed_positions.weight",
-                      "decoder.model.decoder.embed_positions.weight"}
-    return encoder, decoder, tokenizer, pretrained
+    model.pretrained = b.pretrained
+    return model, b.tokenizer
 
 
 def parameter_groups(model: ParaBART, cfg: ParaBARTConfig) -> list[dict]:
-    """The main optimiser's groups: pretrained parameters at lr_pretrained, new ones at lr_new
+    """The main optimiser's groups: pretrained parameters at ``train.lr``, new ones at ``lr_new``
     (D has its own optimiser)."""
     pre, new = [], []
     for n, p in model.named_parameters():  # named_parameters() yields a tied tensor once
         (pre if n in model.pretrained else new).append(p)
-    return [{"params": pre, "lr": cfg.lr_pretrained}, {"params": new, "lr": cfg.lr_new}]
+    return [{"params": pre, "lr": cfg.train.lr}, {"params": new, "lr": cfg.lr_new}]
 
 
 # ---------------------------------------------------------------- losses and the noise
@@ -438,86 +294,11 @@ def generate(model: ParaBART, batcher: Batch, sources: list[str], parses: list[s
     return tok.batch_decode(out, skip_special_tokens=True)
 
 
-# ---------------------------------------------------------------- data: pairs + parses from the pipeline
-def read_pairs(cfg: ParaBARTConfig) -> list[tuple[str, str]]:
-    from orchestrator.data.labelled import read_labelled
-
-    pairs = []
-    for f in cfg.data.pairs:
-        label = f.label or f.sentence1
-        rows = read_labelled(f.path, text_column=f.sentence1, label_column=label, integer_labels=False)
-        others = read_labelled(f.path, text_column=f.sentence2, label_column=label, integer_labels=False)
-        for (s1, y), (s2, _) in zip(rows, others, strict=True):
-            if f.label is None or y == "1":
-                pairs.append((s1, s2))
-                if cfg.data.both_directions:
-                    pairs.append((s2, s1))
-    random.Random(cfg.data.seed).shuffle(pairs)
-    return pairs[: cfg.data.limit] if cfg.data.limit else pairs
-
-
-def prepare_data(cfg: ParaBARTConfig, progress: bool = True) -> str:
-    """Paraphrase pairs joined with the pipeline's parses (target's linearized parse, source's
-    constituent bag) → ``<storage>/parabart/<hash>/shards`` + the two vocabularies + manifest."""
-    import hashlib
-    import io
-    import tempfile
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from orchestrator import storage
-    from orchestrator.data.corpus import CorpusConfig, run_pipeline
-
-    pairs = read_pairs(cfg)
-    key = hashlib.sha256(json.dumps(pairs).encode()).hexdigest()[:16]
-    root = cfg.run.storage if storage.is_s3(cfg.run.storage) else str(Path(cfg.run.storage).resolve())
-    out = storage.join(root, "parabart", key)
-    if storage.exists(storage.join(out, "manifest.json")):
-        return out
-    sentences = sorted({s for pair in pairs for s in pair})
-    with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "s.txt").write_text("\n".join(sentences) + "\n")
-        run_pipeline(CorpusConfig(input=str(Path(tmp) / "s.txt"), min_words=1, max_words=200,
-                                  drop_capitalised_splits=False,
-                                  parser={"workers": cfg.data.parser_workers, "cpus_per_worker": 0.5}),
-                     str(Path(tmp) / "parsed"), progress=progress)
-        table = pq.read_table(str(Path(tmp) / "parsed" / "shards"), columns=["text", "linearized_parse", "constituent_bag"])
-    parsed = {t: (p, b) for t, p, b in zip(*(table.column(c).to_pylist() for c in table.column_names), strict=True)}
-    norm = {s: " ".join(s.split()) for s in sentences}
-    rows = {"src": [], "tgt": [], "tgt_parse": [], "src_bag": []}
-    for s, t in pairs:
-        ps, pt = parsed.get(norm[s]), parsed.get(norm[t])
-        if ps is None or pt is None:
-            continue
-        rows["src"].append(s)
-        rows["tgt"].append(t)
-        rows["tgt_parse"].append(pt[0])
-        rows["src_bag"].append(ps[1])
-    syntax = Vocab.build(parse_tokens(p) for p in rows["tgt_parse"])
-    tags = Vocab.build(json.loads(b).keys() for b in rows["src_bag"])
-    buf = io.BytesIO()
-    pq.write_table(pa.table(rows), buf)
-    storage.write_bytes(storage.join(out, "shards", "part-00000.parquet"), buf.getvalue())
-    storage.write_bytes(storage.join(out, "vocab.json"), json.dumps({"syntax": syntax.items, "tags": tags.items}).encode())
-    manifest = {"pairs": len(pairs), "rows": len(rows["src"]), "dropped_unparsed": len(pairs) - len(rows["src"]),
-                "syntax_vocab": len(syntax), "tags": len(tags)}
-    storage.write_bytes(storage.join(out, "manifest.json"), json.dumps(manifest, indent=2).encode())
-    return out
-
-
-def load_vocabs(shards: str) -> tuple[Vocab, Vocab]:
-    from orchestrator import storage
-
-    v = json.loads(storage.read_bytes(storage.join(shards, "vocab.json")))
-    return Vocab(v["syntax"]), Vocab(v["tags"])
-
-
 # ---------------------------------------------------------------- the per-worker loop (Ray Train)
 def train_func(config: dict) -> list[dict]:
     cfg = ParaBARTConfig.model_validate(config["method_config"])
     common.setup_worker(cfg.train.seed, threads=int(cfg.scaling.cpus_per_worker))
-    device = torch.device("cuda" if torch.cuda.is_available() and cfg.scaling.use_gpu else "cpu")
+    device = common.device_for(cfg)
     syntax, tags = load_vocabs(config["shards"])
     model, tokenizer = build_model(cfg, syntax, tags)
     model.to(device)
@@ -532,15 +313,12 @@ def train_func(config: dict) -> list[dict]:
         return main_loss(stepper.model, dis, b, cfg, adversary_on=state["step"] >= cfg.adversary_start_step,
                          opt_dis=opt_dis)
 
-    return common.train_loop(cfg, stepper, rows_per_worker=int(config["rows_per_worker"]), metric="stsb_dev_spearman",
+    return common.train_loop(cfg, stepper, rows_per_worker=int(config["rows_per_worker"]), metric=SPEC.metric,
                              loss_fn=loss_fn, dev_fn=lambda m: dev_score(m.sem, tokenizer, cfg),
                              build_plain=lambda: build_model(cfg, syntax, tags)[0].to(device))
 
 
 def dev_score(encoder, tokenizer, cfg: ParaBARTConfig) -> float:
-    from orchestrator.evaluation import sts
-    from orchestrator.evaluation.encode import HFEncoder
-
     enc = HFEncoder(encoder, tokenizer, pooling="mean", batch_size=cfg.eval.batch_size, max_length=cfg.eval.max_length)
     return sts.evaluate_data(enc, sts.load_task("stsb_dev"))["spearman"]["all"]
 
@@ -550,11 +328,10 @@ def export_model(cfg: ParaBARTConfig, checkpoint_dir, out_dir):
     """E_sem as a sentence encoder (mean pooling; loads with ``SentenceTransformer``) +
     ``parabart.pt`` (the whole model and its two vocabularies) + ``generator/`` (the backbone's
     config and tokenizer) + ``parabart_config.json``, for generation (:func:`load_parabart`)."""
-    from orchestrator.export import export_encoder, standalone_encoder
-
     state = common.load_module_state(checkpoint_dir)
     model, tokenizer = build_model(cfg, Vocab(state["_extra_state"]["syntax"]), Vocab(state["_extra_state"]["tags"]))
     model.load_state_dict(state)
+
     def generator_files(folder: Path) -> None:
         model.sem.config.save_pretrained(folder / "generator")
         tokenizer.save_pretrained(folder / "generator")
@@ -580,8 +357,20 @@ def load_parabart(model_dir) -> tuple[ParaBART, Batch]:
 
 def evaluate(cfg: ParaBARTConfig, model_dir, tasks: list[str] | None = None):
     """STS Pearson (the paper's metric; the headline) and Spearman, mean pooling over E_sem."""
-    from orchestrator.evaluation.suite import evaluate_sts
-
-    report = evaluate_sts(cfg, Path(model_dir), tasks, pooling="mean")
+    report = evaluate_sts(cfg, Path(model_dir), tasks)
     report.headline = "sts_avg_pearson_all"
     return report
+
+
+def evaluate_base(cfg: ParaBARTConfig) -> BaseResult:
+    """The untouched starting encoder (E_sem before training), mean pooling, STS-B dev and the STS test."""
+    return measure_base(cfg, dev_score, evaluate)
+
+
+def prepare_data(cfg: ParaBARTConfig, progress: bool = True) -> str:
+    return prepare_paraphrase_data(cfg.data, cfg.run.storage, progress=progress)
+
+
+SPEC = MethodSpec("parabart", ParaBARTConfig, train_func, export_model, evaluate, prepare_data,
+                  metric="stsb_dev_spearman", metric_label="STS-B dev Spearman",
+                  columns=("src", "tgt", "tgt_parse", "src_bag"), evaluate_base=evaluate_base)

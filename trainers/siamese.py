@@ -4,8 +4,9 @@ Method (Siamese adaptation of sentence embeddings to a labelled domain)
 -----------------------------------------------------------------------
 From a labelled data set, pairs of texts are drawn - half from the same class, half from
 different classes (``orchestrator.data.episodes``) - with a binary label y (1 = same class).
-Both texts go through **one** encoder (the two branches are the same weights), mean pooling
-gives u and v, and the cosine similarity is trained against the label:
+Both texts go through **one** encoder (the two branches are the same weights), the configured
+pooling (``model.pooling``: ``mean``, as the paper's SBERT; ``cls`` / ``cls_before_pooler``: the raw
+``[CLS]`` state) gives u and v, and the cosine similarity is trained against the label:
 
     cosine_mse:   L = ( cos(u, v) − y )²                                   (default)
     contrastive:  L = ½ [ y·d² + (1 − y)·max(0, m − d)² ],  d = 1 − cos(u, v)
@@ -17,13 +18,10 @@ encoder on the pairs of several data sets at once (the same number from each).
 set's classes, fine-tuned end to end with cross-entropy; the head is thrown away after training
 and the encoder is used as is. **ORIG** is the untouched encoder.
 
-Evaluation - Δ cosine distance (the paper's Eq. 1-2): with cosine distance δ(a, b) = 1 − cos,
-
-    Δ = mean δ over random different-class test pairs − mean δ over random same-class test pairs
-
-on 5,000 pairs of each kind (seeded), higher = classes better separated; and, as a
-classification-free second view, the mean average precision of same-class neighbours (each
-query text ranks the others by cosine).
+Evaluation (``orchestrator.evaluation.separation``): Δ cosine distance (the paper's Eq. 1-2) - the
+mean cosine distance of random different-class test pairs minus that of same-class pairs, 5,000 of
+each kind - and, as a classification-free second view, the mean average precision of same-class
+neighbours. The dev score for checkpoint selection is Δ on the held-out part of the train sets.
 
 Args (config keys, see :class:`SiameseConfig`)
     mode: ``siamese`` | ``naive``;  loss: ``cosine_mse`` | ``contrastive`` (margin m)
@@ -36,8 +34,7 @@ Example
 
 from __future__ import annotations
 
-import hashlib
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import torch
@@ -45,41 +42,24 @@ import torch.nn.functional as F
 from pydantic import Field, model_validator
 from torch import nn
 
-from orchestrator.config import (
-    DeepSpeedBlock,
-    ModelConfig,
-    RunBlock,
-    ScalingBlock,
-    StrictModel,
-    TrackingConfig,
-    TrainLoopConfig,
-)
-from orchestrator.evaluation.encode import mean_pool
+from orchestrator.config import EncoderMethodConfig, EvalConfig, ModelConfig, TrackingConfig, TrainLoopConfig
+from orchestrator.data.episodes import prepare_siamese_data
+from orchestrator.data.labelled import LabelledSet, split_rows
+from orchestrator.evaluation.encode import HFEncoder, mean_pool, test_time_pooling
+from orchestrator.evaluation.separation import delta_cosine_distance, evaluate_sets
+from orchestrator.evaluation.suite import TestReport
+from orchestrator.export import export_encoder
+from orchestrator.models import load_encoder, pooling_for
+from orchestrator.spec import BaseResult, MethodSpec, measure_base
 from trainers import common
 
 
 # ---------------------------------------------------------------- config
-class LabelledSet(StrictModel):
-    """A labelled TSV: which columns hold the text and the class, and which rows to keep."""
-
-    name: str
-    path: str
-    text_column: str = "sentence"
-    label_column: str = "label"
-    where: dict[str, list[str]] = {}
-    limit: int | None = Field(None, gt=0)
-
-    def rows(self) -> list[tuple[str, str]]:
-        from orchestrator.data.labelled import read_labelled
-
-        return read_labelled(self.path, text_column=self.text_column, label_column=self.label_column,
-                             limit=self.limit, integer_labels=False, where=self.where or None)
-
-
-class SiameseConfig(StrictModel):
+class SiameseConfig(EncoderMethodConfig):
     method: Literal["siamese"] = "siamese"
     mode: Literal["siamese", "naive"] = "siamese"
-    model: ModelConfig = ModelConfig(max_length=64, pooling="mean")
+    model: ModelConfig = ModelConfig(max_length=64)
+    default_pooling: ClassVar[str] = "mean"  # the paper's (SBERT)
     loss: Literal["cosine_mse", "contrastive"] = "cosine_mse"
     margin: float = Field(0.5, gt=0)
     naive_hidden: int = Field(128, gt=0)
@@ -88,11 +68,8 @@ class SiameseConfig(StrictModel):
     n_pairs: int = Field(2000, gt=0, description="training pairs per train set")
     dev_fraction: float = Field(0.1, gt=0, lt=1, description="texts of each train set held out for the dev Δ")
     eval_pairs: int = Field(5000, gt=0, description="test pairs of each kind (same / different)")
-    eval_batch_size: int = Field(128, gt=0)
+    eval: EvalConfig = EvalConfig(batch_size=128, max_length=64, tasks=[])
     train: TrainLoopConfig = TrainLoopConfig(lr=2e-5, batch_size=16, eval_steps=100)
-    scaling: ScalingBlock = ScalingBlock(num_workers=1)
-    deepspeed: DeepSpeedBlock = DeepSpeedBlock()
-    run: RunBlock = RunBlock()
     tracking: TrackingConfig = TrackingConfig(registry_model_name="siamese")
 
     @model_validator(mode="after")
@@ -106,25 +83,25 @@ class SiameseConfig(StrictModel):
 class SiameseEncoder(nn.Module):
     """One encoder for both branches; ``head`` exists only in NAIVE mode (dropped at export)."""
 
-    def __init__(self, encoder: nn.Module, num_classes: int = 0, hidden: int = 128):
+    def __init__(self, encoder: nn.Module, pooling: str = "mean", num_classes: int = 0, hidden: int = 128):
         super().__init__()
         self.encoder = encoder
+        self.pooling = test_time_pooling(pooling)
         size = encoder.config.hidden_size
         self.head = (nn.Sequential(nn.Linear(size, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
                      if num_classes else None)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, classify: bool = False) -> torch.Tensor:
-        """Mean-pooled sentence vectors, or (NAIVE, ``classify``) the head's class logits."""
+        """Pooled sentence vectors, or (NAIVE, ``classify``) the head's class logits."""
         states = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        pooled = mean_pool(states, attention_mask)
+        pooled = mean_pool(states, attention_mask) if self.pooling == "mean" else states[:, 0]
         return self.head(pooled) if classify else pooled
 
 
 def build_model(cfg: SiameseConfig, num_classes: int = 0):
-    from orchestrator.models import load_encoder
-
     encoder, tokenizer = load_encoder(cfg.model.name_or_path, add_pooling_layer=False)
-    return SiameseEncoder(encoder, num_classes if cfg.mode == "naive" else 0, cfg.naive_hidden), tokenizer
+    n = num_classes if cfg.mode == "naive" else 0
+    return SiameseEncoder(encoder, pooling_for(cfg), n, cfg.naive_hidden), tokenizer
 
 
 # ---------------------------------------------------------------- losses
@@ -157,16 +134,7 @@ def compute_loss(model, tokenizer, batch: dict, cfg: SiameseConfig, classes: lis
     return loss, {"loss": float(loss.detach())}
 
 
-# ---------------------------------------------------------------- data: train/dev split, shards
-def split_rows(rows: list[tuple[str, str]], dev_fraction: float, seed: int):
-    """Deterministic train/dev split by a seeded hash of the text (a text is never in both)."""
-    train, dev = [], []
-    for text, label in rows:
-        h = int(hashlib.sha256(f"{seed}:{text}".encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
-        (dev if h < dev_fraction else train).append((text, label))
-    return train, dev
-
-
+# ---------------------------------------------------------------- data: the train part of each set
 def classes_of(cfg: SiameseConfig) -> list[str]:
     train, _ = split_rows(cfg.train_sets[0].rows(), cfg.dev_fraction, cfg.train.seed)
     return sorted({y for _, y in train})
@@ -175,63 +143,14 @@ def classes_of(cfg: SiameseConfig) -> list[str]:
 def prepare_data(cfg: SiameseConfig, progress: bool = True) -> str:
     """SIAMESE: pair episodes from the train part of every train set (Ray Data). NAIVE: the
     train part as (text, label) shards."""
-    from orchestrator.data.episodes import prepare_episodes
-    from orchestrator.data.labelled import rows_to_shards
-
-    parts = {s.name: split_rows(s.rows(), cfg.dev_fraction, cfg.train.seed)[0] for s in cfg.train_sets}
-    if cfg.mode == "siamese":
-        return prepare_episodes(parts, cfg.n_pairs, cfg.run.storage, seed=cfg.train.seed)
-    return rows_to_shards(next(iter(parts.values())), cfg.run.storage, source=cfg.train_sets[0].path)
+    return prepare_siamese_data(cfg.train_sets, pairs=cfg.mode == "siamese", n_pairs=cfg.n_pairs,
+                                dev_fraction=cfg.dev_fraction, seed=cfg.train.seed, storage_root=cfg.run.storage)
 
 
 # ---------------------------------------------------------------- evaluation: Δ cosine distance, MAP
-def embed(encoder: nn.Module, tokenizer, texts: list[str], max_length: int, batch_size: int) -> np.ndarray:
-    from orchestrator.evaluation.encode import HFEncoder
-
-    return HFEncoder(encoder, tokenizer, pooling="mean", batch_size=batch_size, max_length=max_length).encode(texts)
-
-
-def delta_cosine_distance(emb: np.ndarray, labels: list[str], n_pairs: int, seed: int = 0, name: str = "test") -> dict:
-    """Δ = mean cosine distance of different-class pairs − that of same-class pairs (n of each)."""
-    from orchestrator.data.episodes import ClassIndex
-
-    ix = ClassIndex.build(name, list(zip(range(len(labels)), labels, strict=True)))
-    unit = emb / np.clip(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12, None)
-    same, diff = [], []
-    for k in range(2 * n_pairs):
-        a, b, y = ix.pair(k, seed)
-        a, b = int(ix.texts[a]), int(ix.texts[b])
-        (same if y else diff).append(1.0 - float(unit[a] @ unit[b]))
-    return {"delta": float(np.mean(diff) - np.mean(same)), "same_distance": float(np.mean(same)),
-            "different_distance": float(np.mean(diff))}
-
-
-def same_class_map(emb: np.ndarray, labels: list[str], max_queries: int = 1000, seed: int = 0) -> float:
-    """Mean average precision of same-class neighbours (each query ranks every other text)."""
-    from orchestrator.evaluation.domain import average_precision
-
-    unit = emb / np.clip(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12, None)
-    lab = np.array(labels)
-    queries = np.random.default_rng(seed).permutation(len(lab))[:max_queries]
-    aps = []
-    for q in queries:
-        others = np.arange(len(lab)) != q
-        rel = (lab[others] == lab[q]).astype(int)
-        if rel.sum():
-            aps.append(average_precision(unit[others] @ unit[q], rel))
-    return float(np.mean(aps))
-
-
-def evaluate_sets(encoder, tokenizer, sets: list[LabelledSet], cfg: SiameseConfig) -> dict[str, float]:
-    out = {}
-    for s in sets:
-        rows = s.rows()
-        emb = embed(encoder, tokenizer, [t for t, _ in rows], cfg.model.max_length, cfg.eval_batch_size)
-        labels = [y for _, y in rows]
-        d = delta_cosine_distance(emb, labels, cfg.eval_pairs, seed=0, name=s.name)
-        out[f"{s.name}_delta"] = d["delta"]
-        out[f"{s.name}_map"] = same_class_map(emb, labels)
-    return out
+def sentence_encoder(encoder: nn.Module, tokenizer, cfg: SiameseConfig) -> HFEncoder:
+    return HFEncoder(encoder, tokenizer, pooling=test_time_pooling(pooling_for(cfg)), batch_size=cfg.eval.batch_size,
+                     max_length=cfg.model.max_length)
 
 
 def dev_sets(cfg: SiameseConfig) -> dict[str, list[tuple[str, str]]]:
@@ -240,20 +159,15 @@ def dev_sets(cfg: SiameseConfig) -> dict[str, list[tuple[str, str]]]:
 
 
 def dev_delta(encoder, tokenizer, cfg: SiameseConfig, sets: dict | None = None) -> float:
-    deltas = []
-    for name, dev in (sets or dev_sets(cfg)).items():
-        emb = embed(encoder, tokenizer, [t for t, _ in dev], cfg.model.max_length, cfg.eval_batch_size)
-        deltas.append(delta_cosine_distance(emb, [y for _, y in dev], min(1000, cfg.eval_pairs), name=name)["delta"])
+    enc = sentence_encoder(encoder, tokenizer, cfg)
+    deltas = [delta_cosine_distance(enc.encode([t for t, _ in dev]), [y for _, y in dev], min(1000, cfg.eval_pairs),
+                                    name=name)["delta"] for name, dev in (sets or dev_sets(cfg)).items()]
     return float(np.mean(deltas))
 
 
-def evaluate(cfg: SiameseConfig, model_dir, tasks: list[str] | None = None):
+def test_report(encoder, tokenizer, cfg: SiameseConfig) -> TestReport:
     """Δ cosine distance and same-class MAP on every test set; headline = mean Δ."""
-    from orchestrator.evaluation.suite import TestReport
-    from orchestrator.models import load_encoder
-
-    model, tok = load_encoder(str(model_dir), add_pooling_layer=False)
-    metrics = evaluate_sets(model, tok, cfg.test_sets, cfg)
+    metrics = evaluate_sets(sentence_encoder(encoder, tokenizer, cfg), cfg.test_sets, cfg.eval_pairs)
     deltas = [v for k, v in metrics.items() if k.endswith("_delta")]
     metrics["delta_mean"] = float(np.mean(deltas)) if deltas else float("nan")
     rows = ["| test set | Δ cos distance ×100 | same-class MAP ×100 |", "|---|---:|---:|"]
@@ -263,18 +177,31 @@ def evaluate(cfg: SiameseConfig, model_dir, tasks: list[str] | None = None):
                       {"siamese": metrics})
 
 
+test_report.__test__ = False  # not a pytest test
+
+
+def evaluate(cfg: SiameseConfig, model_dir, tasks: list[str] | None = None) -> TestReport:
+    model, tok = load_encoder(str(model_dir), add_pooling_layer=False)
+    return test_report(model, tok, cfg)
+
+
+def evaluate_base(cfg: SiameseConfig) -> BaseResult:
+    """ORIG: the untouched encoder, with the same pooling, on the dev Δ and the test sets."""
+    return measure_base(cfg, dev_delta, evaluate, "ORIG")
+
+
 # ---------------------------------------------------------------- the per-worker loop (Ray Train)
 def train_func(config: dict) -> list[dict]:
     cfg = SiameseConfig.model_validate(config["method_config"])
     common.setup_worker(cfg.train.seed, threads=int(cfg.scaling.cpus_per_worker))
-    device = torch.device("cuda" if torch.cuda.is_available() and cfg.scaling.use_gpu else "cpu")
+    device = common.device_for(cfg)
     classes = classes_of(cfg) if cfg.mode == "naive" else None
     module, tokenizer = build_model(cfg, len(classes or []))
     module.to(device)
     stepper = common.make_stepper(module, cfg, int(config["rows_per_worker"]))
     dev = dev_sets(cfg)
     return common.train_loop(
-        cfg, stepper, rows_per_worker=int(config["rows_per_worker"]), metric="dev_delta",
+        cfg, stepper, rows_per_worker=int(config["rows_per_worker"]), metric=SPEC.metric,
         loss_fn=lambda batch, state: compute_loss(stepper.model, tokenizer, batch, cfg, classes, device),
         dev_fn=lambda m: dev_delta(m.encoder, tokenizer, cfg, dev),
         build_plain=lambda: build_model(cfg, len(classes or []))[0].to(device))
@@ -282,10 +209,13 @@ def train_func(config: dict) -> list[dict]:
 
 # ---------------------------------------------------------------- export
 def export_model(cfg: SiameseConfig, checkpoint_dir, out_dir):
-    """The encoder alone with mean pooling (NAIVE's classification head is discarded)."""
-    from orchestrator.export import export_encoder
-
+    """The encoder alone with its pooling (NAIVE's classification head is discarded)."""
     classes = classes_of(cfg) if cfg.mode == "naive" else []
     module, tokenizer = build_model(cfg, len(classes))
     module.load_state_dict(common.load_module_state(checkpoint_dir))
-    return export_encoder(module.encoder, tokenizer, out_dir, pooling="mean", max_seq_length=cfg.model.max_length)
+    return export_encoder(module.encoder, tokenizer, out_dir, pooling=pooling_for(cfg),
+                          max_seq_length=cfg.model.max_length)
+
+
+SPEC = MethodSpec("siamese", SiameseConfig, train_func, export_model, evaluate, prepare_data, metric="dev_delta",
+                  metric_label="dev Δ cosine distance", columns=None, evaluate_base=evaluate_base)

@@ -48,15 +48,24 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections import Counter
 from pathlib import Path
 from typing import Literal
 
+import mlflow
 import torch
 import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
+from transformers import AutoTokenizer
 
-from orchestrator.config import RunBlock, ScalingBlock, StrictModel, TrackingConfig, TrainLoopConfig
+from orchestrator.config import MethodConfig, StrictModel, TrackingConfig, TrainLoopConfig, repo_path
+from orchestrator.data.labelled import labelled_shards, read_labelled
+from orchestrator.errors import DataError
+from orchestrator.evaluation.suite import TestReport
+from orchestrator.models import load_encoder, load_tokenizer
+from orchestrator.spec import MethodSpec
+from orchestrator.storage import atomic_dir
 from trainers import common
 
 
@@ -77,7 +86,7 @@ class LabelledDataBlock(StrictModel):
     limit: int | None = Field(None, gt=0, description="use at most this many training rows")
 
 
-class SifterLSTMConfig(StrictModel):
+class SifterLSTMConfig(MethodConfig):
     method: Literal["sifter_lstm"] = "sifter_lstm"
     short_circuit: bool = True
     embeddings_from: str = Field("default", description="model folder whose WordPiece embeddings + vocab we use")
@@ -88,9 +97,7 @@ class SifterLSTMConfig(StrictModel):
     max_length: int = Field(64, gt=0, description="WordPiece tokens per sentence")
     word_set: WordSetBlock = WordSetBlock()
     train: TrainLoopConfig = TrainLoopConfig(lr=1e-5, batch_size=32, eval_steps=50, lr_schedule="constant")
-    scaling: ScalingBlock = ScalingBlock(num_workers=1)
     data: LabelledDataBlock = LabelledDataBlock()
-    run: RunBlock = RunBlock()
     tracking: TrackingConfig = TrackingConfig(registry_model_name="sifter-lstm")
 
     def model_sources(self) -> list[str]:
@@ -164,9 +171,6 @@ def _words(text: str) -> list[str]:
 
 
 def lexicon_words(paths: list[str]) -> set[str]:
-    from orchestrator.config import repo_path
-    from orchestrator.errors import DataError
-
     out = set()
     for p in paths:
         path = Path(repo_path(p))
@@ -179,8 +183,6 @@ def lexicon_words(paths: list[str]) -> set[str]:
 
 def train_data_words(rows: list[tuple[str, int]], top_k: int, min_count: int) -> set[str]:
     """Words whose smoothed log-odds of appearing in one class vs the rest is largest."""
-    from collections import Counter
-
     counts: dict[int, Counter] = {}
     for text, y in rows:
         counts.setdefault(y, Counter()).update({w.lower() for w in _words(text)})
@@ -207,8 +209,6 @@ def build_word_set(cfg: SifterLSTMConfig) -> set[str]:
         return set()
     if cfg.word_set.source == "lexicon":
         return lexicon_words(cfg.word_set.lexicon)
-    from orchestrator.data.labelled import read_labelled
-
     rows = read_labelled(cfg.data.train, text_column=cfg.data.text_column, label_column=cfg.data.label_column,
                          limit=cfg.data.limit)
     return train_data_words(rows, cfg.word_set.top_k, cfg.word_set.min_count)
@@ -250,8 +250,6 @@ class Batcher:
 
 def build_model(cfg: SifterLSTMConfig, word_set: set[str] | None = None):
     """(SentimentLSTM, Batcher, word set). Embeddings copied from ``embeddings_from``'s encoder."""
-    from orchestrator.models import load_encoder
-
     encoder, tokenizer = load_encoder(cfg.embeddings_from, add_pooling_layer=False)
     emb = encoder.get_input_embeddings().weight.detach()
     model = SentimentLSTM(emb, cfg.hidden_size, cfg.num_classes, cfg.dropout)
@@ -291,15 +289,11 @@ def accuracy(model: nn.Module, batcher: Batcher, rows: list[tuple[str, int]], ba
 
 
 def _rows(cfg: SifterLSTMConfig, split: str) -> list[tuple[str, int]]:
-    from orchestrator.data.labelled import read_labelled
-
     return read_labelled(getattr(cfg.data, split), text_column=cfg.data.text_column,
                          label_column=cfg.data.label_column)
 
 
 def prepare_data(cfg: SifterLSTMConfig, progress: bool = True) -> str:
-    from orchestrator.data.labelled import labelled_shards
-
     return labelled_shards(cfg.data.train, cfg.run.storage, text_column=cfg.data.text_column,
                            label_column=cfg.data.label_column, limit=cfg.data.limit)
 
@@ -308,13 +302,13 @@ def prepare_data(cfg: SifterLSTMConfig, progress: bool = True) -> str:
 def train_func(config: dict) -> list[dict]:
     cfg = SifterLSTMConfig.model_validate(config["method_config"])
     common.setup_worker(cfg.train.seed, threads=int(cfg.scaling.cpus_per_worker))
-    device = torch.device("cuda" if torch.cuda.is_available() and cfg.scaling.use_gpu else "cpu")
+    device = common.device_for(cfg)
     model, batcher, word_set = build_model(cfg)
     model.to(device)
     dev_rows = _rows(cfg, "dev")
     stepper = common.make_stepper(model, cfg, int(config["rows_per_worker"]))
     return common.train_loop(
-        cfg, stepper, rows_per_worker=int(config["rows_per_worker"]), metric="dev_accuracy",
+        cfg, stepper, rows_per_worker=int(config["rows_per_worker"]), metric=SPEC.metric,
         loss_fn=lambda batch, state: compute_loss(stepper.model, batcher, batch["text"], batch["label"], cfg, device),
         dev_fn=lambda m: accuracy(m, batcher, dev_rows),
         build_plain=lambda: build_model(cfg, word_set)[0].to(device))
@@ -323,9 +317,6 @@ def train_func(config: dict) -> list[dict]:
 # ---------------------------------------------------------------- export, load, test
 def export_model(cfg: SifterLSTMConfig, checkpoint_dir, out_dir):
     """A folder with the weights, the config, the word set and the tokenizer: ``load_exported`` reads it."""
-    from orchestrator.models import load_tokenizer
-    from orchestrator.storage import atomic_dir
-
     model, _, word_set = build_model(cfg)
     model.load_state_dict(common.load_module_state(checkpoint_dir))
     with atomic_dir(out_dir) as tmp:
@@ -337,8 +328,6 @@ def export_model(cfg: SifterLSTMConfig, checkpoint_dir, out_dir):
 
 
 def load_exported(model_dir) -> tuple[SentimentLSTM, Batcher, SifterLSTMConfig]:
-    from transformers import AutoTokenizer
-
     d = Path(model_dir)
     cfg = SifterLSTMConfig.model_validate_json((d / "sieve_config.json").read_text())
     word_set = {w for w in (d / "word_set.txt").read_text(encoding="utf-8").splitlines() if w}
@@ -351,8 +340,6 @@ def load_exported(model_dir) -> tuple[SentimentLSTM, Batcher, SifterLSTMConfig]:
 
 def evaluate(cfg: SifterLSTMConfig, model_dir, tasks: list[str] | None = None):
     """Dev and test accuracy of the exported model (``tasks`` is unused: STS does not apply)."""
-    from orchestrator.evaluation.suite import TestReport
-
     model, batcher, _ = load_exported(model_dir)
     metrics = {"test_accuracy": accuracy(model, batcher, _rows(cfg, "test")),
                "dev_accuracy": accuracy(model, batcher, _rows(cfg, "dev"))}
@@ -377,10 +364,13 @@ class SentimentPyfunc:
 
 
 def log_model(model_dir, name: str = "model"):
-    import mlflow
-
     class _Model(SentimentPyfunc, mlflow.pyfunc.PythonModel):
         pass
 
     return mlflow.pyfunc.log_model(name=name, python_model=_Model(), artifacts={"model_dir": str(model_dir)},
                                    input_example=["a charming and often affecting journey ."])
+
+
+SPEC = MethodSpec("sifter_lstm", SifterLSTMConfig, train_func, export_model, evaluate, prepare_data,
+                  metric="dev_accuracy", metric_label="SST-2 dev accuracy", columns=("text", "label"),
+                  baseline_params={"short_circuit": False}, log_model=log_model)

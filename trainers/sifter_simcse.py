@@ -4,12 +4,16 @@ Method (SIFTER, Section 3; SimCSE, Gao et al. 2021)
 ----------------------------------------------------
 Every sentence X comes with two augmented views built by the corpus pipeline:
 
-* Y = X + its *backbone* (root + direct dependents of the dependency tree, or an SVO triple);
+* Y = X + its *backbone* (root + direct dependents of the dependency tree, or a subject-relation-
+  object triple);
 * Z = X without *useless words* (articles, conjunctions, pronouns).
 
-An encoder maps each view to a vector: the ``[CLS]`` state passed through an MLP (dense + tanh)
-during training, the raw ``[CLS]`` state (``cls_before_pooler``) at evaluation - the MLP is a
-training-only head, as in SimCSE and SIFTER. With in-batch negatives and temperature τ,
+An encoder maps each view to a vector with the configured pooling (``model.pooling``): ``cls`` is
+the papers' setting for BERT-base - the ``[CLS]`` state through an MLP (dense + tanh) in training,
+the raw ``[CLS]`` state at test (the MLP is a training-only head, as in SimCSE and SIFTER);
+``mean`` is what a sentence-trained encoder such as MiniLM was trained with, and keeps;
+``cls_before_pooler`` is the raw ``[CLS]`` state throughout. With in-batch negatives and
+temperature τ,
 
     InfoNCE(A, B) = -1/N Σ_i log( exp(cos(a_i, b_i)/τ) / Σ_j exp(cos(a_i, b_j)/τ) )
 
@@ -22,6 +26,12 @@ where X' is a second forward pass of X (a different dropout mask). Unsupervised 
 0.15; SimCSE: 0.1) is set on the hidden and attention layers. All views of a batch go through
 the encoder in one forward pass.
 
+Views and the length limit: a view the augmentation made different from X must stay different
+after tokenization. Y keeps its whole backbone: when X + backbone exceeds ``model.max_length``,
+the *sentence part* is cut, never the appended backbone. The number of rows whose Y or Z still
+tokenized to exactly X is logged with every evaluation (``views_identical_y`` / ``_z``; 0
+expected for Y wherever the backbone is non-empty).
+
 Negatives across workers: with N data-parallel workers each view's embeddings are all-gathered
 (the local slice keeps its graph), so every anchor is contrasted with the *global* batch's
 candidates, as SimCSE's own code does. The loss is scaled by N before DDP's gradient average,
@@ -30,8 +40,8 @@ which makes N workers × batch b give exactly the loss and gradient of 1 worker 
 
 Args (config keys, see :class:`ContrastiveConfig`)
     lambda_xx, lambda_xy, lambda_xz, lambda_yz: loss weights (≥ 0, at least one > 0)
-    temperature: τ (0.05)
-    dropout: hidden + attention dropout of the encoder
+    temperature: τ (0.05);  dropout: hidden + attention dropout of the encoder
+    model.pooling: cls | mean | cls_before_pooler (empty: the model folder's own, else cls)
     gather_negatives: all-gather embeddings across workers (default true)
 
 References
@@ -50,33 +60,32 @@ Example
 
 from __future__ import annotations
 
-from typing import Literal
+from collections import Counter
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
 from pydantic import Field, model_validator
 from torch import nn
 
-from orchestrator.config import (
-    CorpusBlock,
-    DeepSpeedBlock,
-    EvalConfig,
-    ModelConfig,
-    RunBlock,
-    ScalingBlock,
-    StrictModel,
-    TrackingConfig,
-    TrainLoopConfig,
-)
+from orchestrator.config import EncoderMethodConfig, EvalConfig, ModelConfig, TrackingConfig, TrainLoopConfig
+from orchestrator.data.corpus import CorpusBlock, prepare_corpus
+from orchestrator.evaluation import sts
+from orchestrator.evaluation.encode import HFEncoder, mean_pool, test_time_pooling
+from orchestrator.evaluation.suite import evaluate_sts
+from orchestrator.export import export_encoder
+from orchestrator.models import load_encoder, pooling_for
+from orchestrator.spec import BaseResult, MethodSpec, measure_base
 from trainers import common
 
 VIEW_COLUMNS = {"x": "text", "y": "backbone_view", "z": "deletion_view"}
 
 
 # ---------------------------------------------------------------- config
-class ContrastiveConfig(StrictModel):
+class ContrastiveConfig(EncoderMethodConfig):
     method: Literal["simcse", "sifter_simcse"] = "sifter_simcse"
-    model: ModelConfig = ModelConfig(max_length=32, pooling="cls_before_pooler")
+    model: ModelConfig = ModelConfig(max_length=32)
+    default_pooling: ClassVar[str] = "cls"  # the papers' BERT-base setting
     dropout: float = Field(0.15, ge=0, lt=1)
     temperature: float = Field(0.05, gt=0)
     lambda_xx: float = Field(0.0, ge=0)
@@ -85,11 +94,8 @@ class ContrastiveConfig(StrictModel):
     lambda_yz: float = Field(1.0, ge=0)
     gather_negatives: bool = True
     train: TrainLoopConfig = TrainLoopConfig(lr=1e-5, batch_size=64, eval_steps=125)
-    scaling: ScalingBlock = ScalingBlock()
-    deepspeed: DeepSpeedBlock = DeepSpeedBlock()
     data: CorpusBlock = CorpusBlock()
     eval: EvalConfig = EvalConfig(batch_size=128, max_length=128)
-    run: RunBlock = RunBlock()
     tracking: TrackingConfig = TrackingConfig(registry_model_name="sifter-simcse")
 
     @model_validator(mode="after")
@@ -112,26 +118,27 @@ class ContrastiveConfig(StrictModel):
 
 # ---------------------------------------------------------------- model
 class ContrastiveEncoder(nn.Module):
-    """Encoder + SimCSE's MLP head (dense + tanh) over ``[CLS]``; the head is used in training only."""
+    """Encoder + pooling; with ``cls``, SimCSE's MLP head (dense + tanh) over ``[CLS]``, used in training only."""
 
-    def __init__(self, encoder: nn.Module):
+    def __init__(self, encoder: nn.Module, pooling: str):
         super().__init__()
         self.encoder = encoder
+        self.pooling = pooling
         hidden = encoder.config.hidden_size
-        self.mlp = nn.Sequential(nn.Linear(hidden, hidden), nn.Tanh())
+        self.mlp = nn.Sequential(nn.Linear(hidden, hidden), nn.Tanh()) if pooling == "cls" else None
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        cls = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, 0]
-        return self.mlp(cls)
+        states = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        if self.pooling == "mean":
+            return mean_pool(states, attention_mask)
+        return self.mlp(states[:, 0]) if self.mlp is not None else states[:, 0]
 
 
 def build_model(cfg: ContrastiveConfig):
-    """(ContrastiveEncoder, tokenizer) with the configured dropout; no BERT pooler (DDP would
-    see it as unused parameters)."""
-    from orchestrator.models import load_encoder
-
+    """(ContrastiveEncoder, tokenizer) with the configured dropout and pooling; no BERT pooler (DDP
+    would see it as unused parameters)."""
     encoder, tokenizer = load_encoder(cfg.model.name_or_path, dropout=cfg.dropout, add_pooling_layer=False)
-    return ContrastiveEncoder(encoder), tokenizer
+    return ContrastiveEncoder(encoder, pooling_for(cfg)), tokenizer
 
 
 # ---------------------------------------------------------------- loss
@@ -144,31 +151,56 @@ def info_nce(a: torch.Tensor, b: torch.Tensor, temperature: float) -> torch.Tens
 
 def sifter_loss(emb: dict[str, torch.Tensor], cfg: ContrastiveConfig) -> tuple[torch.Tensor, dict[str, float]]:
     """λ-weighted sum of the four InfoNCE terms over (already gathered) view embeddings."""
-    terms = {}
-    if cfg.lambda_xx > 0:
-        terms["xx"] = cfg.lambda_xx * info_nce(emb["x"], emb["x2"], cfg.temperature)
-    if cfg.lambda_xy > 0:
-        terms["xy"] = cfg.lambda_xy * info_nce(emb["x"], emb["y"], cfg.temperature)
-    if cfg.lambda_xz > 0:
-        terms["xz"] = cfg.lambda_xz * info_nce(emb["x"], emb["z"], cfg.temperature)
-    if cfg.lambda_yz > 0:
-        terms["yz"] = cfg.lambda_yz * info_nce(emb["y"], emb["z"], cfg.temperature)
+    pairs = {"xx": ("x", "x2", cfg.lambda_xx), "xy": ("x", "y", cfg.lambda_xy), "xz": ("x", "z", cfg.lambda_xz),
+             "yz": ("y", "z", cfg.lambda_yz)}
+    terms = {k: w * info_nce(emb[a], emb[b], cfg.temperature) for k, (a, b, w) in pairs.items() if w > 0}
     loss = sum(terms.values())
     return loss, {f"loss_{k}": float(v.detach()) for k, v in terms.items()}
 
 
-def tokenize_views(tokenizer, batch: dict[str, list[str]], cfg: ContrastiveConfig) -> tuple[dict, list[str]]:
-    """All views of a batch in one padded tensor: [x; x2; y; z] stacked along the batch axis."""
-    views = cfg.views()
-    texts: list[str] = []
+# ---------------------------------------------------------------- views under the length limit
+def special_frame(tokenizer) -> tuple[list[int], list[int]]:
+    """The ids a tokenizer puts before and after one sequence (BERT: [CLS] … [SEP])."""
+    inner = tokenizer("a", add_special_tokens=False)["input_ids"]
+    full = tokenizer("a")["input_ids"]
+    i = next(k for k in range(len(full)) if full[k:k + len(inner)] == inner)
+    return full[:i], full[i + len(inner):]
+
+
+def backbone_view_ids(tokenizer, sentence: str, view: str, max_length: int) -> list[int]:
+    """Y's token ids: the appended backbone (``view`` = ``sentence`` + " " + backbone) is kept whole;
+    when both do not fit, the sentence part is cut."""
+    backbone = view[len(sentence):].strip() if view.startswith(sentence) else ""
+    if not backbone:
+        return tokenizer(view, truncation=True, max_length=max_length)["input_ids"]
+    head, tail = special_frame(tokenizer)
+    budget = max_length - len(head) - len(tail)
+    x = tokenizer(sentence, add_special_tokens=False)["input_ids"]
+    b = tokenizer(backbone, add_special_tokens=False)["input_ids"][: max(1, budget - 1)]
+    return head + x[: budget - len(b)] + b + tail
+
+
+def tokenize_views(tokenizer, batch: dict, cfg: ContrastiveConfig) -> tuple[dict, list[str], Counter]:
+    """All views of a batch in one padded tensor ([x; x2; y; z] along the batch axis), and how many
+    rows had a view that the augmentation made different from X but that tokenized to X's ids."""
+    views, max_len = cfg.views(), cfg.model.max_length
+    x_text = [str(t) for t in batch[VIEW_COLUMNS["x"]]]
+    x_ids = tokenizer(x_text, truncation=True, max_length=max_len)["input_ids"]
+    ids, identical = [], Counter()
     for v in views:
-        texts += list(batch[VIEW_COLUMNS["x" if v == "x2" else v]])
-    enc = tokenizer(texts, padding=True, truncation=True, max_length=cfg.model.max_length,
-                    return_tensors="pt", return_token_type_ids=False)
-    return enc, views
+        if v in ("x", "x2"):
+            ids += x_ids
+            continue
+        texts = [str(t) for t in batch[VIEW_COLUMNS[v]]]
+        got = ([backbone_view_ids(tokenizer, x, y, max_len) for x, y in zip(x_text, texts)] if v == "y" else
+               tokenizer(texts, truncation=True, max_length=max_len)["input_ids"])
+        identical[v] = sum(t != x and g == xi for t, x, g, xi in zip(texts, x_text, got, x_ids))
+        ids += got
+    enc = tokenizer.pad({"input_ids": ids}, padding=True, return_tensors="pt")
+    return enc, views, identical
 
 
-def compute_loss(model: nn.Module, tokenizer, batch: dict[str, list[str]], cfg: ContrastiveConfig,
+def compute_loss(model: nn.Module, tokenizer, batch: dict, cfg: ContrastiveConfig,
                  device: torch.device | str = "cpu") -> tuple[torch.Tensor, dict[str, float]]:
     """Forward every view once, gather across workers, return (loss to backprop, logged terms).
 
@@ -176,25 +208,28 @@ def compute_loss(model: nn.Module, tokenizer, batch: dict[str, list[str]], cfg: 
     that DDP's averaged gradient is the gradient of the global-batch loss; the logged
     ``loss`` is the unscaled global value.
     """
-    enc, views = tokenize_views(tokenizer, batch, cfg)
+    enc, views, identical = tokenize_views(tokenizer, batch, cfg)
     out = model(enc["input_ids"].to(device), enc["attention_mask"].to(device))
     per_view = out.view(len(views), -1, out.size(-1))
-    emb = {}
-    for i, v in enumerate(views):
-        emb[v] = common.gather_with_grad(per_view[i]) if cfg.gather_negatives else per_view[i]
+    emb = {v: common.gather_with_grad(per_view[i]) if cfg.gather_negatives else per_view[i]
+           for i, v in enumerate(views)}
     loss, logs = sifter_loss(emb, cfg)
     logs["loss"] = float(loss.detach())
+    logs.update({f"identical_{v}": n for v, n in identical.items()})
     return loss * common.ddp_loss_scale(cfg.gather_negatives), logs
 
 
 # ---------------------------------------------------------------- evaluation
-def dev_score(module: ContrastiveEncoder, tokenizer, cfg: ContrastiveConfig, task: str = "stsb_dev") -> float:
-    from orchestrator.evaluation import sts
-    from orchestrator.evaluation.encode import HFEncoder
-
-    enc = HFEncoder(module.encoder, tokenizer, pooling="cls_before_pooler", batch_size=cfg.eval.batch_size,
+def dev_score(encoder: nn.Module, tokenizer, cfg: ContrastiveConfig) -> float:
+    """STS-B dev Spearman with the test-time pooling (what the exported folder computes)."""
+    enc = HFEncoder(encoder, tokenizer, pooling=test_time_pooling(pooling_for(cfg)), batch_size=cfg.eval.batch_size,
                     max_length=cfg.eval.max_length)
-    return sts.evaluate_data(enc, sts.load_task(task))["spearman"]["all"]
+    return sts.evaluate_data(enc, sts.load_task("stsb_dev"))["spearman"]["all"]
+
+
+def evaluate_base(cfg: ContrastiveConfig) -> BaseResult:
+    """The untouched starting encoder, with the same pooling, on STS-B dev and the test tasks."""
+    return measure_base(cfg, dev_score, evaluate_sts)
 
 
 # ---------------------------------------------------------------- the per-worker loop (Ray Train)
@@ -203,24 +238,35 @@ def train_func(config: dict) -> list[dict]:
     checkpoint (the shared loop in :func:`trainers.common.train_loop`)."""
     cfg = ContrastiveConfig.model_validate(config["method_config"])
     common.setup_worker(cfg.train.seed, threads=int(cfg.scaling.cpus_per_worker))
-    device = torch.device("cuda" if torch.cuda.is_available() and cfg.scaling.use_gpu else "cpu")
+    device = common.device_for(cfg)
     module, tokenizer = build_model(cfg)
     module.to(device)
     stepper = common.make_stepper(module, cfg, int(config["rows_per_worker"]))
+    seen = Counter()  # rows whose Y / Z tokenized to X's ids, since this worker started
+
+    def loss_fn(batch, state):
+        loss, logs = compute_loss(stepper.model, tokenizer, batch, cfg, device)
+        seen.update({k: logs.pop(k) for k in [k for k in logs if k.startswith("identical_")]})
+        return loss, {**logs, **{f"views_{k}": float(v) for k, v in seen.items()}}
+
     return common.train_loop(
-        cfg, stepper, rows_per_worker=int(config["rows_per_worker"]), metric="stsb_dev_spearman",
-        loss_fn=lambda batch, state: compute_loss(stepper.model, tokenizer, batch, cfg, device),
-        dev_fn=lambda m: dev_score(m, tokenizer, cfg),
-        build_plain=lambda: build_model(cfg)[0].to(device))
+        cfg, stepper, rows_per_worker=int(config["rows_per_worker"]), metric=SPECS[0].metric, loss_fn=loss_fn,
+        dev_fn=lambda m: dev_score(m.encoder, tokenizer, cfg), build_plain=lambda: build_model(cfg)[0].to(device))
 
 
 # ---------------------------------------------------------------- export
 def export_model(cfg: ContrastiveConfig, checkpoint_dir, out_dir):
     """Checkpoint (plain or DeepSpeed ZeRO, any stage) → an HF folder of the encoder alone (the MLP
-    is a training-only head) that loads with ``AutoModel`` and ``SentenceTransformer`` (CLS pooling)."""
-    from orchestrator.export import export_encoder
-
+    is a training-only head) that loads with ``AutoModel`` and ``SentenceTransformer``, saved with the
+    test-time pooling (``cls`` → the raw ``[CLS]`` state)."""
     module, tokenizer = build_model(cfg)
     module.load_state_dict(common.load_module_state(checkpoint_dir))
-    return export_encoder(module.encoder, tokenizer, out_dir, pooling="cls_before_pooler",
+    return export_encoder(module.encoder, tokenizer, out_dir, pooling=pooling_for(cfg),
                           max_seq_length=cfg.eval.max_length)
+
+
+SPECS = tuple(
+    MethodSpec(name, ContrastiveConfig, train_func, export_model, evaluate_sts, prepare_corpus,
+               metric="stsb_dev_spearman", metric_label="STS-B dev Spearman",
+               columns=("text", "backbone_view", "deletion_view"), evaluate_base=evaluate_base)
+    for name in ("sifter_simcse", "simcse"))

@@ -7,7 +7,7 @@ round(r·n) of its n words are removed (``orchestrator.data.augment.tsdae_noise`
 word stays). The noise is resampled every epoch. The encoder maps the noisy sentence x̃ to one
 fixed-size vector
 
-    s = enc(x̃)[CLS]          (or the mean of the token states, ``pooling: mean``)
+    s = enc(x̃)[CLS]          (or the mean of the token states, ``model.pooling: mean``)
 
 and a Transformer decoder reconstructs the *original* sentence token by token. The decoder is
 the encoder's own architecture with cross-attention added, and its cross-attention keys and
@@ -27,7 +27,7 @@ Args (config keys, see :class:`TSDAEConfig`)
     deletion_ratio: fraction of words *deleted* (0.6). sentence-transformers' example keeps a
         word when ``random() < del_ratio``, i.e. its ``del_ratio=0.6`` deletes ~40%: the
         semantics here are the paper's.
-    pooling: ``cls`` (paper) or ``mean``
+    model.pooling: ``cls`` (the paper; the raw ``[CLS]`` state - TSDAE has no MLP head) or ``mean``
     tie_encoder_decoder: share encoder and decoder weights (true)
     eval.dev: the dev score for checkpoint selection (PIT-2015 dev AP by default: a domain task)
 
@@ -44,60 +44,53 @@ Example
 from __future__ import annotations
 
 import random
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from orchestrator.config import (
-    CorpusBlock,
-    DeepSpeedBlock,
-    ModelConfig,
-    RunBlock,
-    ScalingBlock,
-    StrictModel,
-    TrackingConfig,
-    TrainLoopConfig,
-)
+from orchestrator.backbones import causal_decoder
+from orchestrator.config import EncoderMethodConfig, EvalConfig, ModelConfig, TrackingConfig, TrainLoopConfig
 from orchestrator.data.augment import tsdae_noise
-from orchestrator.evaluation.encode import mean_pool
+from orchestrator.data.corpus import CorpusBlock, prepare_corpus
+from orchestrator.evaluation import sts
+from orchestrator.evaluation.domain import domain_report, get_evaluator
+from orchestrator.evaluation.encode import HFEncoder, mean_pool, test_time_pooling
+from orchestrator.evaluation.suite import sts_report
+from orchestrator.export import export_encoder
+from orchestrator.models import load_encoder, pooling_for, resolve_model_source
+from orchestrator.spec import BaseResult, MethodSpec, measure_base
 from trainers import common
 
 
 # ---------------------------------------------------------------- config
-class TSDAEEval(StrictModel):
+class TSDAEEval(EvalConfig):
+    """The STS tasks (``tasks``) plus the domain tasks, and the dev score used for model selection."""
+
     dev: str = Field("twitterpara_pit_dev", description="domain evaluator name, or 'stsb_dev'")
     dev_path: str | None = None
     domain: list[str] = ["twitterpara"]
     domain_paths: dict[str, str] = {}
-    sts_tasks: list[str] = ["sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr"]
     batch_size: int = Field(128, gt=0)
     max_length: int = Field(64, gt=0)
 
 
-class TSDAEConfig(StrictModel):
+class TSDAEConfig(EncoderMethodConfig):
     method: Literal["tsdae"] = "tsdae"
-    model: ModelConfig = ModelConfig(max_length=64, pooling="cls_before_pooler")
-    pooling: Literal["cls", "mean"] = "cls"
+    model: ModelConfig = ModelConfig(max_length=64)
+    default_pooling: ClassVar[str] = "cls"  # the paper's
     deletion_ratio: float = Field(0.6, ge=0, le=1)
     tie_encoder_decoder: bool = True
     decoder_name_or_path: str | None = Field(None, description="untied decoder's start (default: the encoder)")
     train: TrainLoopConfig = TrainLoopConfig(lr=3e-5, batch_size=8, lr_schedule="constant", eval_steps=1000)
-    scaling: ScalingBlock = ScalingBlock()
-    deepspeed: DeepSpeedBlock = DeepSpeedBlock()
     data: CorpusBlock = CorpusBlock()
     eval: TSDAEEval = TSDAEEval()
-    run: RunBlock = RunBlock()
     tracking: TrackingConfig = TrackingConfig(registry_model_name="tsdae")
 
     def model_sources(self) -> list[str]:
         return [self.model.name_or_path, *([self.decoder_name_or_path] if self.decoder_name_or_path else [])]
-
-    @property
-    def eval_pooling(self) -> str:
-        return "cls_before_pooler" if self.pooling == "cls" else "mean"
 
 
 # ---------------------------------------------------------------- model
@@ -123,12 +116,12 @@ class TSDAE(nn.Module):
         super().__init__()
         self.encoder = encoder
         self.decoder = decoder  # a *ForCausalLM with add_cross_attention
-        self.pooling = pooling
+        self.pooling = test_time_pooling(pooling)  # cls and cls_before_pooler: the raw [CLS] state
         self.pad_token_id = pad_token_id
 
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         states = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        return states[:, 0] if self.pooling == "cls" else mean_pool(states, attention_mask)
+        return mean_pool(states, attention_mask) if self.pooling == "mean" else states[:, 0]
 
     def decode(self, sentence: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Next-token logits; the only memory the decoder sees is ``sentence`` (B, H) as a length-1 sequence."""
@@ -147,24 +140,16 @@ class TSDAE(nn.Module):
 def build_model(cfg: TSDAEConfig):
     """(TSDAE, tokenizer): the encoder without pooler, a causal-LM decoder with cross-attention
     initialised from the encoder's folder (or ``decoder_name_or_path``), tied unless disabled."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from orchestrator.models import _quiet_transformers, load_encoder, resolve_model_source
-
     encoder, tokenizer = load_encoder(cfg.model.name_or_path, add_pooling_layer=False)
-    source = resolve_model_source(cfg.decoder_name_or_path or cfg.model.name_or_path)
-    dconf = AutoConfig.from_pretrained(source, local_files_only=True)
-    dconf.is_decoder, dconf.add_cross_attention = True, True
-    _quiet_transformers()
-    decoder = AutoModelForCausalLM.from_pretrained(source, config=dconf, local_files_only=True)
-    if dconf.hidden_size != encoder.config.hidden_size:
-        raise ValueError(f"decoder hidden size {dconf.hidden_size} != encoder's {encoder.config.hidden_size}")
+    decoder, _ = causal_decoder(resolve_model_source(cfg.decoder_name_or_path or cfg.model.name_or_path))
+    if decoder.config.hidden_size != encoder.config.hidden_size:
+        raise ValueError(f"decoder hidden size {decoder.config.hidden_size} != encoder's {encoder.config.hidden_size}")
     if cfg.tie_encoder_decoder:
         if cfg.decoder_name_or_path:
             raise ValueError("decoder_name_or_path is only for tie_encoder_decoder: false")
         tie_encoder_decoder(encoder, decoder.base_model)
         decoder.get_output_embeddings().weight = encoder.get_input_embeddings().weight
-    return TSDAE(encoder, decoder, cfg.pooling, tokenizer.pad_token_id), tokenizer
+    return TSDAE(encoder, decoder, pooling_for(cfg), tokenizer.pad_token_id), tokenizer
 
 
 # ---------------------------------------------------------------- noise + loss
@@ -191,13 +176,13 @@ def batch_rng(seed: int, epoch: int, step: int) -> random.Random:
 
 
 # ---------------------------------------------------------------- evaluation
-def dev_score(encoder: nn.Module, tokenizer, cfg: TSDAEConfig) -> float:
-    from orchestrator.evaluation import sts
-    from orchestrator.evaluation.domain import get_evaluator
-    from orchestrator.evaluation.encode import HFEncoder
+def encoder_for_eval(encoder: nn.Module, tokenizer, cfg: TSDAEConfig) -> HFEncoder:
+    return HFEncoder(encoder, tokenizer, pooling=test_time_pooling(pooling_for(cfg)), batch_size=cfg.eval.batch_size,
+                     max_length=cfg.eval.max_length)
 
-    enc = HFEncoder(encoder, tokenizer, pooling=cfg.eval_pooling, batch_size=cfg.eval.batch_size,
-                    max_length=cfg.eval.max_length)
+
+def dev_score(encoder: nn.Module, tokenizer, cfg: TSDAEConfig) -> float:
+    enc = encoder_for_eval(encoder, tokenizer, cfg)
     if cfg.eval.dev == "stsb_dev":
         return sts.evaluate_data(enc, sts.load_task("stsb_dev"))["spearman"]["all"]
     return next(iter(get_evaluator(cfg.eval.dev, cfg.eval.dev_path)(enc).values()))
@@ -205,23 +190,22 @@ def dev_score(encoder: nn.Module, tokenizer, cfg: TSDAEConfig) -> float:
 
 def evaluate(cfg: TSDAEConfig, model_dir, tasks: list[str] | None = None):
     """The final test: the domain tasks (TwitterPara AP: the headline) and the STS harness."""
-    from orchestrator.evaluation.domain import domain_report
-    from orchestrator.evaluation.encode import HFEncoder
-    from orchestrator.evaluation.suite import sts_report
-    from orchestrator.models import load_encoder
-
     model, tok = load_encoder(str(model_dir))
-    enc = HFEncoder(model, tok, pooling=cfg.eval_pooling, batch_size=cfg.eval.batch_size,
-                    max_length=cfg.eval.max_length)
+    enc = encoder_for_eval(model, tok, cfg)
     return domain_report(enc, cfg.eval.domain, cfg.eval.domain_paths).merged(
-        sts_report(enc, tasks or cfg.eval.sts_tasks, cfg.eval_pooling))
+        sts_report(enc, tasks or cfg.eval.tasks, enc.pooling))
+
+
+def evaluate_base(cfg: TSDAEConfig) -> BaseResult:
+    """The untouched starting encoder, with the same pooling, on the dev score and the test report."""
+    return measure_base(cfg, dev_score, evaluate)
 
 
 # ---------------------------------------------------------------- the per-worker loop (Ray Train)
 def train_func(config: dict) -> list[dict]:
     cfg = TSDAEConfig.model_validate(config["method_config"])
     common.setup_worker(cfg.train.seed, threads=int(cfg.scaling.cpus_per_worker))
-    device = torch.device("cuda" if torch.cuda.is_available() and cfg.scaling.use_gpu else "cpu")
+    device = common.device_for(cfg)
     module, tokenizer = build_model(cfg)
     module.to(device)
     stepper = common.make_stepper(module, cfg, int(config["rows_per_worker"]))
@@ -230,7 +214,7 @@ def train_func(config: dict) -> list[dict]:
         rng = batch_rng(cfg.train.seed, state["epoch"], state["step"])
         return compute_loss(stepper.model, tokenizer, batch["text"], cfg, rng, device)
 
-    return common.train_loop(cfg, stepper, rows_per_worker=int(config["rows_per_worker"]), metric="dev_score",
+    return common.train_loop(cfg, stepper, rows_per_worker=int(config["rows_per_worker"]), metric=SPEC.metric,
                              loss_fn=loss_fn, dev_fn=lambda m: dev_score(m.encoder, tokenizer, cfg),
                              build_plain=lambda: build_model(cfg)[0].to(device))
 
@@ -238,9 +222,12 @@ def train_func(config: dict) -> list[dict]:
 # ---------------------------------------------------------------- export
 def export_model(cfg: TSDAEConfig, checkpoint_dir, out_dir):
     """Checkpoint → the encoder alone (the decoder is discarded), with the training pooling."""
-    from orchestrator.export import export_encoder
-
     module, tokenizer = build_model(cfg)
     module.load_state_dict(common.load_module_state(checkpoint_dir))
-    return export_encoder(module.encoder, tokenizer, out_dir, pooling=cfg.eval_pooling,
+    return export_encoder(module.encoder, tokenizer, out_dir, pooling=pooling_for(cfg),
                           max_seq_length=cfg.eval.max_length)
+
+
+SPEC = MethodSpec("tsdae", TSDAEConfig, train_func, export_model, evaluate, prepare_corpus, metric="dev_score",
+                  metric_label="dev score (eval.dev; PIT-2015 dev AP by default)", columns=("text",),
+                  evaluate_base=evaluate_base)

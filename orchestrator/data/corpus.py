@@ -22,17 +22,24 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import random
 import re
+import time
 import unicodedata
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
+import ray
+import ray.data
 from pydantic import Field
 
 from orchestrator import storage
-from orchestrator.config import StrictModel
+from orchestrator.config import StrictModel, repo_path
+from orchestrator.data import augment as A
+from orchestrator.data.parsing import make_parser
 from orchestrator.errors import DataError
 
 _WS = re.compile(r"\s+")
@@ -56,6 +63,8 @@ class AugmentConfig(StrictModel):
 
 
 class CorpusConfig(StrictModel):
+    """The whole pipeline's settings (``jobs/augment_corpus.py`` reads these keys)."""
+
     input: str = "data/corpus/wikisplit_sample.txt"
     format: str = Field("auto", pattern="^(auto|text|tsv|parquet)$")
     column: str = "text"
@@ -75,8 +84,6 @@ def _decode_lines(path: str, data: bytes, fmt: str, column: str) -> list[tuple[s
     if fmt == "auto":
         fmt = "parquet" if path.endswith(".parquet") else "tsv" if path.endswith(".tsv") else "text"
     if fmt == "parquet":
-        import pyarrow.parquet as pq
-
         try:
             table = pq.read_table(io.BytesIO(data), columns=[column])
         except Exception as exc:  # noqa: BLE001
@@ -151,8 +158,6 @@ def _ends_capitalised(words: list[str]) -> bool:
 
 def read_and_clean(paths: list[str], cfg: CorpusConfig):
     """Ray Data: one task per file; output rows ``{text, skip, truncated}``."""
-    import ray
-
     fs, _ = storage.pyarrow_filesystem(paths[0])
     resolved = [storage.pyarrow_filesystem(p)[1] for p in paths]
     ds = ray.data.read_binary_files(resolved, filesystem=fs, include_paths=True)
@@ -209,18 +214,12 @@ class ParseAugment:
     """A parser actor: loads the parser once, parses batches, computes every view."""
 
     def __init__(self, cfg: dict):
-        import os
-
         os.environ.setdefault("OMP_NUM_THREADS", "1")
-        from orchestrator.data.parsing import make_parser
-
         self.cfg = CorpusConfig.model_validate(cfg)
         p = self.cfg.parser
         self.parser = make_parser(p.kind, spacy_model=p.spacy_model, stanza_dir=p.stanza_dir, batch_size=p.batch_size)
 
     def __call__(self, batch: dict) -> dict:
-        import time
-
         t0 = time.time()
         out = augment_rows(list(batch["text"]), list(batch["key"]), self.parser, self.cfg)
         n = len(out["text"])
@@ -233,8 +232,6 @@ COLUMNS = ("text", "words", "backbone_view", "deletion_view", "linearized_parse"
 
 
 def augment_rows(texts: list[str], keys: list[str], parser, cfg: CorpusConfig) -> dict:
-    from orchestrator.data import augment as A
-
     out: dict[str, list] = {c: [] for c in COLUMNS}
     try:
         parses = parser.parse_batch(texts)
@@ -274,15 +271,11 @@ def run_pipeline(cfg: CorpusConfig, output: str, *, progress: bool = True) -> di
 
     The manifest is written last: a directory without one is an incomplete run.
     """
-    import ray
-
     files = input_files(cfg.input)
     storage.check_access(output)
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = progress
     ctx.execution_options.preserve_order = True
-
-    import time
 
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -337,3 +330,54 @@ def run_pipeline(cfg: CorpusConfig, output: str, *, progress: bool = True) -> di
     }
     storage.write_bytes(storage.join(output, "manifest.json"), json.dumps(manifest, indent=2).encode())
     return manifest
+
+
+# ---------------------------------------------------------------- the corpus a training run reads
+class CorpusBlock(StrictModel):
+    """A training config's corpus: augmented shards (a folder from ``augment_corpus``), or a raw
+    corpus that the job augments first (content-addressed, so it is done once per storage root)."""
+
+    shards: str | None = None
+    corpus: str = "data/corpus/wikisplit_sample.txt"
+    limit: int | None = Field(None, gt=0)
+    parser_workers: int = Field(2, ge=1)
+    min_words: int = Field(3, ge=1)
+    max_words: int = Field(64, ge=1, description="longer sentences are cut to this many words before parsing")
+    drop_capitalised_splits: bool = Field(True, description="SIFTER's sentence-split filter; off for tweets")
+    augment: AugmentConfig = AugmentConfig()
+
+
+def corpus_key(input_uri: str, corpus_cfg_json: str) -> str:
+    """Content address of an augmented corpus: the input files' bytes (local) or key + size (s3) + config."""
+    h = hashlib.sha256(corpus_cfg_json.encode())
+    for f in input_files(input_uri):
+        if storage.is_s3(f):  # a bucket key is stable; local paths are not (working-dir copies)
+            h.update(f.encode())
+            h.update(str(len(storage.read_bytes(f))).encode())
+        else:
+            with open(f, "rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+def prepare_corpus(cfg, progress: bool = True) -> str:
+    """The augmented shards a method config (``data``: a :class:`CorpusBlock`) trains on: the
+    configured ones, or the corpus augmented once and cached under ``<storage>/corpora/<content
+    hash>`` (reused when the manifest exists); the corpus seed is the training seed."""
+    data, storage_root, seed = cfg.data, cfg.run.storage, cfg.train.seed
+    if data.shards:
+        if not storage.exists(storage.join(data.shards, "manifest.json")):
+            raise DataError(f"{data.shards}: no manifest.json (not an augmented corpus from augment_corpus)")
+        return data.shards
+    cfg = CorpusConfig(input=repo_path(data.corpus), limit=data.limit, seed=seed, min_words=data.min_words,
+                       max_words=data.max_words, drop_capitalised_splits=data.drop_capitalised_splits,
+                       augment=data.augment, parser={"workers": data.parser_workers, "cpus_per_worker": 0.5})
+    out = storage.join(storage.absolute(storage_root), "corpora",
+                       corpus_key(cfg.input, cfg.model_dump_json(exclude={"input"})))
+    if storage.exists(storage.join(out, "manifest.json")):
+        print(f"augmented corpus: reusing {out}")
+        return out
+    print(f"augmented corpus: building {out}")
+    run_pipeline(cfg, out, progress=progress)
+    return out

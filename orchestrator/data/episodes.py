@@ -20,11 +20,13 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
+import ray
+import ray.data
 
 from orchestrator import storage
+from orchestrator.data.labelled import LabelledSet, rows_to_shards, split_rows
 from orchestrator.errors import DataError
 
 
@@ -89,17 +91,13 @@ def write_episodes(sets: dict[str, list[tuple[str, object]]], n_pairs: int, outp
     """Generate ``n_pairs`` pairs per data set on Ray Data and write shards + manifest to ``output``.
 
     ``sets``: data set name → (text, label) rows (several names = ALL mode)."""
-    import ray.data
-
     indexes = {name: ClassIndex.build(name, rows) for name, rows in sets.items()}
     refs = {name: ray.put(ix) for name, ix in indexes.items()}
 
     def gen(batch: dict) -> dict:
-        import ray as _ray
-
         out = {"text_a": [], "text_b": [], "label": [], "dataset": []}
         for name, k in zip(batch["dataset"], batch["k"], strict=True):
-            ix = _ray.get(refs[str(name)])
+            ix = ray.get(refs[str(name)])
             a, b, y = ix.pair(int(k), seed)
             out["text_a"].append(ix.texts[a])
             out["text_b"].append(ix.texts[b])
@@ -130,8 +128,17 @@ def episodes_key(sets: dict[str, list], n_pairs: int, seed: int) -> str:
 
 def prepare_episodes(sets: dict[str, list], n_pairs: int, storage_root: str, *, seed: int = 0) -> str:
     """Content-addressed ``<storage>/episodes/<hash>``: written once, reused when its manifest exists."""
-    root = storage_root if storage.is_s3(storage_root) else str(Path(storage_root).resolve())
-    out = storage.join(root, "episodes", episodes_key(sets, n_pairs, seed))
+    out = storage.join(storage.absolute(storage_root), "episodes", episodes_key(sets, n_pairs, seed))
     if not storage.exists(storage.join(out, "manifest.json")):
         write_episodes(sets, n_pairs, out, seed=seed)
     return out
+
+
+def prepare_siamese_data(train_sets: list[LabelledSet], *, pairs: bool, n_pairs: int, dev_fraction: float,
+                         seed: int, storage_root: str) -> str:
+    """The train part of every set (``split_rows``): as pair episodes (SIAMESE / ALL), or as
+    (text, label) shards of the one set (NAIVE's classifier)."""
+    parts = {s.name: split_rows(s.rows(), dev_fraction, seed)[0] for s in train_sets}
+    if pairs:
+        return prepare_episodes(parts, n_pairs, storage_root, seed=seed)
+    return rows_to_shards(next(iter(parts.values())), storage_root, source=train_sets[0].path)

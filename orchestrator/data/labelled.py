@@ -17,8 +17,37 @@ import io
 import json
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pydantic import Field
+
 from orchestrator import storage
+from orchestrator.config import StrictModel, repo_path
 from orchestrator.errors import DataError
+
+
+class LabelledSet(StrictModel):
+    """A labelled TSV in a config: which columns hold the text and the class, and which rows to keep."""
+
+    name: str
+    path: str
+    text_column: str = "sentence"
+    label_column: str = "label"
+    where: dict[str, list[str]] = {}
+    limit: int | None = Field(None, gt=0)
+
+    def rows(self) -> list[tuple[str, str]]:
+        return read_labelled(self.path, text_column=self.text_column, label_column=self.label_column,
+                             limit=self.limit, integer_labels=False, where=self.where or None)
+
+
+def split_rows(rows: list[tuple[str, object]], dev_fraction: float, seed: int):
+    """Deterministic train/dev split by a seeded hash of the text (a text is never in both)."""
+    train, dev = [], []
+    for text, label in rows:
+        h = int(hashlib.sha256(f"{seed}:{text}".encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+        (dev if h < dev_fraction else train).append((text, label))
+    return train, dev
 
 
 def read_labelled(path: str, *, text_column: str = "text", label_column: str = "label",
@@ -28,8 +57,6 @@ def read_labelled(path: str, *, text_column: str = "text", label_column: str = "
 
     ``integer_labels=False`` keeps labels as strings (class names); ``where`` keeps only the rows
     whose column value is one of the listed values (e.g. ``{"event": [...]}``)."""
-    from orchestrator.config import repo_path
-
     path = repo_path(path)
     try:
         raw = storage.read_bytes(path) if storage.is_s3(path) else Path(path).read_bytes()
@@ -88,12 +115,8 @@ def labelled_shards(path: str, storage_root: str, *, text_column: str = "text", 
 def rows_to_shards(rows: list[tuple[str, object]], storage_root: str, *, source: str = "") -> str:
     """Write ``<storage_root>/datasets/<hash>/shards/*.parquet`` (columns text, label) and a
     manifest (written last: a folder without it is incomplete and is rewritten). Returns the folder."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     h = hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]
-    root = storage_root if storage.is_s3(storage_root) else str(Path(storage_root).resolve())
-    out = storage.join(root, "datasets", h)
+    out = storage.join(storage.absolute(storage_root), "datasets", h)
     if storage.exists(storage.join(out, "manifest.json")):
         return out
     buf = io.BytesIO()

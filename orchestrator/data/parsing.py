@@ -57,7 +57,7 @@ class SpacyParser:
     name = "spacy"
 
     def __init__(self, model: str = SPACY_MODEL, batch_size: int = 256):
-        import spacy
+        import spacy  # lazy: heavy, and loaded only inside parser actors
 
         try:
             self.nlp = spacy.load(model, disable=["ner"])
@@ -70,7 +70,7 @@ class SpacyParser:
 
     def parse_words(self, words: list[str]) -> Parse:
         """Parse pre-tokenised text (used to compare with treebanks on their own tokens)."""
-        from spacy.tokens import Doc
+        from spacy.tokens import Doc  # lazy: see SpacyParser.__init__
 
         doc = Doc(self.nlp.vocab, words=words)
         for _, proc in self.nlp.pipeline:
@@ -94,7 +94,7 @@ class StanzaParser:
 
     def __init__(self, model_dir: str, processors: str = "tokenize,pos,lemma,depparse,constituency",
                  cache_dir: str | Path | None = None):
-        import stanza
+        import stanza  # lazy: heavy (~3 s), and only a configured stanza backend needs it
 
         local = self._local_dir(model_dir, cache_dir)
         if not (local / "resources.json").is_file():
@@ -131,7 +131,7 @@ class StanzaParser:
         return {p.name for p in lang.iterdir() if p.is_dir() and any(p.glob("*.pt"))} if lang.is_dir() else set()
 
     def parse_batch(self, texts: list[str]) -> list[Parse]:
-        import stanza
+        import stanza  # lazy: see __init__
 
         docs = self.nlp.bulk_process([stanza.Document([], text=t) for t in texts])
         return [from_stanza_document(doc) for doc in docs]

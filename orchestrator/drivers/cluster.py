@@ -12,14 +12,20 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # before ray is imported
+
+import ray  # noqa: E402
 
 MIN_LOCAL_CPUS = 4
 
 
-def init_ray(*, num_cpus: int | None = None, quiet: bool = False) -> None:
-    import ray
+def shutdown_ray() -> None:
+    """Disconnect before a job prints its results, so that late worker log lines cannot follow them."""
+    if ray.is_initialized():
+        ray.shutdown()
 
+
+def init_ray(*, num_cpus: int | None = None, quiet: bool = False) -> None:
     if ray.is_initialized():
         return
     kwargs = {"log_to_driver": not quiet} if quiet else {}

@@ -3,6 +3,10 @@ over every experiment's training set, each trained with Ray Train, evaluated by 
 (and same-class MAP) on the experiment's test sets, tracked in MLflow, the SIAMESE and ALL models
 registered, and a results table + bar chart written.
 
+ORIG - the untouched encoder, measured in the same run with the same pooling - is the base every
+trained model stands beside; a registered model becomes ``candidate`` only when its dev Δ beats
+ORIG's on the same held-out texts.
+
     cfg = load_config(ExperimentsConfig, "configs/siamese_experiments/smoke.yaml")
     run_experiments(cfg, name="siamese-smoke")
 """
@@ -14,10 +18,24 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+import matplotlib
 
-from orchestrator.config import StrictModel, validate
-from trainers.siamese import LabelledSet, SiameseConfig
+matplotlib.use("Agg")  # files only: no display on a cluster or a CI machine
+import matplotlib.pyplot as plt  # noqa: E402
+import mlflow  # noqa: E402
+import numpy as np  # noqa: E402
+from pydantic import Field  # noqa: E402
+
+from orchestrator import tracking  # noqa: E402
+from orchestrator.config import MethodConfig, StrictModel, validate  # noqa: E402
+from orchestrator.data.labelled import LabelledSet  # noqa: E402
+from orchestrator.drivers import publish as pub  # noqa: E402
+from orchestrator.drivers.cluster import init_ray  # noqa: E402
+from orchestrator.drivers.registry import get_method  # noqa: E402
+from orchestrator.drivers.train import build_trainer, export_and_test, fit, preflight  # noqa: E402
+from orchestrator.evaluation.suite import TestReport  # noqa: E402
+from orchestrator.spec import BaseResult  # noqa: E402
+from orchestrator.storage import atomic_dir  # noqa: E402
 
 MODELS = ("orig", "naive", "siamese", "all")
 
@@ -32,8 +50,9 @@ class ExperimentsConfig(StrictModel):
     experiments: dict[str, ExperimentBlock] = Field(..., min_length=1)
     all_pairs_per_set: int = Field(1000, gt=0, description="ALL: pairs drawn from each experiment's train set")
     models: list[Literal["orig", "naive", "siamese", "all"]] = list(MODELS)
+    candidate_margin: float = Field(0.0, ge=0, description="dev Δ a model must beat ORIG's by to become candidate")
 
-    def run_config(self, experiment: str | None, mode: str) -> SiameseConfig:
+    def run_config(self, experiment: str | None, mode: str) -> MethodConfig:
         """The SiameseConfig of one run (``experiment`` None = ALL)."""
         data = json.loads(json.dumps(self.base))
         if experiment is None:
@@ -43,22 +62,12 @@ class ExperimentsConfig(StrictModel):
         else:
             e = self.experiments[experiment]
             data.update(train_sets=[e.train.model_dump()], test_sets=[t.model_dump() for t in e.test], mode=mode)
-        return validate(SiameseConfig, data, f"experiment {experiment or 'ALL'} ({mode})")
+        return validate(get_method("siamese").config_cls, data, f"experiment {experiment or 'ALL'} ({mode})")
 
 
 def run_experiments(cfg: ExperimentsConfig, name: str, *, out_root: str | Path = "outputs") -> dict:
-    import mlflow
-
-    from orchestrator import tracking
-    from orchestrator.drivers.cluster import init_ray
-    from orchestrator.drivers.registry import get_method
-    from orchestrator.drivers.train import build_trainer, export_and_test, fit, preflight, prepare_data
-    from orchestrator.models import load_encoder
-    from trainers.siamese import evaluate_sets
-
-    method = get_method("siamese")
-    first = next(iter(cfg.experiments))
-    probe = cfg.run_config(first, "siamese")
+    spec = get_method("siamese")
+    probe = cfg.run_config(next(iter(cfg.experiments)), "siamese")
     exp_id = preflight(probe)  # tracking server, storage, model source: fail before any Ray work
     for e in cfg.experiments.values():  # every data file readable before anything trains
         for s in (e.train, *e.test):
@@ -66,44 +75,66 @@ def run_experiments(cfg: ExperimentsConfig, name: str, *, out_root: str | Path =
     init_ray()
     t0 = time.time()
     results: dict[str, dict[str, dict[str, float]]] = {}  # model → test set → metrics
-    registered = {}
+    registered, gates = {}, []
     with mlflow.start_run(experiment_id=exp_id, run_name=name) as parent:
         mlflow.set_tags({"sieve.sweep": name, "sieve.role": "experiments", "sieve.method": "siamese"})
         tracking.log_params({"experiments": cfg.model_dump(mode="json")})
-        if "orig" in cfg.models:
-            enc, tok = load_encoder(probe.model.name_or_path, add_pooling_layer=False)
-            for exp in cfg.experiments:
-                run_cfg = cfg.run_config(exp, "siamese")
-                results.setdefault("orig", {}).update(_per_set(evaluate_sets(enc, tok, run_cfg.test_sets, run_cfg)))
-            _child(exp_id, parent.info.run_id, name, "orig", {}, results["orig"])
         runs = [(exp, mode) for exp in cfg.experiments for mode in ("naive", "siamese") if mode in cfg.models]
         if "all" in cfg.models:
             runs.append((None, "all"))
+        origs = {}  # ORIG on each experiment's dev texts and test sets: the base every model stands beside
+        for exp in cfg.experiments:
+            run_cfg = cfg.run_config(exp, "siamese")
+            run_cfg.model.pooling = probe.model.pooling
+            origs[exp] = spec.evaluate_base(run_cfg)
+            results.setdefault("orig", {}).update(_per_set(_sets_only(origs[exp].test.metrics)))
+        origs[None] = _orig_of_all(origs)  # ALL's dev texts and test sets are the union of the experiments'
+        _child(exp_id, parent.info.run_id, name, "orig", {}, results.get("orig", {}))
         for exp, mode in runs:
             run_cfg = cfg.run_config(exp, "siamese" if mode == "all" else mode)
+            run_cfg.model.pooling = probe.model.pooling
             label = f"{mode}-{exp}" if exp else "all"
-            shards = prepare_data(method, run_cfg, progress=False)
-            outcome = fit(build_trainer(method, run_cfg, shards, name=f"{name}-{label}"), method)
-            model_dir, report = export_and_test(method, run_cfg, outcome, Path(out_root) / "models" / name / label)
-            metrics = {k: v for k, v in report.metrics.items() if k != "delta_mean"}
+            shards = spec.prepare_data(run_cfg, progress=False)
+            outcome = fit(build_trainer(spec, run_cfg, shards, name=f"{name}-{label}"), spec)
+            model_dir, report = export_and_test(spec, run_cfg, outcome, Path(out_root) / "models" / name / label)
+            metrics = _sets_only(report.metrics)
             results.setdefault(mode, {}).update(_per_set(metrics))
             model_uri = _child(exp_id, parent.info.run_id, name, label, run_cfg.model_dump(mode="json"), _per_set(metrics),
                                history=outcome.history, model_dir=model_dir if mode in ("siamese", "all") else None)
             if mode in ("siamese", "all"):
-                reg = "siamese-all" if mode == "all" else f"siamese-{exp}"
-                version = tracking.register(
-                    model_uri, reg, alias="candidate",
+                best = outcome.best_metrics.get(spec.metric, float("nan"))
+                row = {"trial": label, "params": {}, "best_dev": best, "checkpoint_path": "-", "stopped_early": False}
+                choice = pub.Choice(row, best, origs[exp].dev, origs[exp].label, cfg.candidate_margin)
+                reg = pub.register(
+                    model_uri, "siamese-all" if mode == "all" else f"siamese-{exp}", choice,
                     description=f"{name} {label}: Δ cos distance {report.headline_value * 100:.2f} (×100) on "
-                                f"{', '.join(s.name for s in run_cfg.test_sets)}",
-                    tags={"experiments": name, "test_metric": "delta_mean", "test_score": f"{report.headline_value:.6f}"})
-                registered[reg] = version
+                                f"{', '.join(s.name for s in run_cfg.test_sets)}; ORIG "
+                                f"{origs[exp].test.headline_value * 100:.2f}",
+                    tags={"experiments": name, "test_metric": "delta_mean", "test_score": f"{report.headline_value:.6f}",
+                          "base_test_score": f"{origs[exp].test.headline_value:.6f}"})
+                registered[reg["name"]] = reg["version"]
+                gates.append(pub.gate_line(choice, spec.metric_label, reg))
         wall_s = time.time() - t0
         report_dir = Path(out_root) / "reports" / name
-        write_results(report_dir, name, cfg, results, registered, wall_s)
+        write_results(report_dir, name, cfg, results, registered, wall_s, gates)
         mlflow.log_artifacts(str(report_dir), "report")
         mlflow.log_metric("wall_s", wall_s)
-    return {"name": name, "results": results, "registered": registered, "wall_s": wall_s,
+    return {"name": name, "results": results, "registered": registered, "wall_s": wall_s, "gates": gates,
             "report": str(report_dir / "results.md")}
+
+
+def _orig_of_all(origs: dict) -> BaseResult:
+    """ORIG for ALL, from the per-experiment measurements: ALL's dev Δ is the mean over the train
+    sets' held-out parts, and its test sets are every experiment's."""
+    metrics = {k: v for o in origs.values() for k, v in _sets_only(o.test.metrics).items()}
+    metrics["delta_mean"] = float(np.mean([v for k, v in metrics.items() if k.endswith("_delta")]))
+    test = TestReport("Δ cosine distance and same-class MAP", metrics, "delta_mean", "", {"siamese": metrics})
+    label = next(iter(origs.values())).label
+    return BaseResult(float(np.mean([o.dev for o in origs.values()])), test, label)
+
+
+def _sets_only(metrics: dict[str, float]) -> dict[str, float]:
+    return {k: v for k, v in metrics.items() if k != "delta_mean"}
 
 
 def _per_set(metrics: dict[str, float]) -> dict[str, dict[str, float]]:
@@ -117,10 +148,6 @@ def _per_set(metrics: dict[str, float]) -> dict[str, dict[str, float]]:
 
 def _child(exp_id, parent_id, name, label, params, per_set, *, history=(), model_dir=None) -> str | None:
     """One nested MLflow run; returns the logged model's URI (when ``model_dir`` is given)."""
-    import mlflow
-
-    from orchestrator import tracking
-
     with mlflow.start_run(experiment_id=exp_id, run_name=label, nested=True, parent_run_id=parent_id):
         mlflow.set_tags({"sieve.sweep": name, "sieve.trial": label, "sieve.role": "trial"})
         if params:
@@ -136,16 +163,9 @@ def _child(exp_id, parent_id, name, label, params, per_set, *, history=(), model
 
 
 def write_results(out_dir: Path, name: str, cfg: ExperimentsConfig, results: dict, registered: dict,
-                  wall_s: float) -> None:
-    """results.md (table per metric), results.json and delta.png (grouped bars, like the paper's figures)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    from orchestrator.storage import atomic_dir
-
+                  wall_s: float, gates: list[str] | None = None) -> None:
+    """results.md (table per metric; ORIG, measured in the same run, first), results.json and delta.png
+    (grouped bars, like the paper's figures)."""
     models = [m for m in MODELS if m in results]
     rows = [(exp, t.name) for exp, e in cfg.experiments.items() for t in e.test]
     with atomic_dir(out_dir) as tmp:
@@ -160,7 +180,8 @@ def write_results(out_dir: Path, name: str, cfg: ExperimentsConfig, results: dic
                 cells = [f"{v * 100:.2f}" if v is not None else "–" for v in vals]
                 lines.append(f"| {exp} | {test} | " + " | ".join(cells) + " |")
             lines.append("")
-        lines += ["## Registered", ""] + [f"- `{k}` version {v}, alias `candidate`" for k, v in registered.items()]
+        lines += ["## Registered", ""] + [f"- {g}" for g in gates or []] + \
+                 [f"- `{k}` version {v}" for k, v in registered.items() if not gates]
         lines += ["", "![Δ cosine distance per test set](delta.png)", ""]
         (tmp / "results.md").write_text("\n".join(lines))
         (tmp / "results.json").write_text(json.dumps({"results": results, "registered": registered, "wall_s": wall_s,

@@ -1,30 +1,53 @@
-"""Sweep reports: a Markdown summary and two plots, written atomically to the output directory
-(and logged to MLflow by the job)."""
+"""Sweep reports: a Markdown summary and two plots, written atomically to the output directory (and
+logged to MLflow by the job).
+
+The untouched base model, measured in the same run, is the first row of the comparison and a line
+on the learning-curve plot. Trials are set side by side at an equal step (the last step every
+trial reached) as well as at their best; a trial ASHA stopped is shown at the step it reached.
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from orchestrator.drivers.sweep import params_label
-from orchestrator.storage import atomic_dir
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display on a cluster or a CI machine
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from orchestrator.drivers.publish import Choice  # noqa: E402
+from orchestrator.evaluation.suite import TestReport, compare_table  # noqa: E402
+from orchestrator.spec import BaseResult, MethodSpec  # noqa: E402
+from orchestrator.storage import atomic_dir  # noqa: E402
 
 
-def write_sweep_report(out_dir: str | Path, *, name: str, method: str, metric: str, rows: list[dict],
-                       best_params: dict, test, registered: dict | None, wall_s: float,
-                       metric_label: str = "STS-B dev Spearman", group_out: list[str] | None = None) -> Path:
-    """``test``: the best trial's :class:`~orchestrator.evaluation.suite.TestReport` (or None).
-    When several trials have test scores, a table groups them by setting (``group_out`` keys,
-    e.g. the seed, averaged over: mean ± std)."""
-    return _write(out_dir, name=name, method=method, metric=metric, rows=rows, best_params=best_params, test=test,
-                  registered=registered, wall_s=wall_s, label=metric_label, group_out=group_out or [])
+def params_label(params: dict) -> str:
+    parts = []
+    for k, v in params.items():
+        if isinstance(v, dict):
+            parts += [f"{kk.replace('lambda_', 'λ')}={vv:g}" if isinstance(vv, int | float) else f"{kk}={vv}"
+                      for kk, vv in v.items()]
+        else:
+            parts.append(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}")
+    return ", ".join(parts)
+
+
+def common_step(rows: list[dict]) -> int | None:
+    """The last evaluation step every scored trial reached (where all can be compared)."""
+    steps = [int(r["history"][-1].get("step", 0)) for r in rows if r["history"]]
+    return min(steps) if steps else None
+
+
+def dev_at(row: dict, step: int | None, metric: str) -> float:
+    at = [h[metric] for h in row["history"] if int(h.get("step", -1)) == step]
+    return at[-1] if at else float("nan")
 
 
 def group_rows(rows: list[dict], group_out: list[str], headline: str) -> list[dict]:
     """Trials with a test score grouped by their params minus ``group_out``: n, mean, std of
     the best dev score and of the test ``headline``."""
-    import numpy as np
-
     groups: dict[str, list[dict]] = {}
     for r in rows:
         if headline not in r.get("test", {}):
@@ -35,7 +58,8 @@ def group_rows(rows: list[dict], group_out: list[str], headline: str) -> list[di
     for key, rs in groups.items():
         dev = np.array([r["best_dev"] for r in rs])
         tst = np.array([r["test"][headline] for r in rs])
-        out.append({"setting": key, "n": len(rs), "dev_mean": float(dev.mean()), "dev_std": float(dev.std(ddof=1)) if len(rs) > 1 else 0.0,
+        out.append({"setting": key, "n": len(rs), "dev_mean": float(dev.mean()),
+                    "dev_std": float(dev.std(ddof=1)) if len(rs) > 1 else 0.0,
                     "test_mean": float(tst.mean()), "test_std": float(tst.std(ddof=1)) if len(rs) > 1 else 0.0})
     return sorted(out, key=lambda g: -g["dev_mean"])
 
@@ -48,49 +72,73 @@ def group_table(groups: list[dict], label: str, headline: str) -> str:
     return "\n".join(lines)
 
 
-def _write(out_dir, *, name, method, metric, rows, best_params, test, registered, wall_s, label, group_out) -> Path:
+def _x100(v: float | None) -> str:
+    return f"{v * 100:.2f}" if v is not None and v == v else "–"
+
+
+def write_sweep_report(out_dir: str | Path, *, name: str, method: str, spec: MethodSpec, rows: list[dict],
+                       group_out: list[str], choice: Choice, base: BaseResult | None, test: TestReport,
+                       best_config: dict, registered: dict, gate: str, wall_s: float) -> Path:
+    metric, label, best = spec.metric, spec.metric_label, choice.best
+    step = common_step(rows)
     with atomic_dir(out_dir) as tmp:
-        _plots(tmp, rows, metric, label)
+        _plots(tmp, rows, metric, label, base)
         lines = [f"# Sweep `{name}` ({method})", "",
                  f"{len(rows)} trials, wall time {wall_s / 60:.1f} min; metric `{metric}` ({label}, ×100).", "",
-                 "## Trials (best dev first)", "",
-                 "| # | trial | setting | best dev | evals | note |", "|---:|---|---|---:|---:|---|"]
+                 "## Against the base model (measured in this run, same pooling and tasks)", "",
+                 f"| model | {label} | test {test.headline} |", "|---|---:|---:|"]
+        if base is not None:
+            lines.append(f"| {base.label} | {_x100(base.dev)} | {_x100(base.test.metrics.get(test.headline))} |")
+        elif choice.base_dev is not None:
+            lines.append(f"| {choice.base_label} | {_x100(choice.base_dev)} | – |")
+        lines += [f"| best setting: {params_label(best['params'])} (trial {best['trial']}; setting mean "
+                  f"{_x100(choice.best_dev)}) | {_x100(best['best_dev'])} | {_x100(test.headline_value)} |", "",
+                  f"**{gate}**", ""]
+        if base is not None:
+            lines += ["### Candidate − base per test task (×100)", "", compare_table(base.test, test), ""]
+        lines += ["## Trials (best dev first)", "",
+                  f"Side by side at step {step} (the last step every trial reached) and at each trial's best.", "",
+                  f"| # | trial | setting | dev @ step {step} | best dev | at step | steps | note |",
+                  "|---:|---|---|---:|---:|---:|---:|---|"]
         for i, r in enumerate(rows, 1):
             note = r["error"] or ("stopped early (ASHA)" if r["stopped_early"] else "")
-            dev = f"{r['best_dev'] * 100:.2f}" if r["best_dev"] == r["best_dev"] else "–"
-            lines.append(f"| {i} | {r['trial']} | {params_label(r['params'])} | {dev} | {len(r['history'])} | {note} |")
-        groups = group_rows(rows, group_out, test.headline) if test else []
+            reached = int(r["history"][-1].get("step", 0)) if r["history"] else 0
+            at_best = int(r["best"].get("step", 0)) if r["best"] else 0
+            lines.append(f"| {i} | {r['trial']} | {params_label(r['params'])} | {_x100(dev_at(r, step, metric))} | "
+                         f"{_x100(r['best_dev'])} | {at_best} | {reached} | {note} |")
+        groups = group_rows(rows, group_out, test.headline)
         if sum(g["n"] for g in groups) > 1:
             lines += ["", f"## Settings over {', '.join(group_out) or 'trials'} (every trial tested)", "",
                       group_table(groups, label, test.headline)]
             (tmp / "groups.json").write_text(json.dumps(groups, indent=2))
-        lines += ["", "## Best configuration", "", "```json", json.dumps(best_params, indent=2), "```", ""]
-        if test:
-            lines += [f"## Best trial: {test.title}", "", test.table, ""]
-        if registered:
-            lines += ["## Registered", "", f"`{registered['name']}` version {registered['version']} "
-                      f"with alias `{registered['alias']}` (run `{registered['run_id']}`).", ""]
-        lines += ["![dev score per setting](dev_by_setting.png)", "", "![learning curves](learning_curves.png)", ""]
+        lines += ["", "## Best configuration", "", "```json", json.dumps({"trial": best["trial"], "params": best["params"],
+                                                                          "config": best_config}, indent=2), "```", "",
+                  f"## Best trial: {test.title}", "", test.table, "",
+                  "## Registered", "", f"`{registered['name']}` version {registered['version']}, alias "
+                  f"{'`' + registered['alias'] + '`' if registered['alias'] else 'none (did not beat the base)'} "
+                  f"(run `{registered['run_id']}`).", "",
+                  "![dev score per setting](dev_by_setting.png)", "", "![learning curves](learning_curves.png)", ""]
         (tmp / "summary.md").write_text("\n".join(lines))
         (tmp / "trials.json").write_text(json.dumps(rows, indent=2, default=str))
+        if base is not None:
+            (tmp / "base.json").write_text(json.dumps({"label": base.label, "dev": base.dev,
+                                                       "test": base.test.metrics}, indent=2))
     return Path(out_dir)
 
 
-def _plots(out: Path, rows: list[dict], metric: str, label: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def _plots(out: Path, rows: list[dict], metric: str, label: str, base: BaseResult | None) -> None:
     scored = [r for r in rows if r["best_dev"] == r["best_dev"]]
     fig, ax = plt.subplots(figsize=(8, 0.5 + 0.45 * max(1, len(scored))))
     ax.barh([params_label(r["params"]) or r["trial"] for r in scored][::-1],
             [r["best_dev"] * 100 for r in scored][::-1], color="#4c72b0")
+    if base is not None:
+        ax.axvline(base.dev * 100, color="#c44e52", linestyle="--", label=base.label)
+        ax.legend(fontsize=7)
     ax.set_xlabel(f"best {label} ×100")
     ax.set_title("Dev score per setting")
     if scored:
-        lo = min(r["best_dev"] for r in scored) * 100
-        ax.set_xlim(max(0, lo - 5), max(r["best_dev"] for r in scored) * 100 + 1)
+        values = [r["best_dev"] * 100 for r in scored] + ([base.dev * 100] if base else [])
+        ax.set_xlim(max(0, min(values) - 5), max(values) + 1)
     fig.tight_layout()
     fig.savefig(out / "dev_by_setting.png", dpi=110)
     plt.close(fig)
@@ -99,6 +147,8 @@ def _plots(out: Path, rows: list[dict], metric: str, label: str) -> None:
     for r in scored[:5]:
         steps = [h.get("step", i) for i, h in enumerate(r["history"])]
         ax.plot(steps, [h[metric] * 100 for h in r["history"]], marker="o", label=params_label(r["params"])[:60])
+    if base is not None:
+        ax.axhline(base.dev * 100, color="#c44e52", linestyle="--", label=f"{base.label} (step 0)")
     ax.set_xlabel("optimiser step")
     ax.set_ylabel(f"{label} ×100")
     ax.set_title("Learning curves of the top trials")

@@ -17,7 +17,9 @@ The search space comes from YAML::
             - {lambda_xx: 0, lambda_xy: 1, lambda_xz: 1, lambda_yz: 1}
             - {lambda_xx: 1, lambda_xy: 0, lambda_xz: 0, lambda_yz: 0}
 
-Every key is checked against the method's config before anything starts.
+Every key is checked against the method's config before anything starts. A sampled point is
+applied to the typed base config by path (:func:`orchestrator.config.with_params`) and validated
+once; the base config and the other constants reach the trials through ``tune.with_parameters``.
 """
 
 from __future__ import annotations
@@ -28,10 +30,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+import ray
+import ray.tune
 from pydantic import Field, model_validator
+from ray import tune
+from ray.tune.integration.ray_train import TuneReportCallback
+from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+from ray.tune.search import BasicVariantGenerator
 
 from orchestrator import storage
-from orchestrator.config import StrictModel, apply_overrides, validate
+from orchestrator.config import MethodConfig, StrictModel, with_params
+from orchestrator.drivers.registry import get_method
+from orchestrator.drivers.train import build_trainer, fit
 from orchestrator.errors import ConfigError
 
 
@@ -60,8 +70,6 @@ class Dimension(StrictModel):
         return list(self.grid or self.choice or self.uniform or self.loguniform)
 
     def to_tune(self):
-        from ray import tune
-
         if self.grid is not None:
             return tune.grid_search(self.grid)
         if self.choice is not None:
@@ -86,35 +94,37 @@ class SweepConfig(StrictModel):
 
 
 class SweepJobConfig(StrictModel):
-    """A sweep file: the method, its base preset (+ overrides), and the search space."""
+    """A sweep file: the method, its base preset (+ overrides by path), and the search space."""
 
     method: str
-    base: str = Field(..., description="path of the method's base config, relative to the repo root")
+    base: str | dict[str, Any] = Field(..., description="path of the method's base config (relative to the repo "
+                                       "root), or the whole config inline")
     base_overrides: dict[str, Any] = {}
     sweep: SweepConfig = SweepConfig()
     test_every_trial: bool = Field(False, description="export + test every trial, not only the best")
     group_out: list[str] = Field(["train.seed"], description="space keys averaged over in the report's groups")
+    candidate_margin: float = Field(0.0, ge=0, description="the alias `candidate` moves only when the best "
+                                    "setting's dev score beats the base model's by more than this")
 
 
-def to_overrides(params: dict[str, Any]) -> list[str]:
-    """Sampled params (bundles expanded) → ``key=value`` overrides."""
-    out = []
+def flat_params(params: dict[str, Any]) -> dict[str, Any]:
+    """Sampled params with bundles expanded: ``{"lambdas": {"lambda_xy": 1}}`` → ``{"lambda_xy": 1}``."""
+    out: dict[str, Any] = {}
     for key, value in params.items():
-        items = value.items() if isinstance(value, dict) else [(key, value)]
-        out += [f"{k}={json.dumps(v)}" for k, v in items]
+        out.update(value if isinstance(value, dict) else {key: value})
     return out
 
 
-def method_config(method, base: dict, params: dict[str, Any], source: str):
-    return validate(method.config_cls, apply_overrides(base, to_overrides(params)), source)
+def trial_config(base: MethodConfig, params: dict[str, Any], source: str) -> MethodConfig:
+    return with_params(base, flat_params(params), source)
 
 
-def check_space(method, base: dict, space: dict[str, Dimension], source: str) -> None:
+def check_space(base: MethodConfig, space: dict[str, Dimension], source: str) -> None:
     """Every dimension's values must give a valid method config (unknown keys fail here)."""
     for key, dim in space.items():
         for value in dim.candidates():
             try:
-                method_config(method, base, {key: value}, source)
+                trial_config(base, {key: value}, source)
             except ConfigError as exc:
                 raise ConfigError(f"{source}: sweep.space.{key}={value!r}: {str(exc).split(': ', 1)[-1]}") from None
 
@@ -125,8 +135,6 @@ def concurrent_trials(cfg, requested: int | None) -> int:
     ingest waits forever - a silent hang seen with 1-worker trials on 4 logical CPUs)."""
     if requested:
         return requested
-    import ray
-
     res = ray.cluster_resources()
     per_trial_cpu = cfg.scaling.num_workers * cfg.scaling.cpus_per_worker + 1
     fits = int(max(0.0, res.get("CPU", 1) - 1) // per_trial_cpu)
@@ -139,8 +147,6 @@ def concurrent_trials(cfg, requested: int | None) -> int:
 def _recording_callback(reports_uri: str):
     """Ray Tune's ``TuneReportCallback`` that also keeps every report (metrics + checkpoint path)
     in ``reports_uri``, keyed by step, so a finished trial's results outlive the Tune driver."""
-    from ray.tune.integration.ray_train import TuneReportCallback
-
     class RecordingTuneReportCallback(TuneReportCallback):
         def __init__(self):
             super().__init__()
@@ -157,24 +163,19 @@ def _recording_callback(reports_uri: str):
     return RecordingTuneReportCallback()
 
 
-def trial_fn(tune_config: dict) -> None:
-    """One Tune trial: validate the sampled config, train it with Ray Train, report through Tune.
+def trial_fn(tune_config: dict, *, method: str, base: MethodConfig, shards: str, sweep_dir: str) -> None:
+    """One Tune trial: apply the sampled point to the base config, train it with Ray Train, report
+    through Tune.
 
     A trial that already finished is never trained again. Tune snapshots its experiment state
     only every few seconds, so a driver killed just after a trial ended restores that trial as
     unfinished and calls this again (seen in the kill/resume test); the ``done`` marker written
     after training makes that call replay the recorded reports to Tune instead.
     """
-    import ray.tune
-
-    from orchestrator.drivers.registry import get_method
-    from orchestrator.drivers.train import build_trainer, fit
-
-    method = get_method(tune_config["method"])
+    spec = get_method(method)
     params = tune_config["params"]
-    cfg = method_config(method, tune_config["base"], params, "sweep trial")
+    cfg = trial_config(base, params, "sweep trial")
     trial = ray.tune.get_context().get_trial_name()
-    sweep_dir = tune_config["sweep_dir"]
     reports, done = storage.join(sweep_dir, "reports", f"{trial}.json"), storage.join(sweep_dir, "done", trial)
     if storage.exists(done):
         storage.write_bytes(storage.join(sweep_dir, "replays", f"{trial}-{time.time_ns()}"), b"")  # audit
@@ -184,26 +185,19 @@ def trial_fn(tune_config: dict) -> None:
     # an audit line per training start: proves on resume that finished trials were not re-run
     log = storage.join(sweep_dir, "invocations", f"{trial}-{time.time_ns()}.json")
     storage.write_bytes(log, json.dumps({"trial": trial, "params": params}).encode())
-    trainer = build_trainer(method, cfg, tune_config["shards"], name=trial, callbacks=[_recording_callback(reports)],
+    trainer = build_trainer(spec, cfg, shards, name=trial, callbacks=[_recording_callback(reports)],
                             storage_path=storage.join(sweep_dir, "train"))
-    fit(trainer, method)
+    fit(trainer, spec)
     storage.write_bytes(done, b"")
 
 
-def run_sweep(job: SweepJobConfig, base: dict, shards: str, *, name: str, storage_root: str, resume: bool,
+def run_sweep(job: SweepJobConfig, base: MethodConfig, shards: str, *, name: str, storage_root: str, resume: bool,
               progress: bool = True):
     """Run (or resume) the Tune experiment; returns the ``ResultGrid``."""
-    from ray import tune
-    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
-    from ray.tune.search import BasicVariantGenerator
-
-    from orchestrator.drivers.registry import get_method
-
-    method = get_method(job.method)
-    cfg0 = method_config(method, base, {}, "base")
-    root = storage.join(storage_root, "sweeps") if storage.is_s3(storage_root) else str(Path(storage_root, "sweeps").resolve())
+    root = storage.join(storage.absolute(storage_root), "sweeps")
     path = storage.join(root, name)
-    trainable = tune.with_resources(trial_fn, {"CPU": 1})
+    trainable = tune.with_resources(
+        tune.with_parameters(trial_fn, method=job.method, base=base, shards=shards, sweep_dir=path), {"CPU": 1})
     if resume:
         if not tune.Tuner.can_restore(path):
             raise ConfigError(f"--resume: no sweep to resume at {path}")
@@ -211,24 +205,20 @@ def run_sweep(job: SweepJobConfig, base: dict, shards: str, *, name: str, storag
         return tuner.fit()
     if storage.exists(path):
         raise ConfigError(f"sweep {name!r} already exists at {path}: pass --resume, or another --name")
-    max_evals = max(1, math.ceil((cfg0.train.max_steps or 10**6) / cfg0.train.eval_steps))
+    max_evals = max(1, math.ceil((base.train.max_steps or 10**6) / base.train.eval_steps))
     sc = job.sweep.scheduler
     scheduler = (ASHAScheduler(time_attr="training_iteration", max_t=max_evals, grace_period=sc.grace_period,
                                reduction_factor=sc.reduction_factor)
                  if sc.type == "asha" else FIFOScheduler())
-    space = {
-        "method": job.method, "base": base, "shards": shards, "sweep_dir": path,
-        "params": {k: d.to_tune() for k, d in job.sweep.space.items()},
-    }
     tuner = tune.Tuner(
         trainable,
-        param_space=space,
+        param_space={"params": {k: d.to_tune() for k, d in job.sweep.space.items()}},
         tune_config=tune.TuneConfig(
-            metric=method.metric, mode="max", scheduler=scheduler, num_samples=job.sweep.num_samples,
+            metric=get_method(job.method).metric, mode="max", scheduler=scheduler, num_samples=job.sweep.num_samples,
             # the limit must live in the generator: TuneConfig.max_concurrent_trials is ignored when
             # a BasicVariantGenerator is passed, and 4 trial drivers on 4 CPUs would starve their workers
             search_alg=BasicVariantGenerator(random_state=job.sweep.seed,
-                                             max_concurrent=concurrent_trials(cfg0, job.sweep.max_concurrent_trials)),
+                                             max_concurrent=concurrent_trials(base, job.sweep.max_concurrent_trials)),
             trial_dirname_creator=_trial_dirname,  # short, = the trial name used in logs and MLflow
         ),
         run_config=tune.RunConfig(name=name, storage_path=root, verbose=1 if progress else 0,
@@ -267,16 +257,3 @@ def trial_rows(result_grid, metric: str) -> list[dict]:
         x["stopped_early"] = 0 < len(x["history"]) < most
     rows.sort(key=lambda x: -x["best_dev"] if x["best_dev"] == x["best_dev"] else math.inf)
     return rows
-
-
-def params_label(params: dict) -> str:
-    parts = []
-    for k, v in params.items():
-        if isinstance(v, dict):
-            parts += [f"{kk.replace('lambda_', 'λ')}={vv:g}" if isinstance(vv, int | float) else f"{kk}={vv}"
-                      for kk, vv in v.items()]
-        else:
-            parts.append(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}")
-    return ", ".join(parts)
-
-

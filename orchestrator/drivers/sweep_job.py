@@ -1,164 +1,197 @@
-"""The driver every ``jobs/*_sweep.py`` shares: config → corpus → Tune sweep → MLflow parent and
-child runs → best trial exported, tested on STS and registered (alias ``candidate``) → report."""
+"""The driver every ``jobs/*_sweep.py`` shares, in three steps:
+
+    plan = resolve(args)      # sweep file + base config (validated once), preflight: fail before Ray
+    result = run(plan)        # corpus → the base model measured → Tune sweep → best trial exported + tested
+    summary = publish(plan, result)   # MLflow child runs, registration gated on beating the base, report
+
+The untouched base model is measured in the same run, with the same pooling and tasks, and is the
+first row of every comparison; the alias ``candidate`` moves only when the best setting beats it.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator import storage, tracking
+import mlflow
+
+from orchestrator import tracking
 from orchestrator.config import (
     REPO_ROOT,
-    _read_yaml,
+    MethodConfig,
     apply_overrides,
     config_hash,
-    load_config,
+    read_yaml,
     resolve_config_path,
+    set_path,
+    validate,
 )
+from orchestrator.drivers import publish as pub
+from orchestrator.drivers.cli import job_parser, location_overrides, print_config
+from orchestrator.drivers.cluster import init_ray, shutdown_ray
+from orchestrator.drivers.registry import get_method
+from orchestrator.drivers.report import write_sweep_report
+from orchestrator.drivers.sweep import SweepJobConfig, check_space, run_sweep, trial_config, trial_rows
+from orchestrator.drivers.train import Outcome, checkpoint_at, export_and_test, preflight
 from orchestrator.errors import ConfigError
+from orchestrator.evaluation.suite import TestReport, compare_table
+from orchestrator.spec import BaseResult, MethodSpec
 
 
 def parse_args(doc: str, default_dir: str) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    src = ap.add_mutually_exclusive_group()
-    src.add_argument("--preset", default="smoke", help=f"configs/{default_dir}/<preset>.yaml")
-    src.add_argument("--config", help="a sweep YAML file")
-    ap.add_argument("--name", help="sweep name (default: <dir>-<time>); required with --resume")
-    ap.add_argument("--resume", action="store_true", help="continue the sweep NAME after a crash")
-    ap.add_argument("--tracking-uri", help="MLflow tracking URI (default: env, else embedded ./mlruns)")
-    ap.add_argument("--storage", help="local path or s3:// URI for corpora, trials and checkpoints")
-    ap.add_argument("--no-progress", action="store_true")
-    ap.add_argument("overrides", nargs="*", help="key=value overrides of the base config (sweep.* for the sweep)")
+    ap = job_parser(doc, default_dir)
+    ap.add_argument("--resume", action="store_true", help="continue the sweep NAME after a crash (needs --name)")
     return ap.parse_args()
 
 
-def main(doc: str, default_dir: str) -> int:
-    from orchestrator.drivers.sweep import SweepJobConfig, check_space, method_config
+# ---------------------------------------------------------------- 1. resolve
+@dataclass
+class SweepPlan:
+    name: str
+    job: SweepJobConfig
+    spec: MethodSpec
+    base: MethodConfig  # the base config, validated once; trials apply their params to it by path
+    exp_id: str
+    resume: bool = False
+    progress: bool = True
 
-    args = parse_args(doc, default_dir)
+
+def resolve(args: argparse.Namespace, default_dir: str) -> SweepPlan:
+    """Sweep file → typed base config (YAML, then the sweep's base_overrides by path, then the command
+    line) → every point of the space checked → preflight. Nothing here starts Ray."""
     if args.resume and not args.name:
         raise ConfigError("--resume needs --name (the sweep to continue)")
     path = args.config or resolve_config_path(args.preset, default_dir)
-    sweep_over = [o for o in args.overrides if o.startswith("sweep.")]
-    base_over = [o for o in args.overrides if not o.startswith("sweep.")]
-    job = load_config(SweepJobConfig, path, sweep_over)
-    from orchestrator.drivers.registry import get_method
-
-    method = get_method(job.method)
-    base_path = Path(job.base) if Path(job.base).is_absolute() else REPO_ROOT / job.base
-    base = apply_overrides(_read_yaml(base_path), [f"{k}={json.dumps(v)}" for k, v in job.base_overrides.items()])
-    if args.storage:
-        base_over.append(f"run.storage={args.storage}")
-    if args.tracking_uri:
-        base_over.append(f"tracking.tracking_uri={args.tracking_uri}")
-    base = apply_overrides(base, base_over)
-    cfg0 = method_config(method, base, {}, f"{base_path} (+ overrides)")
-    check_space(method, base, job.sweep.space, str(path))
+    job = validate(SweepJobConfig, apply_overrides(read_yaml(Path(path)),
+                                                   [o for o in args.overrides if o.startswith("sweep.")]), str(path))
+    spec = get_method(job.method)
+    if isinstance(job.base, dict):  # the whole base config inline (what --print-config writes)
+        data, source = job.base, f"{path}: base"
+    else:
+        base_path = Path(job.base) if Path(job.base).is_absolute() else REPO_ROOT / job.base
+        data, source = read_yaml(base_path), str(base_path)
+    for key, value in job.base_overrides.items():
+        set_path(data, key.split("."), value, f"{path}: base_overrides.{key}")
+    cli = [o for o in args.overrides if not o.startswith("sweep.")] + location_overrides(args)
+    base = validate(spec.config_cls, apply_overrides(data, cli), f"{source} (+ overrides)")
+    check_space(base, job.sweep.space, str(path))
+    if args.print_config:
+        return SweepPlan("", job.model_copy(update={"base": base.model_dump(mode="json"), "base_overrides": {}}),
+                         spec, base, "")
+    exp_id = preflight(base)  # tracking server, storage, model source: fail before any Ray work
     name = args.name or f"{default_dir}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return SweepPlan(name, job, spec, base, exp_id, args.resume, not args.no_progress)
 
-    from orchestrator.drivers.train import preflight
 
-    exp_id = preflight(cfg0)  # tracking server, storage, model source: fail before any Ray work
+# ---------------------------------------------------------------- 2. run
+@dataclass
+class SweepResult:
+    shards: str
+    rows: list[dict]  # every trial, best dev first
+    choice: pub.Choice
+    test: TestReport  # the chosen trial's test report
+    model_dir: Path
+    base: BaseResult | None
+    wall_s: float
+    extra: dict = field(default_factory=dict)
 
-    import mlflow
 
-    from orchestrator.drivers.cluster import init_ray
-    from orchestrator.drivers.report import write_sweep_report
-    from orchestrator.drivers.sweep import run_sweep, trial_rows
-    from orchestrator.drivers.train import Outcome, export_and_test, prepare_data
-
+def run(plan: SweepPlan) -> SweepResult:
+    """The data, the base model measured, the sweep, and the chosen trial exported and tested."""
     init_ray()
     t0 = time.time()
-    shards = prepare_data(method, cfg0, progress=not args.no_progress)
-    parent = tracking.find_run(exp_id, {"sieve.sweep": name, "sieve.role": "sweep"}) if args.resume else None
-    with mlflow.start_run(run_id=parent.info.run_id if parent else None, experiment_id=exp_id,
-                          run_name=None if parent else name) as run:
+    spec, job = plan.spec, plan.job
+    shards = spec.prepare_data(plan.base, progress=plan.progress)
+    base = spec.evaluate_base(plan.base) if spec.evaluate_base else None
+    grid = run_sweep(job, plan.base, shards, name=plan.name, storage_root=plan.base.run.storage, resume=plan.resume,
+                     progress=plan.progress)
+    rows = trial_rows(grid, spec.metric)
+    if not any(r["checkpoint_path"] for r in rows):
+        raise ConfigError(f"sweep {plan.name}: no trial reported a checkpoint (errors: {[r['error'] for r in rows]})")
+    tested = [r for r in rows if r["checkpoint_path"]] if job.test_every_trial else []
+    for r in tested:  # e.g. mean ± std over seeds (and SIFTER-LSTM's baseline) needs every trial's test score
+        _, report = _export(plan, r, Path("outputs") / "models" / f"{plan.name}-trials" / r["trial"])
+        r["test"] = report.metrics
+    choice = pub.choose(rows, group_out=job.group_out, base=base, baseline_params=spec.baseline_params,
+                        margin=job.candidate_margin)
+    model_dir, test = _export(plan, choice.best, Path("outputs") / "models" / plan.name)
+    choice.best["test"] = test.metrics
+    return SweepResult(shards, rows, choice, test, model_dir, base, time.time() - t0)
+
+
+def _export(plan: SweepPlan, row: dict, out: Path):
+    cfg = trial_config(plan.base, row["params"], f"trial {row['trial']}")
+    outcome = Outcome(checkpoint_at(row["checkpoint_path"]), row["best"], row["history"])
+    return export_and_test(plan.spec, cfg, outcome, out)
+
+
+# ---------------------------------------------------------------- 3. publish
+def publish(plan: SweepPlan, result: SweepResult, parent_id: str) -> dict:
+    """Child runs, parent metrics (best and base), the model registered (``candidate`` only when it
+    beats the base), and the report."""
+    spec, choice, best = plan.spec, result.choice, result.choice.best
+    pub.log_trials(plan.exp_id, parent_id, plan.name, result.rows, spec.metric)
+    base_metrics = ({"base_dev": result.base.dev, **{f"base_test_{k}": v for k, v in result.base.test.metrics.items()}}
+                    if result.base else {})
+    tracking.log_metrics({**{f"best_test_{k}": v for k, v in result.test.metrics.items()},
+                          f"best_{spec.metric}": best["best_dev"], **base_metrics})
+    best_cfg = trial_config(plan.base, best["params"], "best trial")
+    reg_name = best_cfg.tracking.registry_model_name or plan.job.method.replace("_", "-")
+    chash, test = config_hash(best_cfg), result.test
+    info = (spec.log_model or tracking.log_sentence_encoder)(result.model_dir, name="best_model")
+    base_note = (f"; base {choice.base_label}: {spec.metric_label} {choice.base_dev * 100:.2f}"
+                 if choice.base_dev is not None else "")
+    registered = pub.register(
+        info.model_uri, reg_name, choice,
+        description=(f"sweep {plan.name}; best trial {best['trial']} ({json.dumps(best['params'])}); "
+                     f"{spec.metric_label} {best['best_dev'] * 100:.2f}{base_note}; "
+                     f"test {test.headline} {test.headline_value * 100:.2f}; config {chash}"),
+        tags={"sweep": plan.name, "config_hash": chash, "trial": best["trial"], "run_id": parent_id,
+              spec.metric: f"{best['best_dev']:.6f}",
+              "test_metric": test.headline, "test_score": f"{test.headline_value:.6f}",  # what promote compares
+              **{f"test_{k}": f"{v:.6f}" for k, v in test.metrics.items()
+                 if not k.startswith("sts_") or k in ("sts_stsb_spearman_all", "sts_avg_spearman_all")}})
+    registered["run_id"] = parent_id
+    line = pub.gate_line(choice, spec.metric_label, registered)
+    report_dir = Path("outputs") / "reports" / plan.name
+    write_sweep_report(report_dir, name=plan.name, method=plan.job.method, spec=spec, rows=result.rows,
+                       group_out=plan.job.group_out, choice=choice, base=result.base, test=test,
+                       best_config=best_cfg.model_dump(mode="json"), registered=registered, gate=line,
+                       wall_s=result.wall_s)
+    mlflow.log_artifacts(str(report_dir), "report")
+    mlflow.log_metric("wall_s", result.wall_s)
+    mlflow.set_tags({"beats_base": str(choice.beats_base).lower()})
+    uri = tracking.resolve_tracking_uri(plan.base.tracking.tracking_uri)
+    return {"sweep": plan.name, "trials": len(result.rows), "best_trial": best["trial"], "best_params": best["params"],
+            "best_dev": best["best_dev"], "base_dev": choice.base_dev, "beats_base": choice.beats_base,
+            f"test_{test.headline}": test.headline_value, "registered": registered,
+            "wall_s": round(result.wall_s, 1), "report": str(report_dir / "summary.md"),
+            "mlflow_ui": (f".venv/bin/mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000"
+                          if uri.startswith("sqlite") else uri), "gate": line}
+
+
+def main(doc: str, default_dir: str) -> int:
+    args = parse_args(doc, default_dir)
+    plan = resolve(args, default_dir)
+    if args.print_config:
+        return print_config(plan.job)
+    parent = (tracking.find_run(plan.exp_id, {"sieve.sweep": plan.name, "sieve.role": "sweep"})
+              if plan.resume else None)
+    with mlflow.start_run(run_id=parent.info.run_id if parent else None, experiment_id=plan.exp_id,
+                          run_name=None if parent else plan.name) as parent_run:
         if parent is None:
-            mlflow.set_tags({"sieve.sweep": name, "sieve.role": "sweep", "sieve.method": job.method})
-            tracking.log_params({"base": cfg0.model_dump(mode="json"), "space": job.sweep.model_dump(mode="json"),
-                                 "shards": shards, "config_hash": config_hash(cfg0)})
-        grid = run_sweep(job, base, shards, name=name, storage_root=cfg0.run.storage, resume=args.resume,
-                         progress=not args.no_progress)
-        rows = trial_rows(grid, method.metric)
-        scored = [r for r in rows if r["checkpoint_path"]]
-        if not scored:
-            raise ConfigError(f"sweep {name}: no trial reported a checkpoint (errors: {[r['error'] for r in rows]})")
-        best = scored[0]
-        best_cfg = method_config(method, base, best["params"], "best trial")
-        outcome = Outcome(_checkpoint(best["checkpoint_path"]), best["best"], best["history"])
-        model_dir, test = export_and_test(method, best_cfg, outcome, Path("outputs") / "models" / name)
-        best["test"] = test.metrics
-        if job.test_every_trial:  # e.g. mean ± std over seeds needs every trial's test score
-            for r in scored[1:]:
-                cfg_r = method_config(method, base, r["params"], f"trial {r['trial']}")
-                _, t = export_and_test(method, cfg_r, Outcome(_checkpoint(r["checkpoint_path"]), r["best"], r["history"]),
-                                       Path("outputs") / "models" / f"{name}-trials" / r["trial"])
-                r["test"] = t.metrics
-        _log_children(exp_id, run.info.run_id, name, rows, method.metric)
-        tracking.log_metrics({**{f"best_test_{k}": v for k, v in test.metrics.items()},
-                              f"best_{method.metric}": best["best_dev"]})
-        info = (method.log_model or tracking.log_sentence_encoder)(model_dir, name="best_model")
-        reg_name = best_cfg.tracking.registry_model_name or job.method.replace("_", "-")
-        chash = config_hash(best_cfg)
-        version = tracking.register(
-            info.model_uri, reg_name, alias="candidate",
-            description=(f"sweep {name}; best trial {best['trial']} ({json.dumps(best['params'])}); "
-                         f"{method.metric_label} {best['best_dev'] * 100:.2f}; "
-                         f"test {test.headline} {test.headline_value * 100:.2f}; config {chash}"),
-            tags={"sweep": name, "config_hash": chash, "trial": best["trial"], "run_id": run.info.run_id,
-                  method.metric: f"{best['best_dev']:.6f}",
-                  "test_metric": test.headline, "test_score": f"{test.headline_value:.6f}",  # what promote compares
-                  **{f"test_{k}": f"{v:.6f}" for k, v in test.metrics.items()
-                     if not k.startswith("sts_") or k in ("sts_stsb_spearman_all", "sts_avg_spearman_all")}},
-        )
-        wall_s = time.time() - t0
-        registered = {"name": reg_name, "version": version, "alias": "candidate", "run_id": run.info.run_id}
-        report_dir = Path("outputs") / "reports" / name
-        best_params = {"trial": best["trial"], "params": best["params"], "config": best_cfg.model_dump(mode="json")}
-        write_sweep_report(report_dir, name=name, method=job.method, metric=method.metric,
-                           metric_label=method.metric_label, rows=rows, group_out=job.group_out,
-                           best_params=best_params, test=test, registered=registered, wall_s=wall_s)
-        mlflow.log_artifacts(str(report_dir), "report")
-        mlflow.log_metric("wall_s", wall_s)
-    print(test.table)
-    uri = tracking.resolve_tracking_uri(cfg0.tracking.tracking_uri)
-    ui = (f".venv/bin/mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000"
-          if uri.startswith("sqlite") else uri)
-    print(json.dumps({"sweep": name, "trials": len(rows), "best_trial": best["trial"], "best_params": best["params"],
-                      "best_dev": best["best_dev"], f"test_{test.headline}": test.headline_value,
-                      "registered": registered, "wall_s": round(wall_s, 1), "report": str(report_dir / "summary.md"),
-                      "mlflow_ui": ui}, indent=2))
+            mlflow.set_tags({"sieve.sweep": plan.name, "sieve.role": "sweep", "sieve.method": plan.job.method})
+            tracking.log_params({"base": plan.base.model_dump(mode="json"),
+                                 "space": plan.job.sweep.model_dump(mode="json"), "config_hash": config_hash(plan.base)})
+        result = run(plan)
+        summary = publish(plan, result, parent_run.info.run_id)
+    shutdown_ray()
+    print(result.test.table)
+    if result.base is not None:
+        print(f"\ncandidate − base ({result.base.label}), ×100:\n" + compare_table(result.base.test, result.test))
+    print(json.dumps({k: v for k, v in summary.items() if k != "gate"}, indent=2))
+    print(summary["gate"])
     return 0
-
-
-def _checkpoint(path: str):
-    from ray.train import Checkpoint
-
-    if storage.is_s3(path):
-        fs, p = storage.pyarrow_filesystem(path)
-        return Checkpoint(p, filesystem=fs)
-    return Checkpoint(path)
-
-
-def _log_children(exp_id: str, parent_id: str, name: str, rows: list[dict], metric: str) -> None:
-    """One nested run per trial, created once (a resumed sweep does not duplicate them)."""
-    import mlflow
-
-    for r in rows:
-        if tracking.find_run(exp_id, {"sieve.sweep": name, "sieve.trial": r["trial"]}) is not None:
-            continue
-        with mlflow.start_run(experiment_id=exp_id, run_name=r["trial"], nested=True, parent_run_id=parent_id):
-            mlflow.set_tags({"sieve.sweep": name, "sieve.trial": r["trial"], "sieve.role": "trial",
-                             "mlflow.parentRunId": parent_id})
-            tracking.log_params(r["params"])
-            for h in r["history"]:
-                tracking.log_metrics({k: v for k, v in h.items() if k not in ("step", "epoch", "training_iteration")
-                                      and isinstance(v, int | float)}, step=int(h.get("step", 0)))
-            final = {"best_" + metric: r["best_dev"], "evaluations": len(r["history"]),
-                     "stopped_early": float(r["stopped_early"]),
-                     **{f"test_{k}": v for k, v in r.get("test", {}).items()}}
-            tracking.log_metrics({k: v for k, v in final.items() if v == v})
-            if r["error"]:
-                mlflow.set_tag("sieve.error", r["error"])

@@ -1,100 +1,54 @@
-"""Ray Train glue shared by every method: training data, the TorchTrainer, the best checkpoint,
-export and the method's final test report.
+"""Ray Train glue shared by every method: the checks before any Ray work, the TorchTrainer, the best
+checkpoint, export and the method's final test report.
 
-    shards = prepare_shards(cfg)                       # augmented corpus, content-addressed
-    trainer = build_trainer(method, cfg, shards)       # TorchTrainer (DDP or DeepSpeed on CPU/GPU)
-    outcome = fit(trainer, method)                     # best checkpoint by the method's dev metric
-    model_dir, report = export_and_test(method, cfg, outcome, out_dir)
+    cfg = preflight(cfg)                               # tracking server, storage, model sources, pooling
+    shards = spec.prepare_data(cfg)                    # the method's data, content-addressed
+    trainer = build_trainer(spec, cfg, shards)         # TorchTrainer (DDP or DeepSpeed on CPU/GPU)
+    outcome = fit(trainer, spec)                       # best checkpoint by the method's dev metric
+    model_dir, report = export_and_test(spec, cfg, outcome, out_dir)
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-from dataclasses import dataclass
-from pathlib import Path
 
-from orchestrator import storage
-from orchestrator.errors import ConfigError, SieveError
+os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")  # before ray.train is imported: Train V2 is the API we use
+
+from dataclasses import dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import ray.data  # noqa: E402
+from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig  # noqa: E402
+from ray.train.torch import TorchConfig, TorchTrainer  # noqa: E402
+
+from orchestrator import storage, tracking  # noqa: E402
+from orchestrator.config import EncoderMethodConfig, MethodConfig  # noqa: E402
+from orchestrator.errors import ConfigError, SieveError  # noqa: E402
+from orchestrator.models import pooling_for, resolve_model_source  # noqa: E402
+from orchestrator.spec import MethodSpec  # noqa: E402
 
 
 # ---------------------------------------------------------------- before any Ray work
-def preflight(cfg) -> str:
-    """Fail fast, naming the URI or path: tracking server, storage, model source. Returns the
-    MLflow experiment id."""
-    from orchestrator import tracking
-    from orchestrator.models import resolve_model_source
-
+def preflight(cfg: MethodConfig) -> str:
+    """Fail fast, naming the URI or path: tracking server, storage, every model source. An encoder
+    config's pooling is resolved here (config, else the model folder's own, else the method's), so
+    every worker, report and MLflow param sees the one value. Returns the MLflow experiment id."""
     exp_id = tracking.setup(cfg.tracking.tracking_uri, cfg.tracking.experiment)
     storage.check_access(cfg.run.storage)
-    sources = cfg.model_sources() if hasattr(cfg, "model_sources") else [cfg.model.name_or_path]
-    for source in sources:
+    for source in cfg.model_sources():
         resolve_model_source(source)
+    if isinstance(cfg, EncoderMethodConfig) and cfg.model.pooling is None:
+        cfg.model.pooling = pooling_for(cfg)
     return exp_id
 
 
-# ---------------------------------------------------------------- training data
-def corpus_key(input_uri: str, corpus_cfg_json: str) -> str:
-    """Content address of an augmented corpus: the input files' bytes (local) or listing (s3) + config."""
-    from orchestrator.data.corpus import input_files
-
-    h = hashlib.sha256(corpus_cfg_json.encode())
-    for f in input_files(input_uri):
-        if storage.is_s3(f):  # a bucket key is stable; local paths are not (working-dir copies)
-            h.update(f.encode())
-            h.update(str(len(storage.read_bytes(f))).encode())
-        else:
-            with open(f, "rb") as fh:
-                for chunk in iter(lambda: fh.read(1 << 20), b""):
-                    h.update(chunk)
-    return h.hexdigest()[:16]
-
-
-def prepare_shards(data_cfg, storage_root: str, *, seed: int = 42, progress: bool = True) -> str:
-    """The augmented shards to train on: the configured ones, or the corpus augmented once and
-    cached under ``<storage>/corpora/<content hash>`` (reused when the manifest exists)."""
-    from orchestrator.data.corpus import CorpusConfig, run_pipeline
-
-    if data_cfg.shards:
-        if not storage.exists(storage.join(data_cfg.shards, "manifest.json")):
-            raise SieveError(f"{data_cfg.shards}: no manifest.json (not an augmented corpus from augment_corpus)")
-        return data_cfg.shards
-    from orchestrator.config import repo_path
-
-    corpus_cfg = CorpusConfig(input=repo_path(data_cfg.corpus), limit=data_cfg.limit, seed=seed,
-                              min_words=data_cfg.min_words, drop_capitalised_splits=data_cfg.drop_capitalised_splits,
-                              parser={"workers": data_cfg.parser_workers, "cpus_per_worker": 0.5})
-    key = corpus_key(corpus_cfg.input, corpus_cfg.model_dump_json(exclude={"input"}))
-    out = storage.join(_abs(storage_root), "corpora", key)
-    if storage.exists(storage.join(out, "manifest.json")):
-        print(f"augmented corpus: reusing {out}")
-        return out
-    print(f"augmented corpus: building {out}")
-    run_pipeline(corpus_cfg, out, progress=progress)
-    return out
-
-
-def prepare_data(method, cfg, *, progress: bool = True) -> str:
-    """The shards a method trains on (its own preparation, or the corpus pipeline)."""
-    if method.prepare_data is not None:
-        return method.prepare_data(cfg, progress=progress)
-    return prepare_shards(cfg.data, cfg.run.storage, seed=cfg.train.seed, progress=progress)
-
-
-def _abs(uri: str) -> str:
-    return uri if storage.is_s3(uri) else str(Path(uri).resolve())
-
-
 # ---------------------------------------------------------------- the trainer
-def build_trainer(method, cfg, shards: str, *, name: str | None = None, callbacks=None, storage_path: str | None = None):
-    import ray.data
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
-
+def build_trainer(spec: MethodSpec, cfg: MethodConfig, shards: str, *, name: str | None = None, callbacks=None,
+                  storage_path: str | None = None) -> TorchTrainer:
     fs, path = storage.pyarrow_filesystem(storage.join(shards, "shards"))
     ds = ray.data.read_parquet(path, filesystem=fs)
-    if method.columns:
-        ds = ds.select_columns(list(method.columns))
+    if spec.columns:
+        ds = ds.select_columns(list(spec.columns))
     rows = ds.count()
     workers = cfg.scaling.num_workers
     rows_per_worker = rows // workers
@@ -111,16 +65,17 @@ def build_trainer(method, cfg, shards: str, *, name: str | None = None, callback
         env["DS_ACCELERATOR"] = "cpu"
     env.update({k: v for k, v in os.environ.items() if k.startswith("SIEVE_FAIL_")})  # fault-injection tests
     run = RunConfig(
-        name=name or cfg.run.name or f"{cfg.method}",
-        storage_path=storage_path or _abs(storage.join(cfg.run.storage, "train")),
-        checkpoint_config=CheckpointConfig(num_to_keep=cfg.run.num_to_keep, checkpoint_score_attribute=method.metric,
+        name=name or cfg.run.name or cfg.method,
+        storage_path=storage_path or storage.absolute(storage.join(cfg.run.storage, "train")),
+        checkpoint_config=CheckpointConfig(num_to_keep=cfg.run.num_to_keep, checkpoint_score_attribute=spec.metric,
                                            checkpoint_score_order="max"),
         failure_config=FailureConfig(max_failures=cfg.run.max_failures),
         callbacks=callbacks,
         worker_runtime_env={"env_vars": env},
     )
     return TorchTrainer(
-        method.train_func,
+        spec.train_func,
+        # the config crosses the Ray boundary as one JSON dump; the worker validates it once
         train_loop_config={"method_config": cfg.model_dump(mode="json"), "rows_per_worker": rows_per_worker,
                            "shards": shards},
         scaling_config=scaling, run_config=run, datasets={"train": ds},
@@ -130,31 +85,36 @@ def build_trainer(method, cfg, shards: str, *, name: str | None = None, callback
 
 @dataclass
 class Outcome:
-    best_checkpoint: object  # ray.train.Checkpoint
+    best_checkpoint: Checkpoint
     best_metrics: dict
     history: list[dict]  # every report (rank 0), in order
 
 
-def fit(trainer, method) -> Outcome:
+def fit(trainer: TorchTrainer, spec: MethodSpec) -> Outcome:
     result = trainer.fit()
-    best = result.get_best_checkpoint(metric=method.metric, mode="max")
+    best = result.get_best_checkpoint(metric=spec.metric, mode="max")
     if best is None:
         raise SieveError("training reported no checkpoint")
     best_metrics = next((m for c, m in result.best_checkpoints if c.path == best.path), {})
     # Every evaluation, in order: the train function returns them (metrics_dataframe only keeps
     # the reports whose checkpoints were kept).
-    history = list(result.return_value or [])
-    return Outcome(best, best_metrics, history)
+    return Outcome(best, best_metrics, list(result.return_value or []))
 
 
-def export_and_test(method, cfg, outcome: Outcome, out_dir: str | Path, tasks: list[str] | None = None):
+def checkpoint_at(path: str) -> Checkpoint:
+    """A reported checkpoint by its path (local or s3://)."""
+    if storage.is_s3(path):
+        fs, p = storage.pyarrow_filesystem(path)
+        return Checkpoint(p, filesystem=fs)
+    return Checkpoint(path)
+
+
+def export_and_test(spec: MethodSpec, cfg: MethodConfig, outcome: Outcome, out_dir: str | Path,
+                    tasks: list[str] | None = None):
     """Export the best checkpoint to ``out_dir`` and run the method's final evaluation on it
     (``tasks`` narrows the STS tasks, for tests). Returns (model folder, TestReport)."""
     with outcome.best_checkpoint.as_directory() as d:
-        method.export(cfg, Path(d), Path(out_dir))
-    report = method.evaluate(cfg, Path(out_dir), tasks=tasks)
+        spec.export(cfg, Path(d), Path(out_dir))
+    report = spec.evaluate(cfg, Path(out_dir), tasks=tasks)
     report.write(Path(out_dir) / "test.json")
     return Path(out_dir), report
-
-
-os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")

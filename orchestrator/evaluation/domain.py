@@ -33,6 +33,8 @@ from pathlib import Path
 import numpy as np
 
 from orchestrator.errors import DataError
+from orchestrator.evaluation.sts import read_sts_tsv
+from orchestrator.evaluation.suite import TestReport
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "twitterpara"
 PAIR_FILES = {
@@ -83,8 +85,6 @@ class PairAPEvaluator:
     path: Path
 
     def load(self):
-        from orchestrator.evaluation.sts import read_sts_tsv
-
         data = read_sts_tsv(self.path, self.name, score_column="label")
         bad = np.flatnonzero(~np.isin(data.scores, (0, 1)))
         if len(bad):
@@ -167,8 +167,6 @@ def get_evaluator(name: str, path: str | None = None):
 
 
 def domain_report(encoder, names: list[str], paths: dict[str, str] | None = None):
-    from orchestrator.evaluation.suite import TestReport
-
     metrics: dict[str, float] = {}
     for name in names:
         metrics.update(get_evaluator(name, (paths or {}).get(name))(encoder))

@@ -11,10 +11,20 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from orchestrator.errors import SieveError
 
 POOLINGS = ("cls", "cls_before_pooler", "mean")
+
+
+def test_time_pooling(trained: str) -> str:
+    """How a model trained with pooling ``trained`` is encoded at test time: SimCSE's ``cls`` trains
+    with an MLP head over ``[CLS]`` and drops it afterwards (raw ``[CLS]``, the papers' setting)."""
+    return "cls_before_pooler" if trained == "cls" else trained
+
+
+test_time_pooling.__test__ = False  # not a pytest test
 
 
 def mean_pool(states: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -61,8 +71,6 @@ class HFEncoder:
         chunks = []
         starts = range(0, len(sentences), self.batch_size)
         if self.progress:
-            from tqdm.auto import tqdm
-
             starts = tqdm(starts, desc=desc, unit="batch", leave=False)
         for start in starts:
             idx = order[start : start + self.batch_size]

@@ -11,6 +11,10 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from orchestrator.evaluation import sts
+from orchestrator.evaluation.encode import HFEncoder, test_time_pooling
+from orchestrator.models import load_encoder, pooling_for
+
 
 @dataclass
 class TestReport:
@@ -37,19 +41,31 @@ class TestReport:
 
 
 def sts_report(encoder, tasks: list[str], pooling: str) -> TestReport:
-    from orchestrator.evaluation import sts
-
     result = sts.evaluate(encoder, tasks)
     return TestReport(f"STS test sets (Spearman / Pearson ×100, `{pooling}`)", sts.flat_metrics(result, "sts_"),
                       "sts_avg_spearman_all", sts.format_table(result), {"sts": result})
 
 
-def evaluate_sts(cfg, model_dir: Path, tasks: list[str] | None = None, pooling: str = "cls_before_pooler"):
-    """The STS harness on an exported encoder folder (the encoder methods' final evaluation)."""
-    from orchestrator.evaluation.encode import HFEncoder
-    from orchestrator.evaluation.suite import sts_report
-    from orchestrator.models import load_encoder
-
+def evaluate_sts(cfg, model_dir: Path, tasks: list[str] | None = None) -> TestReport:
+    """The STS harness on an exported encoder folder, with the config's pooling (at test time)."""
     model, tok = load_encoder(str(model_dir))
+    pooling = test_time_pooling(pooling_for(cfg))
     enc = HFEncoder(model, tok, pooling=pooling, batch_size=cfg.eval.batch_size, max_length=cfg.eval.max_length)
     return sts_report(enc, tasks or cfg.eval.tasks, pooling)
+
+
+def headline_metrics(report: TestReport) -> dict[str, float]:
+    """The metrics a person compares: per STS task its Spearman ``all`` (+ the averages), and every
+    non-STS metric."""
+    keep = {k: v for k, v in report.metrics.items()
+            if not k.startswith("sts_") or k.endswith("_spearman_all") or k == report.headline}
+    return keep
+
+
+def compare_table(base: TestReport, candidate: TestReport, base_name: str = "base",
+                  candidate_name: str = "candidate") -> str:
+    """Markdown: each headline metric of the base and the candidate, and candidate − base (×100)."""
+    b, c = headline_metrics(base), headline_metrics(candidate)
+    rows = [f"| metric | {base_name} | {candidate_name} | {candidate_name} − {base_name} |", "|---|---:|---:|---:|"]
+    rows += [f"| {k} | {b[k] * 100:.2f} | {c[k] * 100:.2f} | {(c[k] - b[k]) * 100:+.2f} |" for k in c if k in b]
+    return "\n".join(rows)

@@ -23,6 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
+from orchestrator.data import augment as A
+from orchestrator.data.parsing import SpacyParser
+from orchestrator.evaluation.domain import cosine_rows, encode_unique
+
 DATA = Path(__file__).resolve().parents[2] / "data"
 QQP_EASY_HARD = DATA / "paraphrase" / "qqp-easy-hard.tsv"
 PTB_PROBES = DATA / "probes" / "ptb-probes.tsv"
@@ -36,9 +40,6 @@ def _read(path: Path) -> list[dict]:
 # ---------------------------------------------------------------- building the derived sets
 def build_qqp_easy_hard(qqp_tsv: Path, out: Path, *, seed: int = 0, limit: int | None = None) -> dict:
     """Parse both questions of every pair (spaCy), split duplicates by top-level constituents."""
-    from orchestrator.data import augment as A
-    from orchestrator.data.parsing import SpacyParser
-
     rows = _read(qqp_tsv)[:limit]
     parser = SpacyParser()
     texts = sorted({r[k] for r in rows for k in ("sentence1", "sentence2")})
@@ -70,8 +71,6 @@ def _leaves(node) -> list[str]:
 
 def build_probes(ptb_trees: Path, out: Path) -> dict:
     """TreeDepth (clipped to 5…12) and TopConst (19 most frequent sequences + OTHER) per PTB sentence."""
-    from orchestrator.data import augment as A
-
     rows = []
     for line in ptb_trees.read_text(encoding="utf-8").splitlines():
         tree = A.clean_ptb(A.read_bracketed(line))
@@ -99,8 +98,6 @@ def best_threshold_accuracy(sims: np.ndarray, labels: np.ndarray) -> tuple[float
 
 
 def qqp_easy_hard(encoder, path: Path = QQP_EASY_HARD, seed: int = 0) -> dict[str, float]:
-    from orchestrator.evaluation.domain import cosine_rows, encode_unique
-
     rows = _read(path)
     emb = encode_unique(encoder, [r[k] for r in rows for k in ("sentence1", "sentence2")])
     sims = cosine_rows(np.stack([emb[r["sentence1"]] for r in rows]), np.stack([emb[r["sentence2"]] for r in rows]))
@@ -119,8 +116,8 @@ def qqp_easy_hard(encoder, path: Path = QQP_EASY_HARD, seed: int = 0) -> dict[st
 
 
 def probes(encoder, path: Path = PTB_PROBES, seed: int = 0) -> dict[str, float]:
-    from sklearn.model_selection import train_test_split
-    from sklearn.neural_network import MLPClassifier
+    from sklearn.model_selection import train_test_split  # lazy: only the probes need scikit-learn
+    from sklearn.neural_network import MLPClassifier  # lazy: see above
 
     rows = _read(path)
     emb = encoder.encode([r["sentence"] for r in rows])

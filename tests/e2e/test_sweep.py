@@ -82,13 +82,20 @@ def test_tiny_sweep_registers_best_and_reports(ray_cluster, tiny_bert_dir, tmp_p
     client = MlflowClient()
     versions = client.search_model_versions("name = 'sifter-simcse'")
     assert len(versions) == 1
-    mv = client.get_model_version_by_alias("sifter-simcse", "candidate")
-    assert int(mv.version) == 1 and "sweep tiny" in mv.description
+    mv = versions[0]
+    assert int(mv.version) == 1 and "sweep tiny" in mv.description and "base" in mv.description
+    # the base model was measured in the same run; `candidate` moved only if the best setting beat it
+    beats = mv.tags["beats_base"] == "true"
+    assert summary["beats_base"] == beats and (float(mv.tags["dev_score"]) > float(mv.tags["base_dev_score"])) == beats
+    assert (summary["registered"]["alias"] == "candidate") == beats
+    assert out.strip().splitlines()[-1].startswith("candidate:" if beats else "the sweep found nothing better")
+    parent = mlflow.get_run(parent_id).data.metrics
+    assert "base_dev" in parent and "base_test_sts_stsb_spearman_all" in parent
 
     # the registered model reproduces its logged STS-B test score
     from orchestrator.evaluation import sts
 
-    st = mlflow.sentence_transformers.load_model("models:/sifter-simcse@candidate")
+    st = mlflow.sentence_transformers.load_model("models:/sifter-simcse/1")
 
     class STEncoder:
         def encode(self, sentences, desc=""):
@@ -100,6 +107,7 @@ def test_tiny_sweep_registers_best_and_reports(ray_cluster, tiny_bert_dir, tmp_p
     report = tmp_path / "outputs" / "reports" / "tiny"
     text = (report / "summary.md").read_text()
     assert "λxy=1" in text and "λxx=1" in text and "| stsb | 1379 |" in text
+    assert "## Against the base model" in text and "| base (" in text and "dev @ step" in text
     assert (report / "dev_by_setting.png").stat().st_size > 1000
     assert (report / "learning_curves.png").stat().st_size > 1000
 
@@ -123,7 +131,7 @@ def test_ray_job_submit_runs_the_sweep(ray_cluster, tiny_bert_dir, tmp_path):
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
     assert "succeeded" in res.stdout
     summary = final_json(res.stdout)
-    assert summary["registered"]["alias"] == "candidate" and summary["trials"] == 1
+    assert summary["registered"]["version"] == 1 and summary["trials"] == 1
 
 
 def test_killed_driver_resumes_without_rerunning_finished_trials(ray_cluster, tiny_bert_dir, tmp_path):

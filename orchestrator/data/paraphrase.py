@@ -1,0 +1,133 @@
+"""Paraphrase pairs for ParaBART: read the pair files, parse every sentence with the corpus pipeline,
+join each pair with its target's linearized parse and its source's bag of constituents, and build the
+two small vocabularies (parse tokens, constituent tags). Written content-addressed under
+``<storage>/parabart/<hash>``: ``shards/`` + ``vocab.json`` + ``manifest.json`` (last).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import random
+import re
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pydantic import Field
+
+from orchestrator import storage
+from orchestrator.config import StrictModel
+from orchestrator.data.corpus import CorpusConfig, run_pipeline
+from orchestrator.data.labelled import read_labelled
+
+PAD, UNK = "<pad>", "<unk>"
+
+
+class PairFile(StrictModel):
+    path: str
+    sentence1: str = "sentence1"
+    sentence2: str = "sentence2"
+    label: str | None = Field("label", description="keep rows with label 1 (None: every row is a paraphrase)")
+
+
+class ParaphraseData(StrictModel):
+    """Paraphrase pairs (label 1 kept), both directions, shuffled once with ``seed`` (the files
+    differ in domain; training reads rows in order), then cut to ``limit``. The default mix is
+    every paraphrase set shipped in ``data/``: MRPC train, PAWS-X en dev, TwitterPara PIT-2015 dev
+    and QQP duplicates that share no question with the QQP-Easy/Hard evaluation pool."""
+
+    pairs: list[PairFile] = [PairFile(path="data/paraphrase/mrpc-train.tsv"),
+                             PairFile(path="data/paraphrase/pawsx-en-dev.tsv"),
+                             PairFile(path="data/twitterpara/pit2015-dev.tsv"),
+                             PairFile(path="data/paraphrase/qqp-train-duplicates.tsv")]
+    both_directions: bool = True
+    seed: int = 0
+    limit: int | None = Field(None, gt=0, description="at most this many pairs (after both directions)")
+    parser_workers: int = Field(2, ge=1)
+
+
+def parse_tokens(linearized: str) -> list[str]:
+    """``(S (NP (DT)))`` → ``["(", "S", "(", "NP", "(", "DT", ")", ")", ")"]``."""
+    return re.findall(r"\(|\)|[^\s()]+", linearized)
+
+
+class Vocab:
+    """A small string → id table (0 = padding, 1 = unknown), saved as JSON with the model."""
+
+    def __init__(self, items: list[str]):
+        self.items = [PAD, UNK] + [t for t in items if t not in (PAD, UNK)]
+        self.index = {t: i for i, t in enumerate(self.items)}
+
+    @classmethod
+    def build(cls, sequences, min_count: int = 1) -> Vocab:
+        counts = Counter(t for seq in sequences for t in seq)
+        return cls(sorted(t for t, n in counts.items() if n >= min_count))
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def ids(self, tokens: list[str]) -> list[int]:
+        return [self.index.get(t, 1) for t in tokens]
+
+
+def read_pairs(data: ParaphraseData) -> list[tuple[str, str]]:
+    pairs = []
+    for f in data.pairs:
+        label = f.label or f.sentence1
+        rows = read_labelled(f.path, text_column=f.sentence1, label_column=label, integer_labels=False)
+        others = read_labelled(f.path, text_column=f.sentence2, label_column=label, integer_labels=False)
+        for (s1, y), (s2, _) in zip(rows, others, strict=True):
+            if f.label is None or y == "1":
+                pairs.append((s1, s2))
+                if data.both_directions:
+                    pairs.append((s2, s1))
+    random.Random(data.seed).shuffle(pairs)
+    return pairs[: data.limit] if data.limit else pairs
+
+
+def prepare_paraphrase_data(data: ParaphraseData, storage_root: str, *, progress: bool = True) -> str:
+    """Paraphrase pairs joined with the pipeline's parses (target's linearized parse, source's
+    constituent bag) → ``<storage>/parabart/<hash>/shards`` + the two vocabularies + manifest."""
+    pairs = read_pairs(data)
+    key = hashlib.sha256(json.dumps(pairs).encode()).hexdigest()[:16]
+    out = storage.join(storage.absolute(storage_root), "parabart", key)
+    if storage.exists(storage.join(out, "manifest.json")):
+        return out
+    sentences = sorted({s for pair in pairs for s in pair})
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "s.txt").write_text("\n".join(sentences) + "\n")
+        run_pipeline(CorpusConfig(input=str(Path(tmp) / "s.txt"), min_words=1, max_words=200,
+                                  drop_capitalised_splits=False,
+                                  parser={"workers": data.parser_workers, "cpus_per_worker": 0.5}),
+                     str(Path(tmp) / "parsed"), progress=progress)
+        table = pq.read_table(str(Path(tmp) / "parsed" / "shards"), columns=["text", "linearized_parse", "constituent_bag"])
+    parsed = {t: (p, b) for t, p, b in zip(*(table.column(c).to_pylist() for c in table.column_names), strict=True)}
+    norm = {s: " ".join(s.split()) for s in sentences}
+    rows = {"src": [], "tgt": [], "tgt_parse": [], "src_bag": []}
+    for s, t in pairs:
+        ps, pt = parsed.get(norm[s]), parsed.get(norm[t])
+        if ps is None or pt is None:
+            continue
+        rows["src"].append(s)
+        rows["tgt"].append(t)
+        rows["tgt_parse"].append(pt[0])
+        rows["src_bag"].append(ps[1])
+    syntax = Vocab.build(parse_tokens(p) for p in rows["tgt_parse"])
+    tags = Vocab.build(json.loads(b).keys() for b in rows["src_bag"])
+    buf = io.BytesIO()
+    pq.write_table(pa.table(rows), buf)
+    storage.write_bytes(storage.join(out, "shards", "part-00000.parquet"), buf.getvalue())
+    storage.write_bytes(storage.join(out, "vocab.json"), json.dumps({"syntax": syntax.items, "tags": tags.items}).encode())
+    manifest = {"pairs": len(pairs), "rows": len(rows["src"]), "dropped_unparsed": len(pairs) - len(rows["src"]),
+                "syntax_vocab": len(syntax), "tags": len(tags)}
+    storage.write_bytes(storage.join(out, "manifest.json"), json.dumps(manifest, indent=2).encode())
+    return out
+
+
+def load_vocabs(shards: str) -> tuple[Vocab, Vocab]:
+    v = json.loads(storage.read_bytes(storage.join(shards, "vocab.json")))
+    return Vocab(v["syntax"]), Vocab(v["tags"])

@@ -1,0 +1,52 @@
+"""The flags every job shares, so that they mean the same thing everywhere.
+
+    --preset NAME | --config FILE   the YAML to run (configs/<dir>/<preset>.yaml by default)
+    --name NAME                     run / sweep name
+    --tracking-uri URI              MLflow (default: MLFLOW_TRACKING_URI, else the embedded ./mlruns)
+    --storage DIR|s3://...          corpora, checkpoints, sweeps
+    --no-progress                   no progress bars
+    --print-config                  print the resolved, validated config as YAML and exit; fed back
+                                    with --config it runs the same job
+    key.sub=value ...               overrides of any config key (YAML values)
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import yaml
+from pydantic import BaseModel
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The docstring as written, and every flag's default in ``--help``."""
+
+
+def job_parser(doc: str, preset_dir: str | None) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=doc, formatter_class=_Formatter)
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument("--preset", default="smoke", help=f"configs/{preset_dir or '<method>'}/<preset>.yaml")
+    src.add_argument("--config", help="a YAML config file (e.g. one written by --print-config)")
+    ap.add_argument("--name", help="run name (default: <kind>-<time>)")
+    ap.add_argument("--tracking-uri", help="MLflow tracking URI (default: env MLFLOW_TRACKING_URI, else ./mlruns)")
+    ap.add_argument("--storage", help="local path or s3:// URI for corpora, checkpoints and sweeps")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bars")
+    ap.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
+    ap.add_argument("overrides", nargs="*", help="key.sub=value overrides of the config")
+    return ap
+
+
+def location_overrides(args: argparse.Namespace, prefix: str = "") -> list[str]:
+    """--storage / --tracking-uri as overrides of the config's ``run.storage`` / ``tracking.tracking_uri``."""
+    out = []
+    if args.storage:
+        out.append(f"{prefix}run.storage={args.storage}")
+    if args.tracking_uri:
+        out.append(f"{prefix}tracking.tracking_uri={args.tracking_uri}")
+    return out
+
+
+def print_config(cfg: BaseModel | dict) -> int:
+    data = cfg.model_dump(mode="json") if isinstance(cfg, BaseModel) else cfg
+    print(yaml.safe_dump(data, sort_keys=False, allow_unicode=True), end="")
+    return 0

@@ -1,0 +1,75 @@
+"""``jobs/train.py``: one training run of any method, beside its base model.
+
+    config (validated once) → preflight → data → base model measured → Ray Train → export → test →
+    one MLflow run (kept as a pending record when the tracking server is gone)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from orchestrator import storage
+from orchestrator.config import apply_overrides, config_hash, read_yaml, resolve_config_path, validate
+from orchestrator.drivers import publish as pub
+from orchestrator.drivers.cli import job_parser, location_overrides, print_config
+from orchestrator.drivers.cluster import init_ray, shutdown_ray
+from orchestrator.drivers.registry import get_method, method_names
+from orchestrator.drivers.train import build_trainer, export_and_test, fit, preflight
+from orchestrator.evaluation.suite import compare_table
+
+
+def parse_args(doc: str) -> argparse.Namespace:
+    ap = job_parser(doc, None)
+    ap.add_argument("--method", required=True, help=f"one of: {', '.join(method_names())}")
+    ap.add_argument("--no-base", action="store_true", help="skip measuring the untouched base model")
+    return ap.parse_args()
+
+
+def main(doc: str) -> int:
+    args = parse_args(doc)
+    spec = get_method(args.method)
+    path = Path(args.config or resolve_config_path(args.preset, args.method))
+    overrides = [*args.overrides, *location_overrides(args)]
+    data = {**apply_overrides(read_yaml(path), overrides), "method": args.method}  # one file serves simcse / sifter
+    cfg = validate(spec.config_cls, data, f"{path}{' (+ overrides)' if overrides else ''}")
+    if args.print_config:
+        return print_config(cfg)
+    name = args.name or cfg.run.name or f"{args.method}-{time.strftime('%Y%m%d-%H%M%S')}"
+    preflight(cfg)  # tracking server, storage, model source: fail before any Ray work
+
+    init_ray()
+    t0 = time.time()
+    shards = spec.prepare_data(cfg, progress=not args.no_progress)
+    base = spec.evaluate_base(cfg) if spec.evaluate_base and not args.no_base else None
+    outcome = fit(build_trainer(spec, cfg, shards, name=name), spec)
+    model_dir, test = export_and_test(spec, cfg, outcome, f"outputs/models/{name}")
+    if storage.is_s3(cfg.run.storage):
+        storage.put_dir(model_dir, storage.join(cfg.run.storage, "models", name))
+    wall_s = time.time() - t0
+
+    # The run is logged after training from one record; if the tracking server went away meanwhile,
+    # the record waits in outputs/tracking-pending/ for `jobs/sync_tracking.py` (nothing is lost).
+    best_dev = outcome.best_metrics.get(spec.metric, float("nan"))
+    base_metrics = {"base_dev": base.dev, **{f"base_test_{k}": v for k, v in base.test.metrics.items()}} if base else {}
+    texts = {"test.md": f"# {test.title}\n\n{test.table}\n"}
+    if base is not None:
+        texts["against_base.md"] = f"# Against {base.label}\n\n{compare_table(base.test, test)}\n"
+    record = pub.run_record(
+        experiment=cfg.tracking.experiment, run_name=name, method=args.method,
+        params={**cfg.model_dump(mode="json"), "config_hash": config_hash(cfg), "shards": shards},
+        history=outcome.history,
+        metrics={**{f"test_{k}": v for k, v in test.metrics.items()}, "wall_s": wall_s,
+                 f"best_{spec.metric}": best_dev, **base_metrics},
+        texts=texts, model_dir=str(model_dir))
+    run_id = pub.log_or_defer(record, cfg.tracking.tracking_uri)
+    shutdown_ray()
+    print(test.table)
+    if base is not None:
+        print(f"\nthis run − base ({base.label}), ×100:\n" + compare_table(base.test, test, candidate_name="trained"))
+    print(json.dumps({"run_id": run_id or "pending (tracking server unreachable)", "model_dir": str(model_dir),
+                      "wall_s": round(wall_s, 1), "best_dev": best_dev, "base_dev": base.dev if base else None},
+                     indent=2))
+    return 0
