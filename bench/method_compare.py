@@ -63,7 +63,7 @@ def summarise(name: str, outputs: Path, group_out: list[str]) -> tuple[dict, str
     keys = metric_keys(rows[0]["test"])
     seed_key = group_out[0] if group_out else None
     seed_of = lambda r: r["params"].get(seed_key)  # noqa: E731
-    lines = [f"| setting | n | dev ×100 | " + " | ".join(short(k) for k in keys) + " |",
+    lines = ["| setting | n | dev ×100 | " + " | ".join(short(k) for k in keys) + " |",
              "|---|---:|---:|" + "---:|" * len(keys),
              f"| **{base['label']}** (untouched, this run) | – | {base['dev'] * 100:.2f} | "
              + " | ".join(f"{base['test'][k] * 100:.2f}" for k in keys) + " |"]

@@ -31,7 +31,7 @@ def main() -> int:
         for mode in ("naive", "siamese"):
             cfg.run_config(exp, mode)
     cfg.run_config(None, "all")
-    out = run_experiments(cfg, args.name or f"siamese-{time.strftime('%Y%m%d-%H%M%S')}")
+    out = run_experiments(cfg, args.name or f"siamese-{time.strftime('%Y%m%d-%H%M%S')}", verbose=args.verbose)
     shutdown_ray()
     print(open(out["report"]).read())
     print(json.dumps({k: v for k, v in out.items() if k not in ("results", "gates")}, indent=2))

@@ -42,7 +42,8 @@ class MethodSpec:
     export: Callable[[MethodConfig, Path, Path], Path]  # (cfg, checkpoint_dir, out_dir) -> model folder
     evaluate: Callable[..., TestReport]  # (cfg, model_dir, tasks=None) -> the final test report
     prepare_data: Callable[..., str]  # (cfg, progress=True) -> folder of parquet shards + manifest.json
-    metric: str  # the dev metric the train function reports; higher is better
+    metric: str  # the dev metric every evaluation reports; higher is better. Settings are ranked by it and
+    # the base model is measured on it (the registration gate)
     metric_label: str
     columns: tuple[str, ...] | None  # shard columns the workers read (None: all)
     # the untouched starting model on the dev metric and the test report (None: the method's baseline
@@ -50,3 +51,11 @@ class MethodSpec:
     evaluate_base: Callable[[MethodConfig], BaseResult] | None = None
     baseline_params: dict = field(default_factory=dict)  # sweep params that make a trial the baseline
     log_model: Callable | None = None  # (model_dir, name) -> mlflow ModelInfo; None: sentence-transformers
+    # which reported metric picks a run's checkpoint: (cfg) -> a metric key, or None for the last
+    # checkpoint (a paper's fixed-steps protocol); None here: ``metric``
+    selection: Callable[[MethodConfig], str | None] | None = None
+    # whether a config has a dev score at all (sweeps rank settings by it); None: always
+    has_dev: Callable[[MethodConfig], bool] | None = None
+
+    def selection_metric(self, cfg: MethodConfig) -> str | None:
+        return self.selection(cfg) if self.selection else self.metric

@@ -204,15 +204,15 @@ def ray_cluster(tmp_path_factory, s3_endpoint):
     # a private temp dir (short: Ray's socket paths live under it) identifies this cluster's
     # processes, so teardown stops them alone - never `ray stop`, which kills every Ray on the machine
     temp_dir = tempfile.mkdtemp(prefix="sieve-ray-", dir="/tmp")
-    subprocess.run([str(BIN / "ray"), "start", "--head", "--num-cpus=4", f"--port={port}",
-                    "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}", f"--temp-dir={temp_dir}",
-                    "--disable-usage-stats"], check=True, capture_output=True, timeout=120, env=start_env)
-    os.environ["RAY_ADDRESS"] = f"127.0.0.1:{port}"
-    os.environ["SIEVE_TEST_DASHBOARD"] = f"http://127.0.0.1:{dashboard}"
     import ray
 
-    ray.init()
-    try:
+    try:  # from here on, whatever fails, the cluster's processes are stopped (a leftover head confuses later runs)
+        subprocess.run([str(BIN / "ray"), "start", "--head", "--num-cpus=4", f"--port={port}",
+                        "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}", f"--temp-dir={temp_dir}",
+                        "--disable-usage-stats"], check=True, capture_output=True, timeout=120, env=start_env)
+        os.environ["RAY_ADDRESS"] = f"127.0.0.1:{port}"
+        os.environ["SIEVE_TEST_DASHBOARD"] = f"http://127.0.0.1:{dashboard}"
+        ray.init()
         yield os.environ["RAY_ADDRESS"]
     finally:
         ray.shutdown()

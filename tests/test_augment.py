@@ -31,24 +31,53 @@ CHASE = P("The/DET/DT/2/det dog/NOUN/NN/3/nsubj chased/VERB/VBD/0/root a/DET/DT/
 def test_backbone_is_root_and_direct_dependents_in_order():
     assert CAT.text == "The cat sat on the mat."
     assert [CAT.tokens[i].text for i in A.backbone(CAT)] == ["cat", "sat", "on"]
-    assert A.backbone_view(CAT, random.Random(0)) == "The cat sat on the mat. cat sat on"
+    assert A.backbone_view(CAT, random.Random(0), source="backbone") == "The cat sat on the mat. cat sat on"
     assert [CAT.tokens[i].text for i in A.backbone(CAT, keep_punct=True)] == ["cat", "sat", "on", "."]
 
 
 def test_triples_and_seeded_choice():
     found = [tuple(CHASE.tokens[i].text for i in t) for t in A.triples(CHASE)]
     assert found == [("dog", "chased", "cat"), ("she", "saw", "it")]
+    phrases = [tuple(" ".join(CHASE.tokens[i].text for i in part) for part in t) for t in A.triple_phrases(CHASE)]
+    assert phrases == [("dog", "chased", "cat"), ("she", "saw", "it")]
+    # Y takes a triple of the main clause (the root's), seeded
     views = {A.backbone_view(CHASE, random.Random(s), source="triple") for s in range(20)}
-    assert views == {CHASE.text + " dog chased cat", CHASE.text + " she saw it"}
-    assert A.backbone_view(CHASE, random.Random(3), source="triple") == A.backbone_view(
-        CHASE, random.Random(3), source="triple")
+    assert views == {CHASE.text + " dog chased cat"}
+
+
+SOLD = P("The/DET/DT/3/det old/ADJ/JJ/3/amod man/NOUN/NN/5/nsubj quickly/ADV/RB/5/advmod sold/VERB/VBD/0/root "
+         "his/PRON/PRP$/9/poss small/ADJ/JJ/9/amod red/ADJ/JJ/9/amod car/NOUN/NN/5/dobj ./PUNCT/./5/punct")
+BORN = P("Obama/PROPN/NNP/3/nsubjpass was/AUX/VBD/3/auxpass born/VERB/VBN/0/root in/ADP/IN/3/prep "
+         "Hawaii/PROPN/NNP/4/pobj ./PUNCT/./3/punct")
+
+
+def test_triples_are_phrases_not_single_words():
+    """Subject and object keep their modifiers (not articles); the relation keeps auxiliaries and, without
+    a direct object, the preposition of its prepositional object."""
+    def words(parse):
+        return [tuple(" ".join(parse.tokens[i].text for i in part) for part in t) for t in A.triple_phrases(parse)]
+
+    assert words(SOLD) == [("old man", "sold", "his small red car")]
+    assert words(BORN) == [("Obama", "was born in", "Hawaii")]
+    assert A.backbone_view(SOLD, random.Random(0), source="triple") == SOLD.text + " old man sold his small red car"
+
+
+def test_the_rule_switches_on_length():
+    """SIFTER's rule: the tree's top two layers for a short sentence, a triple for a longer one."""
+    assert len(SOLD.tokens) == 10
+    tree = A.backbone_view(SOLD, random.Random(0), source="rule", rule_max_words=10)
+    triple = A.backbone_view(SOLD, random.Random(0), source="rule", rule_max_words=9)
+    assert tree == SOLD.text + " man quickly sold car" and tree == A.backbone_view(SOLD, random.Random(0))
+    assert triple == SOLD.text + " old man sold his small red car"
 
 
 def test_triple_fallbacks():
+    slept = P("The/DET/DT/2/det cat/NOUN/NN/3/nsubj slept/VERB/VBD/0/root ./PUNCT/./3/punct")
     rng = random.Random(0)
-    assert A.backbone_view(CAT, rng, source="triple", fallback="backbone") == "The cat sat on the mat. cat sat on"
-    assert A.backbone_view(CAT, rng, source="triple", fallback="copy") == CAT.text
-    assert A.backbone_view(CAT, rng, source="triple", fallback="none") is None
+    assert A.triple_phrases(slept) == []
+    assert A.backbone_view(slept, rng, source="triple", fallback="backbone") == "The cat slept. cat slept"
+    assert A.backbone_view(slept, rng, source="triple", fallback="copy") == slept.text
+    assert A.backbone_view(slept, rng, source="triple", fallback="none") is None
 
 
 def test_deletion_removes_articles_conjunctions_pronouns():

@@ -155,7 +155,7 @@ def test_experiment_presets_expand_into_valid_runs():
         naive = cfg.run_config("crisis", "naive")
         assert naive.mode == "naive" and [s.name for s in naive.train_sets] == ["crisis_seen_events"]
         every = cfg.run_config(None, "all")
-        assert len(every.train_sets) == 3 and every.n_pairs == cfg.all_pairs_per_set and every.mode == "siamese"
+        assert len(every.train_sets) == 3 and every.n_pairs == cfg.all_pairs // 3 and every.mode == "siamese"
     # seen and unseen crisis events never overlap
     train_events = set(naive.train_sets[0].where["event"])
     assert not train_events & set(naive.test_sets[0].where["event"])

@@ -33,13 +33,27 @@ def test_every_shipped_sweep_config_validates():
     for f in files:
         job = load_config(SweepJobConfig, f)
         assert job.method in method_names()
-        check_space(base_of(job), job.sweep.space, str(f))
+        spec, base = get_method(job.method), base_of(job)
+        assert spec.has_dev is None or spec.has_dev(base), f  # a sweep must have a dev score to rank settings
+        check_space(base, job.sweep.space, str(f))
 
 
 def test_bad_space_value_names_the_key():
     base = get_method("tsdae").config_cls()
     with pytest.raises(ConfigError, match=r"sweep\.space\.deletion_ratio=1\.5: deletion_ratio: Input should be less"):
         check_space(base, {"deletion_ratio": Dimension(grid=[0.3, 1.5])}, "x.yaml")
+
+
+def test_a_grid_point_whose_lambdas_are_all_zero_is_refused_before_ray():
+    """Each value is valid alone; their combination is not: refused in one line naming the point."""
+    base = get_method("sifter_simcse").config_cls(lambda_xx=0)
+    space = {"lambda_xy": Dimension(grid=[0, 1]), "lambda_xz": Dimension(grid=[0, 1]), "lambda_yz": Dimension(grid=[0, 1]),
+             "train.lr": Dimension(loguniform=(1e-5, 5e-5))}
+    with pytest.raises(ConfigError) as exc:
+        check_space(base, space, "x.yaml")
+    assert str(exc.value).startswith("x.yaml: sweep grid point lambda_xy=0, lambda_xz=0, lambda_yz=0: ")
+    assert "at least one of lambda_xx" in str(exc.value) and "\n" not in str(exc.value)
+    check_space(base, {**space, "lambda_yz": Dimension(grid=[1])}, "x.yaml")  # without the zero point: fine
 
 
 def test_params_apply_to_the_typed_config_by_path():
@@ -128,7 +142,8 @@ def test_sweep_job_resolves_without_ray(embedded_tracking):
     from orchestrator.drivers.sweep_job import resolve
 
     args = Namespace(resume=False, name="x", config=None, preset="smoke", overrides=["train.lr=4e-5"], storage=None,
-                     tracking_uri=None, no_progress=True, print_config=False)
+                     tracking_uri=None, no_progress=True, print_config=False,
+                     verbose=False)
     plan = resolve(args, "sifter_sweep")
     assert plan.base.train.lr == 4e-5 and plan.base.model.pooling == "mean"  # resolved from MiniLM's folder
     args.overrides = ["sweep.space={lambdas: {grid: [{lambda_xx: 0, lambda_xy: 0, lambda_xz: 0, lambda_yz: 0}]}}"]

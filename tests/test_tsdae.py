@@ -214,16 +214,52 @@ def test_tsdae_under_ray_train_exports_a_sentence_transformer(tiny_bert_dir, tin
         "eval": {"batch_size": 512, "max_length": 32, "tasks": ["stsb"]},
         "run": {"storage": str(tmp_path / "store")},
     })
-    outcome = fit(build_trainer(method, cfg, tiny_shards, name="tsdae"), method)
+    outcome = fit(build_trainer(method, cfg, tiny_shards, name="tsdae"), method, cfg)
     assert [int(r["step"]) for r in outcome.history] == [2, 4]
-    assert outcome.history[-1]["loss"] < 10.4  # it learns (untrained ≈ ln 30522 ≈ 10.3 + head noise)
-    assert all(0 < r["dev_score"] <= 1 for r in outcome.history)
+    assert not any("dev_score" in r for r in outcome.history)  # the paper's protocol: no dev score at all
+    assert int(outcome.best_metrics["step"]) == 4  # the last checkpoint, whatever any dev score would say
     out, report = export_and_test(method, cfg, outcome, tmp_path / "model")
     assert report.headline == "twitterpara_ap" and 0 < report.headline_value < 1
     assert {"twitterpara_pit_ap", "twitterpara_url_ap", "sts_stsb_spearman_all"} <= set(report.metrics)
     assert not any("crossattention" in k for k in AutoModel.from_pretrained(out).state_dict())  # decoder gone
     st = SentenceTransformer(str(out), device="cpu")
     assert st.encode(["a tweet about 8 mile"]).shape == (1, 32)
+
+
+def test_the_default_protocol_reads_no_labelled_set_before_the_final_test(tiny_bert_dir, monkeypatch):
+    """The paper's protocol: a default TSDAE config computes no dev score, and its dev function opens no
+    labelled file (every reader of labelled pairs is spied on: it still runs, and records its calls);
+    asking for the labelled dev set reads it - so the spy can fail."""
+    from orchestrator.evaluation import domain, sts
+    from trainers import tsdae
+
+    calls = []
+    for module, name in ((sts, "read_sts_tsv"), (domain, "read_sts_tsv"), (sts, "load_task")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _real=real, **k: calls.append(a) or _real(*a, **k))
+    cfg = TSDAEConfig.model_validate({"model": {"name_or_path": str(tiny_bert_dir), "pooling": "cls"},
+                                      "eval": {"batch_size": 512, "max_length": 32}})
+    assert cfg.eval.dev is None and cfg.eval.select == "last" and tsdae.SPEC.selection_metric(cfg) is None
+    model, tok = build_model(cfg)
+    assert np.isnan(tsdae.dev_score(model.encoder, tok, cfg)) and calls == []
+    tuned = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"dev": "twitterpara_pit_dev", "select": "best"})})
+    assert 0 < tsdae.dev_score(model.encoder, tok, tuned) < 1 and calls  # the option reads it
+    assert tsdae.SPEC.selection_metric(tuned) == "dev_score"
+    with pytest.raises(ValueError, match="needs a labelled dev set"):
+        TSDAEConfig.model_validate({"eval": {"select": "best"}})
+
+
+def test_training_text_and_test_sentences_are_disjoint():
+    """TSDAE trains on the PIT-2015 dev sentences and is tested on PIT-2015 test + Twitter URL test."""
+    import csv
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "data"
+    train = {ln.strip() for ln in (root / "corpus" / "twitterpara_pit2015_dev_sentences.txt").read_text().splitlines()}
+    for name in ("pit2015-test.tsv", "twitterurl-test.tsv"):
+        rows = list(csv.DictReader(open(root / "twitterpara" / name, encoding="utf-8"), delimiter="\t",
+                                   quoting=csv.QUOTE_NONE))
+        assert len(train) > 4000 and not ({r["sentence1"] for r in rows} | {r["sentence2"] for r in rows}) & train
 
 
 def test_loss_equals_sentence_transformers_denoising_loss(tiny_bert_dir):

@@ -236,8 +236,11 @@ def deepspeed_config(cfg, *, grad_clip: float | None) -> dict:
 # ---------------------------------------------------------------- the loop every method shares
 def param_groups(module: torch.nn.Module, weight_decay: float) -> list[dict]:
     """AdamW groups: no weight decay on biases and norm weights (BERT's convention)."""
-    no_decay = ("bias", "LayerNorm.weight", "layer_norm", "norm.weight")
-    named = list(module.named_parameters())
+    return named_param_groups(list(module.named_parameters()), weight_decay)
+
+
+def named_param_groups(named: list[tuple[str, torch.nn.Parameter]], weight_decay: float) -> list[dict]:
+    no_decay = ("bias", "LayerNorm.weight", "layer_norm", "layernorm", "norm.weight", "norm1.weight", "norm2.weight")
     return [{"params": [p for n, p in named if not any(k in n for k in no_decay)], "weight_decay": weight_decay},
             {"params": [p for n, p in named if any(k in n for k in no_decay)], "weight_decay": 0.0}]
 
@@ -258,8 +261,9 @@ def train_loop(cfg, stepper: Stepper, *, rows_per_worker: int, loss_fn, dev_fn, 
     """Train ``cfg.train`` steps/epochs: resume, step, evaluate every ``eval_steps``, report + checkpoint.
 
     ``loss_fn(batch, state) -> (loss, logs)``: the method's loss on one batch (``state`` has
-    ``step`` and ``epoch``, e.g. to seed per-epoch noise). ``dev_fn(module) -> float``: the dev
-    score, run on rank 0 only (higher is better). ``build_plain()``: a fresh module for ZeRO-3
+    ``step`` and ``epoch``, e.g. to seed per-epoch noise). ``dev_fn(module)``: the dev score
+    ``metric`` (a float), or a dict of dev metrics that includes ``metric`` - run on rank 0 only,
+    higher is better. ``build_plain()``: a fresh module for ZeRO-3
     evaluation. ``batches(epoch)``: an iterator of batches (default: this worker's Ray Data
     shard ``train``). Returns every evaluation's metrics; the list travels in the checkpoint
     state, so it survives a restart.
@@ -280,11 +284,12 @@ def train_loop(cfg, stepper: Stepper, *, rows_per_worker: int, loss_fn, dev_fn, 
 
     def evaluate_and_report(logs: dict) -> None:
         with stepper.eval_module(build_plain) as evaluated:
-            score = float(dev_fn(evaluated)) if rank() == 0 else float("nan")
+            dev = dev_fn(evaluated) if rank() == 0 else {metric: float("nan")}
+        dev = {k: float(v) for k, v in dev.items()} if isinstance(dev, dict) else {metric: float(dev)}
         stepper.module.train()
-        if rank() == 0:
-            state["best_dev"] = max(state["best_dev"], score)
-        metrics = {**logs, "step": state["step"], "epoch": state["epoch"], metric: score,
+        if rank() == 0 and metric in dev:  # a method may train without any dev score (TSDAE's protocol)
+            state["best_dev"] = max(state["best_dev"], dev[metric])
+        metrics = {**logs, "step": state["step"], "epoch": state["epoch"], **dev,
                    f"best_{metric}": state["best_dev"], "restarts": state["restarts"]}
         state["history"].append(metrics)
         report(metrics, stepper, dict(state))

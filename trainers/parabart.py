@@ -5,16 +5,21 @@ Method (Huang & Chang 2021, "Disentangling Semantics and Syntax in Sentence Embe
 Pre-trained Language Models", Section 3)
 ----------------------------------------------------------------------------------------------
 A training example is a paraphrase pair (source x, target y) and the linearized constituency
-parse p of y (``(S (NP (DT) (NN)) (VP (VBZ) (ADJP)) (.))``, from the corpus pipeline).
+parse p of y - the whole tree with its words left out, ``(S (NP (DT) (NN)) (VP (VBZ) (ADJP (JJ))) (.))``,
+up to ``parse_max_length`` (160) tokens, from the corpus pipeline.
 
 * **Semantic encoder** E_sem (a pretrained Transformer encoder) reads x with *word dropout*
   (each source token replaced by ``[MASK]`` with probability 0.2; the target and the parse are
   never dropped). The sentence embedding is the mean of its token states: ū = mean(E_sem(x)).
-* **Syntax encoder** E_syn (a small Transformer encoder with its own vocabulary of tags and
-  brackets, built from the data and saved with the model) reads p: V = E_syn(p).
+* **Syntax encoder** E_syn (one Transformer layer, as the reference code, with its own vocabulary
+  of tags and brackets, built from the data and saved with the model) reads p: V = E_syn(p).
 * **Decoder** generates y from Concat(ū, V): its cross-attention memory is [ū; V], so the
   meaning can only come through ū and the shape through V (the paper: BART-base's first
-  decoder layer). L_para = −Σ_t log P(y_t | y_<t, ū, V).
+  decoder layer). It reads E_sem's word embeddings and writes through an output projection of
+  its own (``tie_output: true`` ties it to them instead), so generation does not move E_sem's
+  input embeddings through the output layer. L_para = −Σ_t log P(y_t | y_<t, ū, V).
+  ``syntax_guidance: false`` drops V (memory [ū] alone): with λ_adv = 0 it is the paper's
+  "w/o AL and SG" ablation.
 * **Syntax discriminator** D: linear + softmax over the constituent-tag vocabulary, predicting
   the *source's* bag of constituents h (each tag's share of the tree's nodes) from ū:
   L_adv = −Σ_t h(t) log D(ū)_t.
@@ -23,8 +28,11 @@ Training alternates, each step: (1) update D alone to minimise L_adv on ū.detac
 E_sem, E_syn and the decoder on L_para − λ_adv·L_adv with the updated D - the encoder learns to
 make ū *useless* for predicting syntax. The adversary is switched on after ``adversary_start_step``
 (the reference code: after epoch 1); λ_adv = 0 is the "w/o adversarial loss" ablation (then D is
-still trained, but nothing from it reaches the encoder). Pretrained and new parameters have
-separate learning rates; gradients are clipped at 1.0. D is a module of its own, outside the
+still trained, but nothing from it reaches the encoder). Learning rates as the paper: E_sem and D at
+``train.lr`` (2e-5), E_syn, the decoder and the output projection at ``lr_syntax_decoder`` (1e-4);
+AdamW with weight decay 0.01 (none on biases and norms); gradients clipped at 1.0. The checkpoint
+is chosen on the paraphrase validation loss (L_para − λ_adv·L_adv on ``data.valid_pairs`` held-out
+pairs, as the reference code validates); ``selection: stsb_dev`` chooses on STS-B dev instead. D is a module of its own, outside the
 main model: the main model runs under DDP or DeepSpeed ZeRO (the shared ``deepspeed`` block) with
 one forward and one backward per step (D's step only sees ū.detach()); D's small gradients are
 averaged across workers by hand, and D and its optimiser travel in every checkpoint.
@@ -35,7 +43,7 @@ Backbones (``architecture``)
     machines, so the smoke preset uses ``bert2bert``: a warm start from MiniLM (E_sem = MiniLM,
     the decoder = MiniLM's first layers with cross-attention added). ``bart`` with a BERT folder
     builds BART from config in that BERT's shape, on its WordPiece vocabulary with its word and
-    position embeddings copied. Word embeddings and the output matrix are one tensor throughout.
+    position embeddings copied. E_sem and the decoder read one word-embedding matrix.
 
 E_sem with mean pooling is exported as a folder that loads with ``SentenceTransformer`` (a BART
 encoder is saved in the BlenderbotSmall encoder's form, the same network, since ST would run
@@ -43,8 +51,9 @@ BART's decoder; see ``orchestrator.export.standalone_encoder``); the whole model
 vocabularies and the backbone's config (for generation) are saved beside it.
 
 Args (config keys, see :class:`ParaBARTConfig`)
-    architecture (auto), lambda_adv (0.1), adversary_start_step, word_dropout (0.2), lr_pretrained (2e-5),
-    lr_new (1e-4), syntax_layers, syntax_heads, decoder_layers (1), parse_max_length (160), model.max_length (40)
+    architecture (auto), lambda_adv (0.1), adversary_start_step, word_dropout (0.2), train.lr (2e-5: E_sem, D),
+    lr_syntax_decoder (1e-4), syntax_layers (1), syntax_heads, decoder_layers (1), parse_max_length (160),
+    model.max_length (40), syntax_guidance (true), tie_output (false), selection (valid_loss | stsb_dev)
 
 Example
     python jobs/train.py --method parabart --preset smoke
@@ -66,6 +75,7 @@ from orchestrator.config import EncoderMethodConfig, EvalConfig, ModelConfig, Tr
 from orchestrator.data.paraphrase import (
     ParaphraseData,
     Vocab,
+    load_valid_rows,
     load_vocabs,
     parse_tokens,
     prepare_paraphrase_data,
@@ -80,7 +90,8 @@ from trainers import common
 
 # ---------------------------------------------------------------- config
 class ParaBARTConfig(EncoderMethodConfig):
-    """``train.lr`` is the pretrained parameters' learning rate, ``lr_new`` the new parameters' and D's."""
+    """``train.lr`` is E_sem's and D's learning rate, ``lr_syntax_decoder`` E_syn's, the decoder's and
+    the output projection's (the paper's 2e-5 and 1e-4)."""
 
     method: Literal["parabart"] = "parabart"
     model: ModelConfig = ModelConfig(max_length=40, pooling="mean")
@@ -88,15 +99,19 @@ class ParaBARTConfig(EncoderMethodConfig):
     architecture: Literal["auto", "bert2bert", "bart"] = Field(
         "auto", description="auto: bart for a BART folder, bert2bert for a BERT folder (see build_model)")
     parse_max_length: int = Field(160, gt=0)
-    syntax_layers: int = Field(2, ge=1)
+    syntax_layers: int = Field(1, ge=1)
     syntax_heads: int = Field(6, ge=1)
     decoder_layers: int = Field(1, ge=1)
     lambda_adv: float = Field(0.1, ge=0)
     adversary_start_step: int = Field(0, ge=0, description="steps of plain L_para before the adversary")
     word_dropout: float = Field(0.2, ge=0, lt=1)
-    lr_new: float = Field(1e-4, gt=0)
-    train: TrainLoopConfig = TrainLoopConfig(lr=2e-5, batch_size=64, eval_steps=500, grad_clip=1.0,
-                                             lr_schedule="constant")
+    lr_syntax_decoder: float = Field(1e-4, gt=0, description="E_syn, the decoder and the output projection")
+    syntax_guidance: bool = Field(True, description="false: the decoder sees ū alone (no E_syn)")
+    tie_output: bool = Field(False, description="true: the output projection is E_sem's word-embedding matrix")
+    selection: Literal["valid_loss", "stsb_dev"] = Field(
+        "valid_loss", description="checkpoint choice: paraphrase validation loss (the paper) or STS-B dev")
+    train: TrainLoopConfig = TrainLoopConfig(lr=2e-5, weight_decay=0.01, batch_size=64, eval_steps=500,
+                                             grad_clip=1.0, lr_schedule="constant")
     data: ParaphraseData = ParaphraseData()
     eval: EvalConfig = EvalConfig(batch_size=128, max_length=64)
     tracking: TrackingConfig = TrackingConfig(registry_model_name="parabart")
@@ -109,16 +124,19 @@ class ParaBART(nn.Module):
     it outside lets the main model run under DDP / DeepSpeed ZeRO with one backward per step."""
 
     def __init__(self, encoder: nn.Module, decoder: nn.Module, syntax: Vocab, tags: Vocab, *,
-                 syntax_layers: int = 2, syntax_heads: int = 6, parse_max_length: int = 160):
+                 syntax_layers: int = 1, syntax_heads: int = 6, parse_max_length: int = 160,
+                 syntax_guidance: bool = True):
         super().__init__()
         d = encoder.config.hidden_size
         self.syntax_vocab, self.tag_vocab = syntax, tags  # travel in the state dict (extra state)
-        self.pretrained: set[str] = set()  # names of parameters loaded from pretrained weights (lr_pretrained)
+        self.pretrained: set[str] = set()  # names of parameters loaded from pretrained weights
         self.sem = encoder  # E_sem
-        self.syn_embed = nn.Embedding(len(syntax), d, padding_idx=0)  # E_syn
-        self.syn_pos = nn.Embedding(parse_max_length, d)
-        layer = nn.TransformerEncoderLayer(d, syntax_heads, 4 * d, dropout=0.1, batch_first=True, norm_first=True)
-        self.syn = nn.TransformerEncoder(layer, syntax_layers, enable_nested_tensor=False)
+        self.syntax_guidance = syntax_guidance
+        if syntax_guidance:  # without it E_syn does not exist (DDP refuses parameters that get no gradient)
+            self.syn_embed = nn.Embedding(len(syntax), d, padding_idx=0)  # E_syn
+            self.syn_pos = nn.Embedding(parse_max_length, d)
+            layer = nn.TransformerEncoderLayer(d, syntax_heads, 4 * d, dropout=0.1, batch_first=True, norm_first=True)
+            self.syn = nn.TransformerEncoder(layer, syntax_layers, enable_nested_tensor=False)
         self.decoder = decoder  # a *ForCausalLM / *LMHeadModel with cross-attention
 
     @property
@@ -136,14 +154,17 @@ class ParaBART(nn.Module):
         return mean_pool(self.sem(input_ids=ids, attention_mask=mask).last_hidden_state, mask)
 
     def syntax(self, parse_ids: torch.Tensor, parse_mask: torch.Tensor) -> torch.Tensor:
+        """V = E_syn(p), or an empty sequence without syntax guidance."""
+        if not self.syntax_guidance:
+            return parse_ids.new_zeros((parse_ids.size(0), 0, self.hidden_size), dtype=torch.float)
         pos = torch.arange(parse_ids.size(1), device=parse_ids.device)
         return self.syn(self.syn_embed(parse_ids) + self.syn_pos(pos), src_key_padding_mask=parse_mask == 0)
 
     def decode(self, u: torch.Tensor, v: torch.Tensor, parse_mask: torch.Tensor, tgt_ids: torch.Tensor,
                tgt_mask: torch.Tensor) -> torch.Tensor:
-        """Next-token logits of the target; cross-attention over [ū; V] only."""
-        memory = torch.cat([u.unsqueeze(1), v], dim=1)
-        memory_mask = torch.cat([torch.ones_like(parse_mask[:, :1]), parse_mask], dim=1)
+        """Next-token logits of the target; cross-attention over [ū; V] only (ū alone without syntax guidance)."""
+        memory = torch.cat([u.unsqueeze(1), v.to(u.dtype)], dim=1)
+        memory_mask = torch.cat([torch.ones_like(parse_mask[:, :1]), parse_mask[:, :v.size(1)]], dim=1)
         return self.decoder(input_ids=tgt_ids, attention_mask=tgt_mask, encoder_hidden_states=memory,
                             encoder_attention_mask=memory_mask, use_cache=False).logits
 
@@ -159,6 +180,11 @@ def discriminator(model: ParaBART) -> nn.Linear:
     return nn.Linear(model.hidden_size, len(model.tag_vocab))
 
 
+def discriminator_optimizer(dis: nn.Module, cfg: ParaBARTConfig) -> torch.optim.Optimizer:
+    """D's own AdamW at E_sem's learning rate (the paper's 2e-5), weight decay as the main groups."""
+    return torch.optim.AdamW(common.param_groups(dis, cfg.train.weight_decay), lr=cfg.train.lr)
+
+
 def build_model(cfg: ParaBARTConfig, syntax: Vocab, tags: Vocab, skeleton: str | Path | None = None):
     """(ParaBART, tokenizer) for ``cfg.model`` and ``cfg.architecture`` (``orchestrator.backbones``):
 
@@ -169,25 +195,30 @@ def build_model(cfg: ParaBARTConfig, syntax: Vocab, tags: Vocab, skeleton: str |
     * ``bart`` with a BERT folder: BART built from config in the BERT's shape (layers, width,
       heads), with its WordPiece vocabulary, word and position embeddings copied; the rest new.
 
-    Word embeddings and the output matrix are one tensor shared by E_sem and the decoder.
-    ``skeleton``: a folder with the backbone's ``config.json`` + tokenizer (saved by
+    E_sem and the decoder read one word-embedding matrix; the output projection is the decoder's own
+    (initialised from the pretrained embeddings) unless ``tie_output``. ``skeleton``: a folder with the backbone's ``config.json`` + tokenizer (saved by
     :func:`export_model`): the same architecture with no weights loaded (a state dict follows).
     """
     b = backbones.build(cfg.model.name_or_path, cfg.architecture, decoder_layers=cfg.decoder_layers,
-                        skeleton=skeleton)
+                        skeleton=skeleton, tie_output=cfg.tie_output)
     model = ParaBART(b.encoder, b.decoder, syntax, tags, syntax_layers=cfg.syntax_layers,
-                     syntax_heads=cfg.syntax_heads, parse_max_length=cfg.parse_max_length)
+                     syntax_heads=cfg.syntax_heads, parse_max_length=cfg.parse_max_length,
+                     syntax_guidance=cfg.syntax_guidance)
     model.pretrained = b.pretrained
     return model, b.tokenizer
 
 
 def parameter_groups(model: ParaBART, cfg: ParaBARTConfig) -> list[dict]:
-    """The main optimiser's groups: pretrained parameters at ``train.lr``, new ones at ``lr_new``
-    (D has its own optimiser)."""
-    pre, new = [], []
-    for n, p in model.named_parameters():  # named_parameters() yields a tied tensor once
-        (pre if n in model.pretrained else new).append(p)
-    return [{"params": pre, "lr": cfg.train.lr}, {"params": new, "lr": cfg.lr_new}]
+    """The main optimiser's groups, as the paper and its reference code: E_sem at ``train.lr``,
+    everything else (E_syn, the decoder, the output projection) at ``lr_syntax_decoder``; weight
+    decay except on biases and norms. The word embeddings E_sem and the decoder share are E_sem's
+    (``named_parameters`` yields a shared tensor once, under its first name). D has its own optimiser."""
+    sem = nn.Module()
+    sem.add_module("sem", model.sem)
+    rest = [(n, p) for n, p in model.named_parameters() if not n.startswith("sem.")]
+    wd = cfg.train.weight_decay
+    return [{**g, "lr": cfg.train.lr} for g in common.param_groups(sem, wd)] + \
+        [{**g, "lr": cfg.lr_syntax_decoder} for g in common.named_param_groups(rest, wd)]
 
 
 # ---------------------------------------------------------------- losses and the noise
@@ -303,24 +334,51 @@ def train_func(config: dict) -> list[dict]:
     model, tokenizer = build_model(cfg, syntax, tags)
     model.to(device)
     dis = discriminator(model).to(device)  # outside DDP / ZeRO; its gradients are averaged by hand
-    opt_dis = torch.optim.AdamW(dis.parameters(), lr=cfg.lr_new)
+    opt_dis = discriminator_optimizer(dis, cfg)
     stepper = common.make_stepper(model, cfg, int(config["rows_per_worker"]), groups=parameter_groups(model, cfg),
                                   extra_modules={"discriminator": dis}, extra_optimizers={"discriminator": opt_dis})
     batcher = Batch(tokenizer, syntax, tags, cfg)
+    valid = load_valid_rows(config["shards"]) if common.rank() == 0 else {}
+    adversary = {"on": False}
 
     def loss_fn(batch, state):
         b = batcher(batch, train=True, device=device)
-        return main_loss(stepper.model, dis, b, cfg, adversary_on=state["step"] >= cfg.adversary_start_step,
-                         opt_dis=opt_dis)
+        adversary["on"] = state["step"] >= cfg.adversary_start_step
+        return main_loss(stepper.model, dis, b, cfg, adversary_on=adversary["on"], opt_dis=opt_dis)
+
+    def dev_fn(m):
+        return {"stsb_dev_spearman": dev_score(m.sem, tokenizer, cfg),
+                **validation_loss(m, dis, batcher, valid, cfg, adversary_on=adversary["on"], device=device)}
 
     return common.train_loop(cfg, stepper, rows_per_worker=int(config["rows_per_worker"]), metric=SPEC.metric,
-                             loss_fn=loss_fn, dev_fn=lambda m: dev_score(m.sem, tokenizer, cfg),
-                             build_plain=lambda: build_model(cfg, syntax, tags)[0].to(device))
+                             loss_fn=loss_fn, dev_fn=dev_fn, build_plain=lambda: build_model(cfg, syntax, tags)[0].to(device))
 
 
 def dev_score(encoder, tokenizer, cfg: ParaBARTConfig) -> float:
     enc = HFEncoder(encoder, tokenizer, pooling="mean", batch_size=cfg.eval.batch_size, max_length=cfg.eval.max_length)
     return sts.evaluate_data(enc, sts.load_task("stsb_dev"))["spearman"]["all"]
+
+
+@torch.inference_mode()
+def validation_loss(model: ParaBART, dis: nn.Module, batcher: Batch, rows: dict, cfg: ParaBARTConfig, *,
+                    adversary_on: bool, device="cpu", batch_size: int = 64) -> dict[str, float]:
+    """The paraphrase validation loss on held-out pairs - L_para − λ_adv·L_adv once the adversary is on,
+    as training minimises it (the reference code's model selection); ``neg_valid_loss`` is what the
+    checkpoint choice maximises."""
+    if not rows or not len(rows.get("src", [])):
+        return {}
+    was = model.training
+    model.eval()
+    para, adv, n = 0.0, 0.0, len(rows["src"])
+    for k in range(0, n, batch_size):
+        b = batcher({c: v[k:k + batch_size] for c, v in rows.items()}, train=False, device=device)
+        logits, u = model(b["src_ids"], b["src_mask"], b["parse_ids"], b["parse_mask"], b["tgt_ids"], b["tgt_mask"])
+        w = len(b["src_ids"]) / n
+        para += w * float(para_loss(logits, b["tgt_ids"], b["tgt_mask"]))
+        adv += w * float(adv_loss(dis(u.to(dis.weight.dtype)), b["bags"]))
+    model.train(was)
+    loss = para - (cfg.lambda_adv * adv if adversary_on else 0.0)
+    return {"valid_loss": loss, "neg_valid_loss": -loss, "valid_loss_para": para, "valid_loss_adv": adv}
 
 
 # ---------------------------------------------------------------- export, load, evaluate
@@ -356,8 +414,14 @@ def load_parabart(model_dir) -> tuple[ParaBART, Batch]:
 
 
 def evaluate(cfg: ParaBARTConfig, model_dir, tasks: list[str] | None = None):
-    """STS Pearson (the paper's metric; the headline) and Spearman, mean pooling over E_sem."""
+    """STS Pearson (the paper's metric; the headline) and Spearman, mean pooling over E_sem, with the
+    paper's SentEval aggregation beside SimCSE's "all": each task's Pearson averaged over its subsets
+    (SentEval's "mean"), then over the tasks."""
     report = evaluate_sts(cfg, Path(model_dir), tasks)
+    sts_tasks = report.detail["sts"]["tasks"]
+    report.metrics["sts_senteval_avg_pearson"] = sum(t["pearson"]["mean"] for t in sts_tasks.values()) / len(sts_tasks)
+    report.table += (f"\n\nSentEval aggregation (Pearson averaged over each task's subsets, then tasks): "
+                     f"{report.metrics['sts_senteval_avg_pearson'] * 100:.2f}")
     report.headline = "sts_avg_pearson_all"
     return report
 
@@ -373,4 +437,5 @@ def prepare_data(cfg: ParaBARTConfig, progress: bool = True) -> str:
 
 SPEC = MethodSpec("parabart", ParaBARTConfig, train_func, export_model, evaluate, prepare_data,
                   metric="stsb_dev_spearman", metric_label="STS-B dev Spearman",
-                  columns=("src", "tgt", "tgt_parse", "src_bag"), evaluate_base=evaluate_base)
+                  columns=("src", "tgt", "tgt_parse", "src_bag"), evaluate_base=evaluate_base,
+                  selection=lambda cfg: "neg_valid_loss" if cfg.selection == "valid_loss" else "stsb_dev_spearman")

@@ -26,6 +26,7 @@ neighbours. The dev score for checkpoint selection is Δ on the held-out part of
 Args (config keys, see :class:`SiameseConfig`)
     mode: ``siamese`` | ``naive``;  loss: ``cosine_mse`` | ``contrastive`` (margin m)
     train_sets: one labelled set (or several = ALL);  n_pairs: pairs per set
+    select: ``last`` (the paper: a fixed number of epochs) or ``dev_delta`` (the best dev Δ; ours, named)
     test_sets: labelled sets for Δ and MAP;  eval_pairs: pairs of each kind (5,000)
 
 Example
@@ -68,6 +69,8 @@ class SiameseConfig(EncoderMethodConfig):
     n_pairs: int = Field(2000, gt=0, description="training pairs per train set")
     dev_fraction: float = Field(0.1, gt=0, lt=1, description="texts of each train set held out for the dev Δ")
     eval_pairs: int = Field(5000, gt=0, description="test pairs of each kind (same / different)")
+    select: Literal["last", "dev_delta"] = Field("last", description="the run's checkpoint: the last (the paper "
+                                                 "trains a fixed number of epochs) or the best dev Δ (ours, optional)")
     eval: EvalConfig = EvalConfig(batch_size=128, max_length=64, tasks=[])
     train: TrainLoopConfig = TrainLoopConfig(lr=2e-5, batch_size=16, eval_steps=100)
     tracking: TrackingConfig = TrackingConfig(registry_model_name="siamese")
@@ -218,4 +221,5 @@ def export_model(cfg: SiameseConfig, checkpoint_dir, out_dir):
 
 
 SPEC = MethodSpec("siamese", SiameseConfig, train_func, export_model, evaluate, prepare_data, metric="dev_delta",
-                  metric_label="dev Δ cosine distance", columns=None, evaluate_base=evaluate_base)
+                  metric_label="dev Δ cosine distance", columns=None, evaluate_base=evaluate_base,
+                  selection=lambda cfg: "dev_delta" if cfg.select == "dev_delta" else None)

@@ -23,13 +23,22 @@ is the shared word-embedding matrix). ``tie_encoder_decoder: false`` gives an in
 decoder (initialised from ``decoder_name_or_path`` or the encoder). After training the decoder
 is thrown away and the encoder is exported with the same pooling.
 
+Protocol (the paper's, the default): unsupervised - a fixed number of steps, the last checkpoint,
+and no labelled data read before the final evaluation (``eval.dev`` empty: no dev score during
+training). The training text is the 4,286 PIT-2015 *dev* sentences (TwitterPara's unlabelled train
+split is not available here; their labels are never read); the final test is PIT-2015 *test* +
+Twitter URL *test* (disjoint sentences, checked by a test) and the STS tasks. Tuning on a labelled
+dev set is an explicit option - ``eval.dev: twitterpara_pit_dev`` (in-domain) or ``stsb_dev`` with
+``eval.select: best`` - and sweeps, which must rank settings, require it; reports name it.
+
 Args (config keys, see :class:`TSDAEConfig`)
-    deletion_ratio: fraction of words *deleted* (0.6). sentence-transformers' example keeps a
-        word when ``random() < del_ratio``, i.e. its ``del_ratio=0.6`` deletes ~40%: the
-        semantics here are the paper's.
+    deletion_ratio: fraction of words *deleted* (0.6), exactly round(r·n). sentence-transformers
+        says both things: its ``DenoisingAutoEncoderDataset`` keeps a word when ``rand > del_ratio``
+        (del_ratio = 0.6 deletes ~60%, as the paper and here), while the example in its
+        ``DenoisingAutoEncoderLoss`` docstring keeps a word when ``random() < del_ratio`` (deleting ~40%).
     model.pooling: ``cls`` (the paper; the raw ``[CLS]`` state - TSDAE has no MLP head) or ``mean``
     tie_encoder_decoder: share encoder and decoder weights (true)
-    eval.dev: the dev score for checkpoint selection (PIT-2015 dev AP by default: a domain task)
+    eval.dev: a labelled dev set for tuning (empty by default: the paper's protocol); eval.select: last | best
 
 Paper settings (``configs/tsdae/paper.yaml``): lr 3e-5 constant, batch 8, 100k steps.
 
@@ -48,7 +57,7 @@ from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import nn
 
 from orchestrator.backbones import causal_decoder
@@ -67,9 +76,12 @@ from trainers import common
 
 # ---------------------------------------------------------------- config
 class TSDAEEval(EvalConfig):
-    """The STS tasks (``tasks``) plus the domain tasks, and the dev score used for model selection."""
+    """The STS tasks (``tasks``) plus the domain tasks; optionally a labelled dev set for tuning."""
 
-    dev: str = Field("twitterpara_pit_dev", description="domain evaluator name, or 'stsb_dev'")
+    dev: str | None = Field(None, description="empty: no labelled data before the final test (the paper); "
+                            "else a domain evaluator name (twitterpara_pit_dev: in-domain) or 'stsb_dev'")
+    select: Literal["last", "best"] = Field("last", description="the run's checkpoint: the last (the paper) or "
+                                            "the best on eval.dev")
     dev_path: str | None = None
     domain: list[str] = ["twitterpara"]
     domain_paths: dict[str, str] = {}
@@ -91,6 +103,12 @@ class TSDAEConfig(EncoderMethodConfig):
 
     def model_sources(self) -> list[str]:
         return [self.model.name_or_path, *([self.decoder_name_or_path] if self.decoder_name_or_path else [])]
+
+    @model_validator(mode="after")
+    def _best_needs_a_dev_set(self):
+        if self.eval.select == "best" and self.eval.dev is None:
+            raise ValueError("eval.select 'best' needs a labelled dev set (eval.dev); the paper's protocol is 'last'")
+        return self
 
 
 # ---------------------------------------------------------------- model
@@ -182,6 +200,9 @@ def encoder_for_eval(encoder: nn.Module, tokenizer, cfg: TSDAEConfig) -> HFEncod
 
 
 def dev_score(encoder: nn.Module, tokenizer, cfg: TSDAEConfig) -> float:
+    """The configured labelled dev set's score; NaN (and nothing read) without one."""
+    if cfg.eval.dev is None:
+        return float("nan")
     enc = encoder_for_eval(encoder, tokenizer, cfg)
     if cfg.eval.dev == "stsb_dev":
         return sts.evaluate_data(enc, sts.load_task("stsb_dev"))["spearman"]["all"]
@@ -214,8 +235,11 @@ def train_func(config: dict) -> list[dict]:
         rng = batch_rng(cfg.train.seed, state["epoch"], state["step"])
         return compute_loss(stepper.model, tokenizer, batch["text"], cfg, rng, device)
 
+    def dev_fn(m):  # nothing labelled is read when no dev set is configured (the paper's protocol)
+        return {SPEC.metric: dev_score(m.encoder, tokenizer, cfg)} if cfg.eval.dev else {}
+
     return common.train_loop(cfg, stepper, rows_per_worker=int(config["rows_per_worker"]), metric=SPEC.metric,
-                             loss_fn=loss_fn, dev_fn=lambda m: dev_score(m.encoder, tokenizer, cfg),
+                             loss_fn=loss_fn, dev_fn=dev_fn,
                              build_plain=lambda: build_model(cfg)[0].to(device))
 
 
@@ -229,5 +253,6 @@ def export_model(cfg: TSDAEConfig, checkpoint_dir, out_dir):
 
 
 SPEC = MethodSpec("tsdae", TSDAEConfig, train_func, export_model, evaluate, prepare_corpus, metric="dev_score",
-                  metric_label="dev score (eval.dev; PIT-2015 dev AP by default)", columns=("text",),
-                  evaluate_base=evaluate_base)
+                  metric_label="dev score on eval.dev (a labelled dev set, an explicit option)", columns=("text",),
+                  evaluate_base=evaluate_base, selection=lambda cfg: "dev_score" if cfg.eval.select == "best" else None,
+                  has_dev=lambda cfg: cfg.eval.dev is not None)

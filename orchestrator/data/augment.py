@@ -3,7 +3,8 @@
 SIFTER (Section 3) builds two views of each sentence X:
 
 * **Y = X + backbone** - the first two layers of the dependency tree (the root and its direct
-  dependents, in sentence order), or a subject-verb-object *triple* from the parse;
+  dependents, in sentence order) for a short sentence, a subject-relation-object *triple* of
+  phrases from the parse otherwise (the paper's rule; either one alone is configurable);
 * **Z = X without useless words** - articles, conjunctions and pronouns removed.
 
 TSDAE corrupts a sentence by deleting a fixed fraction of its words (:func:`tsdae_noise`, called
@@ -60,17 +61,84 @@ def triples(parse: Parse) -> list[tuple[int, int, int]]:
     return out
 
 
-def backbone_view(parse: Parse, rng: random.Random, *, source: str = "backbone", fallback: str = "backbone") -> str | None:
-    """Y = X + " " + backbone words (or a seeded choice among the SVO triples).
+# the dependents that stay with a phrase's head (an OpenIE-style argument: "the new [red] car of mine" →
+# "new red car"); articles, clauses and punctuation do not
+PHRASE_DEPS = ("compound", "amod", "nummod", "poss", "nmod:poss", "flat", "flat:name", "fixed", "case", "nn", "quantmod",
+               "advmod", "npadvmod", "det:poss")
+RELATION_DEPS = ("aux", "auxpass", "aux:pass", "neg", "prt", "compound:prt")
+WH_TAGS = ("WDT", "WP", "WP$")
 
-    ``fallback`` applies when ``source='triple'`` finds none: ``backbone``, ``copy`` (Y = X) or
-    ``none`` (return None: the caller counts and skips the sentence).
+
+def phrase(parse: Parse, head: int, deps: tuple[str, ...] = PHRASE_DEPS) -> list[int]:
+    """``head`` and, recursively, its dependents of the kinds in ``deps``, in sentence order."""
+    kids: dict[int, list[int]] = defaultdict(list)
+    for i, t in enumerate(parse.tokens):
+        if t.head >= 0:
+            kids[t.head].append(i)
+    out, todo = [], [head]
+    while todo:
+        i = todo.pop()
+        out.append(i)
+        todo += [k for k in kids[i] if parse.tokens[k].deprel in deps and parse.tokens[k].upos != "PUNCT"]
+    return sorted(out)
+
+
+def triple_phrases(parse: Parse) -> list[tuple[list[int], list[int], list[int]]]:
+    """Subject / relation / object *phrases* (token indices): for every verb with a subject, its
+    direct object - or, without one, the object of a preposition attached to it, the preposition
+    joining the relation ("was born in" + "Hawaii"). Subject and object keep their modifiers
+    (:data:`PHRASE_DEPS`); the relation keeps auxiliaries, negation and particles."""
+    kids: dict[int, list[int]] = defaultdict(list)
+    for i, t in enumerate(parse.tokens):
+        if t.head >= 0:
+            kids[t.head].append(i)
+    out = []
+    for v in sorted(kids):
+        subj = [c for c in kids[v] if parse.tokens[c].deprel in SUBJ]
+        if not subj:
+            continue
+        relation = sorted([v] + [c for c in kids[v] if parse.tokens[c].deprel in RELATION_DEPS])
+        objects = [(o, relation) for o in kids[v] if parse.tokens[o].deprel in OBJ]
+        if not objects:  # "sat on the mat": the preposition joins the relation
+            for prep in (c for c in kids[v] if parse.tokens[c].deprel in ("prep", "obl", "agent")):
+                pobj = [g for g in kids[prep] if parse.tokens[g].deprel in ("pobj", "obj")]
+                if parse.tokens[prep].deprel == "obl":  # UD: the noun is the dependent, its "case" the preposition
+                    case = [g for g in kids[prep] if parse.tokens[g].deprel == "case"]
+                    objects += [(prep, sorted(relation + case))]
+                else:
+                    objects += [(g, sorted(relation + [prep])) for g in pobj]
+        for s in subj:
+            for o, rel in objects:
+                if parse.tokens[o].tag in WH_TAGS or parse.tokens[s].tag in WH_TAGS:
+                    continue  # "the plan that the board approved": a relative pronoun is no argument
+                subject, obj = phrase(parse, s), [i for i in phrase(parse, o) if i not in rel]
+                out.append((subject, rel, obj))
+    return out
+
+
+def main_triples(parse: Parse) -> list[tuple[list[int], list[int], list[int]]]:
+    """The triples of the main clause (the root's), else every triple."""
+    found = triple_phrases(parse)
+    main = [tr for tr in found if any(parse.tokens[i].head < 0 for i in tr[1])]
+    return main or found
+
+
+def backbone_view(parse: Parse, rng: random.Random, *, source: str = "backbone", fallback: str = "backbone",
+                  rule_max_words: int = 20) -> str | None:
+    """Y = X + " " + the backbone words: the tree's first two layers (``backbone``), a seeded
+    choice among the subject-relation-object phrase triples (``triple``), or SIFTER's rule
+    (``rule``): the tree layers for a sentence of at most ``rule_max_words`` words, a triple otherwise.
+
+    ``fallback`` applies when a triple is wanted and none is found: ``backbone``, ``copy`` (Y = X)
+    or ``none`` (return None: the caller counts and skips the sentence).
     """
+    if source == "rule":
+        source = "backbone" if len(parse.tokens) <= rule_max_words else "triple"
     words: list[str] | None = None
     if source == "triple":
-        found = triples(parse)
+        found = main_triples(parse)
         if found:
-            words = [parse.tokens[i].text for i in rng.choice(found)]
+            words = [parse.tokens[i].text for part in rng.choice(found) for i in part]
         elif fallback == "copy":
             return parse.text
         elif fallback == "none":
@@ -309,14 +377,14 @@ def is_preterminal(node: Tree) -> bool:
     return all(isinstance(c, str) for c in node[1])
 
 
-def linearize(tree: Tree, max_depth: int = 4) -> str:
-    """Leaves replaced by their tags; nodes at ``max_depth`` printed without children.
+def linearize(tree: Tree, max_depth: int | None = None) -> str:
+    """Leaves replaced by their tags; nodes at ``max_depth`` printed without children (None: the whole tree).
 
     ``(S (NP (DT) (NN)) (VP (VBZ) (ADJP)) (.))`` is a sentence at ``max_depth=3``.
     """
     def lin(node: Tree, depth: int) -> str:
         label, kids = node
-        if is_preterminal(node) or depth >= max_depth:
+        if is_preterminal(node) or (max_depth is not None and depth >= max_depth):
             return f"({label})"
         return f"({label} " + " ".join(lin(k, depth + 1) for k in kids if isinstance(k, tuple)) + ")"
 

@@ -56,10 +56,12 @@ class ParserConfig(StrictModel):
 
 
 class AugmentConfig(StrictModel):
-    backbone_source: str = Field("backbone", pattern="^(backbone|triple)$")
+    backbone_source: str = Field("rule", pattern="^(rule|backbone|triple)$",
+                                 description="rule: tree layers for short sentences, a triple otherwise (SIFTER)")
+    rule_max_words: int = Field(20, ge=1, description="rule: sentences of at most this many tokens use the tree layers")
     backbone_fallback: str = Field("backbone", pattern="^(backbone|copy|none)$")
     deletion_classes: list[str] = ["article", "cconj", "sconj", "pron"]
-    parse_max_depth: int = Field(4, ge=1)
+    parse_max_depth: int | None = Field(None, ge=1, description="linearized parse: cut the tree here (None: whole)")
 
 
 class CorpusConfig(StrictModel):
@@ -250,7 +252,8 @@ def augment_rows(texts: list[str], keys: list[str], parser, cfg: CorpusConfig) -
             row["skip"] = "parse_error"
         else:
             rng = random.Random(f"{cfg.seed}:{key}")
-            y = A.backbone_view(parse, rng, source=a.backbone_source, fallback=a.backbone_fallback)
+            y = A.backbone_view(parse, rng, source=a.backbone_source, fallback=a.backbone_fallback,
+                                rule_max_words=a.rule_max_words)
             if y is None:
                 row["skip"] = "no_triple"
             else:

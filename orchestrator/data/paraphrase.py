@@ -47,6 +47,9 @@ class ParaphraseData(StrictModel):
     both_directions: bool = True
     seed: int = 0
     limit: int | None = Field(None, gt=0, description="at most this many pairs (after both directions)")
+    valid_pairs: int = Field(500, ge=0, description="paraphrase pairs held out for the validation loss "
+                             "(both directions of a pair stay on one side)")
+    parse_max_depth: int | None = Field(None, ge=1, description="cut the target parse here (None: the whole tree)")
     parser_workers: int = Field(2, ge=1)
 
 
@@ -89,11 +92,18 @@ def read_pairs(data: ParaphraseData) -> list[tuple[str, str]]:
     return pairs[: data.limit] if data.limit else pairs
 
 
+def held_out(pairs: list[tuple[str, str]], n: int) -> set[frozenset]:
+    """The ``n`` pairs (unordered, so both directions together) whose hash is smallest: the validation set."""
+    unordered = sorted({frozenset(p) for p in pairs}, key=lambda p: hashlib.sha256("\t".join(sorted(p)).encode()).digest())
+    return set(unordered[:n])
+
+
 def prepare_paraphrase_data(data: ParaphraseData, storage_root: str, *, progress: bool = True) -> str:
-    """Paraphrase pairs joined with the pipeline's parses (target's linearized parse, source's
-    constituent bag) → ``<storage>/parabart/<hash>/shards`` + the two vocabularies + manifest."""
+    """Paraphrase pairs joined with the pipeline's parses (target's linearized parse - the whole tree
+    by default - and the source's constituent bag) → ``<storage>/parabart/<hash>/shards`` (training)
+    + ``valid.parquet`` (held-out pairs) + the two vocabularies + manifest."""
     pairs = read_pairs(data)
-    key = hashlib.sha256(json.dumps(pairs).encode()).hexdigest()[:16]
+    key = hashlib.sha256(json.dumps([pairs, data.valid_pairs, data.parse_max_depth]).encode()).hexdigest()[:16]
     out = storage.join(storage.absolute(storage_root), "parabart", key)
     if storage.exists(storage.join(out, "manifest.json")):
         return out
@@ -101,31 +111,44 @@ def prepare_paraphrase_data(data: ParaphraseData, storage_root: str, *, progress
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "s.txt").write_text("\n".join(sentences) + "\n")
         run_pipeline(CorpusConfig(input=str(Path(tmp) / "s.txt"), min_words=1, max_words=200,
-                                  drop_capitalised_splits=False,
+                                  drop_capitalised_splits=False, augment={"parse_max_depth": data.parse_max_depth},
                                   parser={"workers": data.parser_workers, "cpus_per_worker": 0.5}),
                      str(Path(tmp) / "parsed"), progress=progress)
         table = pq.read_table(str(Path(tmp) / "parsed" / "shards"), columns=["text", "linearized_parse", "constituent_bag"])
     parsed = {t: (p, b) for t, p, b in zip(*(table.column(c).to_pylist() for c in table.column_names), strict=True)}
     norm = {s: " ".join(s.split()) for s in sentences}
+    valid_set = held_out(pairs, data.valid_pairs)
     rows = {"src": [], "tgt": [], "tgt_parse": [], "src_bag": []}
+    valid = {k: [] for k in rows}
     for s, t in pairs:
         ps, pt = parsed.get(norm[s]), parsed.get(norm[t])
         if ps is None or pt is None:
             continue
-        rows["src"].append(s)
-        rows["tgt"].append(t)
-        rows["tgt_parse"].append(pt[0])
-        rows["src_bag"].append(ps[1])
+        side = valid if frozenset((s, t)) in valid_set else rows
+        side["src"].append(s)
+        side["tgt"].append(t)
+        side["tgt_parse"].append(pt[0])
+        side["src_bag"].append(ps[1])
     syntax = Vocab.build(parse_tokens(p) for p in rows["tgt_parse"])
     tags = Vocab.build(json.loads(b).keys() for b in rows["src_bag"])
-    buf = io.BytesIO()
-    pq.write_table(pa.table(rows), buf)
-    storage.write_bytes(storage.join(out, "shards", "part-00000.parquet"), buf.getvalue())
+    for name, table in (("shards/part-00000.parquet", rows), ("valid.parquet", valid)):
+        buf = io.BytesIO()
+        pq.write_table(pa.table(table), buf)
+        storage.write_bytes(storage.join(out, name), buf.getvalue())
     storage.write_bytes(storage.join(out, "vocab.json"), json.dumps({"syntax": syntax.items, "tags": tags.items}).encode())
-    manifest = {"pairs": len(pairs), "rows": len(rows["src"]), "dropped_unparsed": len(pairs) - len(rows["src"]),
-                "syntax_vocab": len(syntax), "tags": len(tags)}
+    manifest = {"pairs": len(pairs), "rows": len(rows["src"]), "valid_rows": len(valid["src"]),
+                "dropped_unparsed": len(pairs) - len(rows["src"]) - len(valid["src"]),
+                "syntax_vocab": len(syntax), "tags": len(tags), "parse_max_depth": data.parse_max_depth}
     storage.write_bytes(storage.join(out, "manifest.json"), json.dumps(manifest, indent=2).encode())
     return out
+
+
+def load_valid_rows(shards: str) -> dict[str, list]:
+    """The held-out validation pairs (columns src, tgt, tgt_parse, src_bag); empty when none were held out."""
+    path = storage.join(shards, "valid.parquet")
+    if not storage.exists(path):
+        return {}
+    return pq.read_table(io.BytesIO(storage.read_bytes(path))).to_pydict()
 
 
 def load_vocabs(shards: str) -> tuple[Vocab, Vocab]:

@@ -5,6 +5,7 @@
     --tracking-uri URI              MLflow (default: MLFLOW_TRACKING_URI, else the embedded ./mlruns)
     --storage DIR|s3://...          corpora, checkpoints, sweeps
     --no-progress                   no progress bars
+    --verbose                       Ray's worker logs and Tune's status table too (quiet by default)
     --print-config                  print the resolved, validated config as YAML and exit; fed back
                                     with --config it runs the same job
     key.sub=value ...               overrides of any config key (YAML values)
@@ -32,6 +33,7 @@ def job_parser(doc: str, preset_dir: str | None) -> argparse.ArgumentParser:
     ap.add_argument("--storage", help="local path or s3:// URI for corpora, checkpoints and sweeps")
     ap.add_argument("--no-progress", action="store_true", help="no progress bars")
     ap.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
+    ap.add_argument("--verbose", action="store_true", help="Ray's worker logs and Tune's status table too")
     ap.add_argument("overrides", nargs="*", help="key.sub=value overrides of the config")
     return ap
 

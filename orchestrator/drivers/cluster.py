@@ -14,9 +14,22 @@ import os
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # before ray is imported
 
+import psutil  # noqa: E402
 import ray  # noqa: E402
 
 MIN_LOCAL_CPUS = 4
+
+
+def gcs_running() -> bool:
+    """Whether a Ray head runs on this machine. Ray's ``address="auto"`` would otherwise follow a stale
+    ``/tmp/ray/ray_current_cluster`` left by a killed cluster and wait a minute for a dead GCS."""
+    for proc in psutil.process_iter(["name"]):
+        try:
+            if "gcs_server" in (proc.info["name"] or ""):
+                return True
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return False
 
 
 def shutdown_ray() -> None:
@@ -26,9 +39,10 @@ def shutdown_ray() -> None:
 
 
 def init_ray(*, num_cpus: int | None = None, quiet: bool = False) -> None:
+    """``quiet``: worker processes' logs stay in Ray's log files (errors still surface as exceptions)."""
     if ray.is_initialized():
         return
-    kwargs = {"log_to_driver": not quiet} if quiet else {}
+    kwargs = {"log_to_driver": not quiet}
     address = os.environ.get("RAY_ADDRESS")
     if address and address != "local":
         ray.init(**kwargs)
@@ -37,10 +51,11 @@ def init_ray(*, num_cpus: int | None = None, quiet: bool = False) -> None:
         cpus = num_cpus or max(MIN_LOCAL_CPUS, os.cpu_count() or 1)
         ray.init(address="local", num_cpus=cpus, include_dashboard=True, dashboard_host="127.0.0.1", **kwargs)
         return
-    try:
-        ray.init(address="auto", **kwargs)
-        return
-    except ConnectionError:
-        pass
+    if gcs_running():  # a `ray start` cluster on this machine
+        try:
+            ray.init(address="auto", **kwargs)
+            return
+        except ConnectionError:
+            pass
     cpus = num_cpus or max(MIN_LOCAL_CPUS, os.cpu_count() or 1)
     ray.init(num_cpus=cpus, include_dashboard=True, dashboard_host="127.0.0.1", **kwargs)

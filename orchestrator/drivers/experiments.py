@@ -48,7 +48,8 @@ class ExperimentBlock(StrictModel):
 class ExperimentsConfig(StrictModel):
     base: dict[str, Any] = Field({}, description="SiameseConfig keys shared by every run (model, train, scaling, ...)")
     experiments: dict[str, ExperimentBlock] = Field(..., min_length=1)
-    all_pairs_per_set: int = Field(1000, gt=0, description="ALL: pairs drawn from each experiment's train set")
+    all_pairs: int = Field(3000, gt=0, description="ALL: training pairs in all, drawn equally from every "
+                           "experiment's train set (the paper: 70,000)")
     models: list[Literal["orig", "naive", "siamese", "all"]] = list(MODELS)
     candidate_margin: float = Field(0.0, ge=0, description="dev Δ a model must beat ORIG's by to become candidate")
 
@@ -58,21 +59,21 @@ class ExperimentsConfig(StrictModel):
         if experiment is None:
             data.update(train_sets=[e.train.model_dump() for e in self.experiments.values()],
                         test_sets=[t.model_dump() for e in self.experiments.values() for t in e.test],
-                        n_pairs=self.all_pairs_per_set, mode="siamese")
+                        n_pairs=max(1, self.all_pairs // len(self.experiments)), mode="siamese")
         else:
             e = self.experiments[experiment]
             data.update(train_sets=[e.train.model_dump()], test_sets=[t.model_dump() for t in e.test], mode=mode)
         return validate(get_method("siamese").config_cls, data, f"experiment {experiment or 'ALL'} ({mode})")
 
 
-def run_experiments(cfg: ExperimentsConfig, name: str, *, out_root: str | Path = "outputs") -> dict:
+def run_experiments(cfg: ExperimentsConfig, name: str, *, out_root: str | Path = "outputs", verbose: bool = False) -> dict:
     spec = get_method("siamese")
     probe = cfg.run_config(next(iter(cfg.experiments)), "siamese")
     exp_id = preflight(probe)  # tracking server, storage, model source: fail before any Ray work
     for e in cfg.experiments.values():  # every data file readable before anything trains
         for s in (e.train, *e.test):
             s.rows()
-    init_ray()
+    init_ray(quiet=not verbose)
     t0 = time.time()
     results: dict[str, dict[str, dict[str, float]]] = {}  # model → test set → metrics
     registered, gates = {}, []
@@ -95,7 +96,7 @@ def run_experiments(cfg: ExperimentsConfig, name: str, *, out_root: str | Path =
             run_cfg.model.pooling = probe.model.pooling
             label = f"{mode}-{exp}" if exp else "all"
             shards = spec.prepare_data(run_cfg, progress=False)
-            outcome = fit(build_trainer(spec, run_cfg, shards, name=f"{name}-{label}"), spec)
+            outcome = fit(build_trainer(spec, run_cfg, shards, name=f"{name}-{label}"), spec, run_cfg)
             model_dir, report = export_and_test(spec, run_cfg, outcome, Path(out_root) / "models" / name / label)
             metrics = _sets_only(report.metrics)
             results.setdefault(mode, {}).update(_per_set(metrics))

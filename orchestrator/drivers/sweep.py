@@ -24,8 +24,10 @@ once; the base config and the other constants reach the trials through ``tune.wi
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,7 @@ from ray.tune.search import BasicVariantGenerator
 from orchestrator import storage
 from orchestrator.config import MethodConfig, StrictModel, with_params
 from orchestrator.drivers.registry import get_method
+from orchestrator.drivers.report import params_label
 from orchestrator.drivers.train import build_trainer, fit
 from orchestrator.errors import ConfigError
 
@@ -119,14 +122,26 @@ def trial_config(base: MethodConfig, params: dict[str, Any], source: str) -> Met
     return with_params(base, flat_params(params), source)
 
 
-def check_space(base: MethodConfig, space: dict[str, Dimension], source: str) -> None:
-    """Every dimension's values must give a valid method config (unknown keys fail here)."""
+def check_space(base: MethodConfig, space: dict[str, Dimension], source: str, max_points: int = 10_000) -> None:
+    """Every dimension's values must give a valid method config (unknown keys fail here), and so must
+    every point of the grid: values valid alone can be invalid together (λXY = λXZ = λYZ = 0)."""
     for key, dim in space.items():
         for value in dim.candidates():
             try:
                 trial_config(base, {key: value}, source)
             except ConfigError as exc:
                 raise ConfigError(f"{source}: sweep.space.{key}={value!r}: {str(exc).split(': ', 1)[-1]}") from None
+    grids = {k: d.grid for k, d in space.items() if d.grid is not None}
+    others = {k: d.candidates()[0] for k, d in space.items() if d.grid is None}
+    if math.prod(len(v) for v in grids.values()) > max_points:
+        return
+    for point in itertools.product(*grids.values()):
+        params = {**others, **dict(zip(grids, point, strict=True))}
+        try:
+            trial_config(base, params, source)
+        except ConfigError as exc:
+            shown = ", ".join(f"{k}={v!r}" for k, v in zip(grids, point, strict=True))
+            raise ConfigError(f"{source}: sweep grid point {shown}: {str(exc).split(': ', 1)[-1]}") from None
 
 
 def concurrent_trials(cfg, requested: int | None) -> int:
@@ -187,13 +202,15 @@ def trial_fn(tune_config: dict, *, method: str, base: MethodConfig, shards: str,
     storage.write_bytes(log, json.dumps({"trial": trial, "params": params}).encode())
     trainer = build_trainer(spec, cfg, shards, name=trial, callbacks=[_recording_callback(reports)],
                             storage_path=storage.join(sweep_dir, "train"))
-    fit(trainer, spec)
+    fit(trainer, spec, cfg)
     storage.write_bytes(done, b"")
 
 
 def run_sweep(job: SweepJobConfig, base: MethodConfig, shards: str, *, name: str, storage_root: str, resume: bool,
-              progress: bool = True):
-    """Run (or resume) the Tune experiment; returns the ``ResultGrid``."""
+              verbose: bool = False):
+    """Run (or resume) the Tune experiment; returns the ``ResultGrid``. Quiet by default: one line per
+    evaluation; ``verbose`` gives Tune's own status table."""
+    spec = get_method(job.method)
     root = storage.join(storage.absolute(storage_root), "sweeps")
     path = storage.join(root, name)
     trainable = tune.with_resources(
@@ -214,26 +231,55 @@ def run_sweep(job: SweepJobConfig, base: MethodConfig, shards: str, *, name: str
         trainable,
         param_space={"params": {k: d.to_tune() for k, d in job.sweep.space.items()}},
         tune_config=tune.TuneConfig(
-            metric=get_method(job.method).metric, mode="max", scheduler=scheduler, num_samples=job.sweep.num_samples,
+            metric=spec.metric, mode="max", scheduler=scheduler, num_samples=job.sweep.num_samples,
             # the limit must live in the generator: TuneConfig.max_concurrent_trials is ignored when
             # a BasicVariantGenerator is passed, and 4 trial drivers on 4 CPUs would starve their workers
             search_alg=BasicVariantGenerator(random_state=job.sweep.seed,
                                              max_concurrent=concurrent_trials(base, job.sweep.max_concurrent_trials)),
-            trial_dirname_creator=_trial_dirname,  # short, = the trial name used in logs and MLflow
+            trial_name_creator=trial_name,  # the setting, readable in logs, reports and MLflow
+            trial_dirname_creator=trial_name,
         ),
-        run_config=tune.RunConfig(name=name, storage_path=root, verbose=1 if progress else 0,
+        run_config=tune.RunConfig(name=name, storage_path=root, verbose=1 if verbose else 0,
+                                  callbacks=[] if verbose else [ProgressLines(spec.metric, spec.metric_label)],
                                   failure_config=tune.FailureConfig(max_failures=0)),
     )
     return tuner.fit()
 
 
-def _trial_dirname(trial) -> str:
-    return str(trial)
+def trial_name(trial) -> str:
+    """``t3-lxy1-lxz1-lyz1-train.lr3e-05``: the trial's index and its setting (ASCII, short)."""
+    label = params_label(trial.config.get("params", {})).replace("λ", "l").replace("=", "").replace(", ", "-")
+    index = trial.trial_id.rsplit("_", 1)[-1].lstrip("0") or "0"
+    return f"t{index}-{re.sub(r'[^A-Za-z0-9.+-]', '', label)[:60]}"
+
+
+class ProgressLines(tune.Callback):
+    """One line per evaluation and per finished trial (instead of Tune's periodic status table)."""
+
+    def __init__(self, metric: str, label: str):
+        self.metric, self.label, self.best = metric, label, {}
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        value = result.get(self.metric)
+        if value is None:
+            return
+        self.best[trial.trial_id] = max(self.best.get(trial.trial_id, -math.inf), value)
+        print(f"[{trial}] step {result.get('step')}: {self.label} {value * 100:.2f} "
+              f"(best {self.best[trial.trial_id] * 100:.2f}), loss {result.get('loss', float('nan')):.4g}", flush=True)
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        done = sum(t.status == "TERMINATED" for t in trials)
+        print(f"[{trial}] finished ({done}/{len(trials)} trials done)", flush=True)
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        print(f"[{trial}] failed: {str(trial.error_file or '')}", flush=True)
 
 
 # ---------------------------------------------------------------- summarising trials
-def trial_rows(result_grid, metric: str) -> list[dict]:
-    """One row per trial: params, every evaluation, the best one and its checkpoint path."""
+def trial_rows(result_grid, metric: str, select: str | None = "") -> list[dict]:
+    """One row per trial: params, every evaluation, the selected one (by ``select``, default
+    ``metric``; None: the last) with its checkpoint path, and its ``metric`` as ``best_dev``."""
+    select = metric if select == "" else select
     rows = []
     for r in result_grid:
         df = r.metrics_dataframe
@@ -242,7 +288,7 @@ def trial_rows(result_grid, metric: str) -> list[dict]:
         # a trial restored after a driver crash may report a step again (Ray Train resuming from its
         # checkpoint, or trial_fn replaying a finished trial): the latest report of a step stands
         evals = sorted({h.get("step", i): h for i, h in enumerate(evals)}.values(), key=lambda h: h.get("step", 0))
-        best = max(evals, key=lambda h: h[metric]) if evals else None
+        best = (max(evals, key=lambda h: h.get(select, -math.inf)) if select else evals[-1]) if evals else None
         rows.append({
             "trial": Path(r.path).name if r.path else "?",
             "params": r.config.get("params", {}),

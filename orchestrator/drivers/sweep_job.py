@@ -57,6 +57,7 @@ class SweepPlan:
     exp_id: str
     resume: bool = False
     progress: bool = True
+    verbose: bool = False
 
 
 def resolve(args: argparse.Namespace, default_dir: str) -> SweepPlan:
@@ -77,13 +78,16 @@ def resolve(args: argparse.Namespace, default_dir: str) -> SweepPlan:
         set_path(data, key.split("."), value, f"{path}: base_overrides.{key}")
     cli = [o for o in args.overrides if not o.startswith("sweep.")] + location_overrides(args)
     base = validate(spec.config_cls, apply_overrides(data, cli), f"{source} (+ overrides)")
+    if spec.has_dev and not spec.has_dev(base):
+        raise ConfigError(f"{path}: a sweep ranks settings on a dev score, and this {job.method} config has none "
+                          "(eval.dev is empty - the paper's protocol); set eval.dev to tune on a labelled dev set")
     check_space(base, job.sweep.space, str(path))
     if args.print_config:
         return SweepPlan("", job.model_copy(update={"base": base.model_dump(mode="json"), "base_overrides": {}}),
                          spec, base, "")
     exp_id = preflight(base)  # tracking server, storage, model source: fail before any Ray work
     name = args.name or f"{default_dir}-{time.strftime('%Y%m%d-%H%M%S')}"
-    return SweepPlan(name, job, spec, base, exp_id, args.resume, not args.no_progress)
+    return SweepPlan(name, job, spec, base, exp_id, args.resume, not args.no_progress, args.verbose)
 
 
 # ---------------------------------------------------------------- 2. run
@@ -101,14 +105,14 @@ class SweepResult:
 
 def run(plan: SweepPlan) -> SweepResult:
     """The data, the base model measured, the sweep, and the chosen trial exported and tested."""
-    init_ray()
+    init_ray(quiet=not plan.verbose)
     t0 = time.time()
     spec, job = plan.spec, plan.job
     shards = spec.prepare_data(plan.base, progress=plan.progress)
     base = spec.evaluate_base(plan.base) if spec.evaluate_base else None
     grid = run_sweep(job, plan.base, shards, name=plan.name, storage_root=plan.base.run.storage, resume=plan.resume,
-                     progress=plan.progress)
-    rows = trial_rows(grid, spec.metric)
+                     verbose=plan.verbose)
+    rows = trial_rows(grid, spec.metric, spec.selection_metric(plan.base))
     if not any(r["checkpoint_path"] for r in rows):
         raise ConfigError(f"sweep {plan.name}: no trial reported a checkpoint (errors: {[r['error'] for r in rows]})")
     tested = [r for r in rows if r["checkpoint_path"]] if job.test_every_trial else []

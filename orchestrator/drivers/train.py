@@ -64,10 +64,11 @@ def build_trainer(spec: MethodSpec, cfg: MethodConfig, shards: str, *, name: str
     if not cfg.scaling.use_gpu:
         env["DS_ACCELERATOR"] = "cpu"
     env.update({k: v for k, v in os.environ.items() if k.startswith("SIEVE_FAIL_")})  # fault-injection tests
+    select = spec.selection_metric(cfg)  # None: the last checkpoint (kept: the most recent ones)
     run = RunConfig(
         name=name or cfg.run.name or cfg.method,
         storage_path=storage_path or storage.absolute(storage.join(cfg.run.storage, "train")),
-        checkpoint_config=CheckpointConfig(num_to_keep=cfg.run.num_to_keep, checkpoint_score_attribute=spec.metric,
+        checkpoint_config=CheckpointConfig(num_to_keep=cfg.run.num_to_keep, checkpoint_score_attribute=select,
                                            checkpoint_score_order="max"),
         failure_config=FailureConfig(max_failures=cfg.run.max_failures),
         callbacks=callbacks,
@@ -90,9 +91,11 @@ class Outcome:
     history: list[dict]  # every report (rank 0), in order
 
 
-def fit(trainer: TorchTrainer, spec: MethodSpec) -> Outcome:
+def fit(trainer: TorchTrainer, spec: MethodSpec, cfg: MethodConfig | None = None) -> Outcome:
+    """Train; the run's checkpoint is the best by the method's selection metric, or the last one."""
     result = trainer.fit()
-    best = result.get_best_checkpoint(metric=spec.metric, mode="max")
+    select = spec.selection_metric(cfg) if cfg is not None else spec.metric
+    best = result.get_best_checkpoint(metric=select, mode="max") if select else result.checkpoint
     if best is None:
         raise SieveError("training reported no checkpoint")
     best_metrics = next((m for c, m in result.best_checkpoints if c.path == best.path), {})

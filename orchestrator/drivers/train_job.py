@@ -40,11 +40,11 @@ def main(doc: str) -> int:
     name = args.name or cfg.run.name or f"{args.method}-{time.strftime('%Y%m%d-%H%M%S')}"
     preflight(cfg)  # tracking server, storage, model source: fail before any Ray work
 
-    init_ray()
+    init_ray(quiet=not args.verbose)
     t0 = time.time()
     shards = spec.prepare_data(cfg, progress=not args.no_progress)
     base = spec.evaluate_base(cfg) if spec.evaluate_base and not args.no_base else None
-    outcome = fit(build_trainer(spec, cfg, shards, name=name), spec)
+    outcome = fit(build_trainer(spec, cfg, shards, name=name), spec, cfg)
     model_dir, test = export_and_test(spec, cfg, outcome, f"outputs/models/{name}")
     if storage.is_s3(cfg.run.storage):
         storage.put_dir(model_dir, storage.join(cfg.run.storage, "models", name))

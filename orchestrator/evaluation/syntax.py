@@ -30,6 +30,7 @@ from orchestrator.evaluation.domain import cosine_rows, encode_unique
 DATA = Path(__file__).resolve().parents[2] / "data"
 QQP_EASY_HARD = DATA / "paraphrase" / "qqp-easy-hard.tsv"
 PTB_PROBES = DATA / "probes" / "ptb-probes.tsv"
+BSHIFT = DATA / "probes" / "bshift-ptb.tsv"
 
 
 def _read(path: Path) -> list[dict]:
@@ -87,6 +88,31 @@ def build_probes(ptb_trees: Path, out: Path) -> dict:
     return {"sentences": len(rows)}
 
 
+def build_bshift(probes_tsv: Path, out: Path, *, seed: int = 0) -> dict:
+    """Our BShift-style probe (SentEval's BigramShift, rebuilt on data we ship - labelled as ours):
+    from each PTB-sample sentence of at least 4 words, half (seeded) get two adjacent words swapped
+    (label ``I``, inverted), the rest stay (``O``); the probe predicts which from the embedding."""
+    rng = random.Random(seed)
+    rows = []
+    for r in _read(probes_tsv):
+        words = r["sentence"].split()
+        if len(words) < 4:
+            continue
+        if rng.random() < 0.5:
+            k = rng.randrange(len(words) - 1)
+            while words[k] == words[k + 1] and k + 2 < len(words):
+                k += 1
+            words[k], words[k + 1] = words[k + 1], words[k]
+            rows.append((" ".join(words), "I"))
+        else:
+            rows.append((" ".join(words), "O"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w", encoding="utf-8") as f:
+        f.write("sentence\tbshift\n")
+        f.writelines(f"{s}\t{y}\n" for s, y in rows)
+    return {"sentences": len(rows), "inverted": sum(y == "I" for _, y in rows)}
+
+
 # ---------------------------------------------------------------- evaluating an encoder
 THRESHOLDS = np.round(np.arange(-1.0, 1.0001, 0.01), 2)
 
@@ -115,17 +141,24 @@ def qqp_easy_hard(encoder, path: Path = QQP_EASY_HARD, seed: int = 0) -> dict[st
     return out
 
 
-def probes(encoder, path: Path = PTB_PROBES, seed: int = 0) -> dict[str, float]:
+def probe_accuracy(emb: np.ndarray, labels: list[str], seed: int = 0) -> float:
+    """Held-out (20%) accuracy of an MLP with one 50-unit hidden layer on the frozen embedding."""
     from sklearn.model_selection import train_test_split  # lazy: only the probes need scikit-learn
     from sklearn.neural_network import MLPClassifier  # lazy: see above
 
+    xtr, xte, ytr, yte = train_test_split(emb, np.array(labels), test_size=0.2, random_state=seed, stratify=None)
+    clf = MLPClassifier(hidden_layer_sizes=(50,), max_iter=300, random_state=seed, early_stopping=True)
+    clf.fit(xtr, ytr)
+    return float(clf.score(xte, yte))
+
+
+def probes(encoder, path: Path = PTB_PROBES, seed: int = 0, bshift: Path | None = BSHIFT) -> dict[str, float]:
+    """TreeDepth and TopConst on the PTB sample, and our BShift-style probe (``bshift``)."""
     rows = _read(path)
     emb = encoder.encode([r["sentence"] for r in rows])
-    out = {}
-    for task in ("tree_depth", "top_const"):
-        y = np.array([r[task] for r in rows])
-        xtr, xte, ytr, yte = train_test_split(emb, y, test_size=0.2, random_state=seed, stratify=None)
-        clf = MLPClassifier(hidden_layer_sizes=(50,), max_iter=300, random_state=seed, early_stopping=True)
-        clf.fit(xtr, ytr)
-        out[f"probe_{task}_acc"] = float(clf.score(xte, yte))
+    out = {f"probe_{task}_acc": probe_accuracy(emb, [r[task] for r in rows], seed) for task in ("tree_depth", "top_const")}
+    if bshift is not None:
+        shifted = _read(bshift)
+        out["probe_bshift_ours_acc"] = probe_accuracy(encoder.encode([r["sentence"] for r in shifted]),
+                                                      [r["bshift"] for r in shifted], seed)
     return out

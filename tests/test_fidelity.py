@@ -1,0 +1,71 @@
+"""docs/FIDELITY.md and the `paper` presets cannot drift: every row that names a config key must
+hold the preset's value (the preset validated with its defaults)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.config import load_config
+from orchestrator.drivers.experiments import ExperimentsConfig
+from orchestrator.drivers.registry import get_method
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "FIDELITY.md"
+
+
+def sections() -> dict[str, list[tuple[str, str, str]]]:
+    """preset file → [(setting, key, preset value)] for every row with a config key."""
+    out: dict[str, list] = {}
+    current = None
+    for line in DOC.read_text(encoding="utf-8").splitlines():
+        if line.startswith("## "):
+            m = re.search(r"`(configs/[^`]+\.yaml)`", line)
+            current = m.group(1) if m else None
+            if current:
+                out[current] = []
+        elif current and line.startswith("| ") and not line.startswith(("| setting", "|---")):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            key = cells[2].strip("`")
+            if key != "—":
+                out[current].append((cells[0], key, cells[3].strip("`")))
+    return out
+
+
+def load_preset(path: str) -> dict:
+    if "siamese_experiments" in path:
+        return load_config(ExperimentsConfig, ROOT / path).model_dump(mode="json")
+    method = yaml.safe_load((ROOT / path).read_text())["method"]
+    return load_config(get_method(method).config_cls, ROOT / path).model_dump(mode="json")
+
+
+def at(data: dict, key: str):
+    for part in key.split("."):
+        data = data[part]
+    return data
+
+
+def test_every_method_has_a_section():
+    assert set(sections()) == {f"configs/{m}/paper.yaml" for m in ("sifter_simcse", "simcse", "tsdae", "sifter_lstm",
+                                                                     "parabart", "siamese_experiments")}
+
+
+@pytest.mark.parametrize("path", sorted(sections()))
+def test_the_table_matches_the_paper_preset(path):
+    preset = load_preset(path)
+    rows = sections()[path]
+    assert len(rows) >= 5
+    wrong = [f"{setting} ({key}): table says {value!r}, preset has {at(preset, key)!r}"
+             for setting, key, value in rows if yaml.safe_load(value) != at(preset, key)]
+    assert wrong == []
+
+
+def test_the_checker_catches_a_drift(tmp_path):
+    """A preset value different from the table's is reported (the check can fail)."""
+    preset = load_preset("configs/parabart/paper.yaml")
+    preset["lr_syntax_decoder"] = 5e-4
+    rows = dict((key, value) for _, key, value in sections()["configs/parabart/paper.yaml"])
+    assert yaml.safe_load(rows["lr_syntax_decoder"]) != at(preset, "lr_syntax_decoder")
