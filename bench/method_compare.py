@@ -73,10 +73,11 @@ def summarise(name: str, outputs: Path, group_out: list[str]) -> tuple[dict, str
                                                "test": {k: r["test"][k] for k in keys}} for r in rs]}
         lines.append(f"| {label} | {len(rs)} | {fmt([r['best_dev'] for r in rs])} | "
                      + " | ".join(fmt([r["test"][k] for r in rs]) for k in keys) + " |")
-    # paired differences: each setting − base (per seed), and every setting − the reference setting (same seed)
-    head = keys[-1]
-    diff_lines = ["| comparison | pairs | Δ dev ×100 (mean ± std) | Δ " + short(head) + " ×100 (mean ± std) | "
-                  "seeds better |", "|---|---:|---:|---:|---:|"]
+    # paired differences: each setting − base (per seed), and every setting − the reference setting (same seed),
+    # on the dev score and each headline test metric (the domain headline, if any, and the STS average)
+    heads = [k for k in keys if not k.startswith("sts_")][:1] + [k for k in keys if k == "sts_avg_spearman_all"]
+    diff_lines = ["| comparison | pairs | Δ dev ×100 | " + " | ".join(f"Δ {short(h)} ×100" for h in heads)
+                  + " | seeds better (last column) |", "|---|---:|---:|" + "---:|" * len(heads) + "---:|"]
     data["paired"] = {}
     labels = list(data["settings"])
     ref = next((lb for lb in labels if lb.startswith("SimCSE")), labels[-1])
@@ -84,18 +85,18 @@ def summarise(name: str, outputs: Path, group_out: list[str]) -> tuple[dict, str
     for a, b in pairs:
         ra = {seed_of(r): r for r in settings[a]}
         if b is None:
-            d_dev = [r["best_dev"] - base["dev"] for r in ra.values()]
-            d_test = [r["test"][head] - base["test"][head] for r in ra.values()]
-            name_ab = f"{a} − base"
+            rb, common, name_ab = None, list(ra), f"{a} − base"
+            dev = [ra[s]["best_dev"] - base["dev"] for s in common]
+            tests = {h: [ra[s]["test"][h] - base["test"][h] for s in common] for h in heads}
         else:
             rb = {seed_of(r): r for r in settings[b]}
-            common = sorted(set(ra) & set(rb), key=str)
-            d_dev = [ra[s]["best_dev"] - rb[s]["best_dev"] for s in common]
-            d_test = [ra[s]["test"][head] - rb[s]["test"][head] for s in common]
-            name_ab = f"{a} − {b}"
-        better = sum(d > 0 for d in d_test)
-        data["paired"][name_ab] = {"dev": d_dev, head: d_test}
-        diff_lines.append(f"| {name_ab} | {len(d_test)} | {fmt(d_dev)} | {fmt(d_test)} | {better}/{len(d_test)} |")
+            common, name_ab = sorted(set(ra) & set(rb), key=str), f"{a} − {b}"
+            dev = [ra[s]["best_dev"] - rb[s]["best_dev"] for s in common]
+            tests = {h: [ra[s]["test"][h] - rb[s]["test"][h] for s in common] for h in heads}
+        better = sum(d > 0 for d in tests[heads[-1]])
+        data["paired"][name_ab] = {"dev": dev, **tests}
+        diff_lines.append(f"| {name_ab} | {len(common)} | {fmt(dev)} | " + " | ".join(fmt(tests[h]) for h in heads)
+                          + f" | {better}/{len(common)} |")
     return data, "\n".join(lines) + "\n\n### Paired differences (same seed; std over the pairs)\n\n" + "\n".join(diff_lines)
 
 

@@ -32,6 +32,13 @@ def evaluate_extra(model_dir: str) -> dict:
     return {**syntax.qqp_easy_hard(enc), **syntax.probes(enc)}
 
 
+def base_folder(base: dict) -> str:
+    """The untouched model's folder, from the base label ``base (<model>, <pooling>)``."""
+    from orchestrator.models import resolve_model_source
+
+    return str(resolve_model_source(base["label"].split("(", 1)[1].split(",", 1)[0]))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--name", default="parabart-smoke")
@@ -39,37 +46,45 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.outputs)
     trials = json.loads((out / "reports" / args.name / "trials.json").read_text())
-    rows = []
-    base = json.loads((ROOT / "bench" / "results" / "sts_default_mean.json").read_text())
-    rows.append({"model": "untrained MiniLM (mean)", "sts": {t: base["tasks"][t]["pearson"]["all"] for t in TASKS},
-                 "sts_avg": base["avg"]["pearson_all"], **evaluate_extra("default")})
+    base = json.loads((out / "reports" / args.name / "base.json").read_text())  # measured by the sweep itself
+    rows = [{"model": f"{base['label']}: untouched E_sem, this run", "dev_stsb_spearman": base["dev"],
+             "sts": {t: base["test"][f"sts_{t}_pearson_all"] for t in TASKS}, "sts_avg": base["test"]["sts_avg_pearson_all"],
+             "sts_senteval": base["test"]["sts_senteval_avg_pearson"], **evaluate_extra(base_folder(base))}]
     for i, t in enumerate(trials):
         if not t.get("test"):
             continue
         folder = out / "models" / args.name if i == 0 else out / "models" / f"{args.name}-trials" / t["trial"]
-        lam = t["params"].get("lambda_adv")
-        label = f"ParaBART λ_adv={lam:g}" + (" (ablation: w/o adversarial loss)" if lam == 0 else "")
-        rows.append({"model": label, "trial": t["trial"], "dev_stsb_spearman": t["best_dev"],
+        v = t["params"].get("variant", t["params"])
+        label = ("ParaBART" if v.get("lambda_adv") else "w/o adversarial loss" if v.get("syntax_guidance", True)
+                 else "w/o AL and SG")
+        rows.append({"model": f"{label} (λ_adv={v.get('lambda_adv'):g}, syntax guidance {v.get('syntax_guidance', True)})",
+                     "trial": t["trial"], "dev_stsb_spearman": t["best_dev"],
                      "sts": {k: t["test"][f"sts_{k}_pearson_all"] for k in TASKS},
-                     "sts_avg": t["test"]["sts_avg_pearson_all"], **evaluate_extra(str(folder))})
+                     "sts_avg": t["test"]["sts_avg_pearson_all"], "sts_senteval": t["test"]["sts_senteval_avg_pearson"],
+                     **evaluate_extra(str(folder))})
         print(rows[-1])
     md = [f"# ParaBART smoke (`{args.name}`): STS Pearson, QQP-Easy/Hard, probes (all ×100)", "",
-          "Sweep: `python jobs/parabart_sweep.py --preset smoke` (120 steps, batch 16, bert2bert from MiniLM; "
+          "Sweep: `python jobs/parabart_sweep.py --preset smoke` (120 steps, batch 16, bert2bert from MiniLM, the "
+          "paper's learning rates, the checkpoint with the lowest paraphrase validation loss; "
           "training pairs: the shipped mix of MRPC train, PAWS-X en dev, PIT-2015 dev and QQP duplicates disjoint "
           "from the QQP-Easy/Hard pool, both ways, shuffled: 17,710 directed pairs); then "
-          "`python bench/parabart_smoke.py --name NAME`. Mean pooling everywhere.", "",
-          "| model | " + " | ".join(TASKS) + " | STS avg | QQP-Easy best | QQP-Hard best | QQP-Easy dev-thr | "
-          "QQP-Hard dev-thr | TreeDepth ↓ | TopConst ↓ |", "|---|" + "---:|" * (len(TASKS) + 7)]
+          "`python bench/parabart_smoke.py --name NAME`. Mean pooling everywhere. STS: Pearson ×100, SimCSE's \"all\" per "
+          "task; 'SentEval avg' = the paper's aggregation (Pearson averaged over each task's subsets, then tasks).", "",
+          "| model | STS-B dev ρ | " + " | ".join(TASKS) + " | STS avg | SentEval avg | QQP-Easy best | QQP-Hard best | "
+          "QQP-Easy dev-thr | QQP-Hard dev-thr | TreeDepth ↓ | TopConst ↓ | BShift (ours) ↓ |",
+          "|---|" + "---:|" * (len(TASKS) + 10)]
     for r in rows:
-        md.append(f"| {r['model']} | " + " | ".join(f"{r['sts'][k] * 100:.2f}" for k in TASKS)
-                  + f" | {r['sts_avg'] * 100:.2f} | {r['qqp_easy_best_acc'] * 100:.2f} | {r['qqp_hard_best_acc'] * 100:.2f}"
-                  f" | {r['qqp_easy_dev_threshold_acc'] * 100:.2f} | {r['qqp_hard_dev_threshold_acc'] * 100:.2f}"
-                  f" | {r['probe_tree_depth_acc'] * 100:.2f} | {r['probe_top_const_acc'] * 100:.2f} |")
+        md.append(f"| {r['model']} | {r['dev_stsb_spearman'] * 100:.2f} | " + " | ".join(f"{r['sts'][k] * 100:.2f}" for k in TASKS)
+                  + f" | {r['sts_avg'] * 100:.2f} | {r['sts_senteval'] * 100:.2f} | {r['qqp_easy_best_acc'] * 100:.2f}"
+                  f" | {r['qqp_hard_best_acc'] * 100:.2f} | {r['qqp_easy_dev_threshold_acc'] * 100:.2f}"
+                  f" | {r['qqp_hard_dev_threshold_acc'] * 100:.2f} | {r['probe_tree_depth_acc'] * 100:.2f}"
+                  f" | {r['probe_top_const_acc'] * 100:.2f} | {r['probe_bshift_ours_acc'] * 100:.2f} |")
     md += ["", "QQP: 2,397 duplicates sharing top-level constituents (Easy), 2,397 not sharing (Hard), each with the same "
            "2,397 non-duplicates, from the QQP BiMPM dev sample parsed by spaCy (`data/paraphrase/qqp-easy-hard.tsv`). "
            "'best' = best accuracy over thresholds −1…1 (the paper's, optimistic); 'dev-thr' = threshold chosen on a "
            "random half, accuracy on the other half. Probes: MLP (50 hidden) on frozen embeddings, 3,914 PTB-sample "
-           "sentences, 20% held out; lower = less syntax in the embedding.",
+           "sentences, 20% held out; BShift (ours): the same sentences, half with two adjacent words swapped "
+           "(`data/probes/bshift-ptb.tsv`); lower = less syntax in the embedding.",
            "", "Smoke scale (120 steps × 16 = 1,920 of the 17,710 pairs) says little about the method; the paper "
            "trains BART-base on 1M ParaNMT pairs for many epochs."]
     write_results("parabart_smoke", {"sweep": args.name, "rows": rows}, "\n".join(md))

@@ -22,9 +22,11 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import os
 import random
 import re
+import sys
 import time
 import unicodedata
 from collections import Counter
@@ -35,6 +37,7 @@ import pyarrow.parquet as pq
 import ray
 import ray.data
 from pydantic import Field
+from ray.data.expressions import col
 
 from orchestrator import storage
 from orchestrator.config import StrictModel, repo_path
@@ -277,7 +280,9 @@ def run_pipeline(cfg: CorpusConfig, output: str, *, progress: bool = True) -> di
     files = input_files(cfg.input)
     storage.check_access(output)
     ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = progress
+    # Ray Data's own bars where someone watches a terminal; elsewhere (logs, CI) one line per stage
+    ctx.enable_progress_bars = progress and sys.stdout.isatty()
+    logging.getLogger("ray.data").setLevel(logging.INFO if ctx.enable_progress_bars else logging.WARNING)
     ctx.execution_options.preserve_order = True
 
     timings: dict[str, float] = {}
@@ -288,7 +293,7 @@ def run_pipeline(cfg: CorpusConfig, output: str, *, progress: bool = True) -> di
         counts[row["skip"] or "kept"] += 1
         counts["truncated"] += bool(row["truncated"])
     read = sum(v for k, v in counts.items() if k != "truncated")
-    kept = cleaned.filter(lambda r: r["skip"] == "").select_columns(["text"])
+    kept = cleaned.filter(expr=col("skip") == "").select_columns(["text"])
     unique = dedup_and_shuffle(kept, cfg.seed).materialize()
     n_unique = unique.count()
     skipped = {k: v for k, v in counts.items() if k not in ("kept", "truncated") and v}
@@ -298,6 +303,9 @@ def run_pipeline(cfg: CorpusConfig, output: str, *, progress: bool = True) -> di
         unique = unique.limit(cfg.limit).materialize()
         skipped["over_limit"] = n_unique - cfg.limit
     timings["read_clean_dedup_s"] = time.perf_counter() - t0
+    say = print if progress else (lambda *a: None)
+    say(f"corpus: read {read} lines, {min(n_unique, cfg.limit or n_unique)} unique sentences kept "
+        f"({timings['read_clean_dedup_s']:.1f} s)", flush=True)
     if unique.count() == 0:
         raise DataError(f"{cfg.input}: no usable sentences (read {read}, skipped {skipped})")
 
@@ -314,7 +322,7 @@ def run_pipeline(cfg: CorpusConfig, output: str, *, progress: bool = True) -> di
     bad = Counter(r["skip"] for r in parsed.select_columns(["skip"]).iter_rows() if r["skip"])
     for k, v in bad.items():
         skipped[k] = skipped.get(k, 0) + v
-    good = parsed.filter(lambda r: r["skip"] == "").drop_columns(["skip"])
+    good = parsed.filter(expr=col("skip") == "").drop_columns(["skip"])
 
     out_fs, out_path = storage.pyarrow_filesystem(output)
     written = good.count()
@@ -325,6 +333,8 @@ def run_pipeline(cfg: CorpusConfig, output: str, *, progress: bool = True) -> di
     good.write_parquet(shards_dir, filesystem=out_fs, min_rows_per_file=cfg.shard_rows,
                        max_rows_per_file=cfg.shard_rows)
     timings["write_s"] = time.perf_counter() - t0
+    say(f"corpus: parsed + augmented by {p.workers} {p.kind} actors in {timings['parse_augment_s']:.1f} s; "
+        f"{written} rows written ({sum(bad.values())} unparsed)", flush=True)
     manifest = {
         "read": read, "written": written, "skipped": dict(sorted(skipped.items())),
         "truncated": counts["truncated"], "parser": p.kind, "seed": cfg.seed,

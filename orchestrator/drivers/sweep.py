@@ -257,7 +257,7 @@ class ProgressLines(tune.Callback):
     """One line per evaluation and per finished trial (instead of Tune's periodic status table)."""
 
     def __init__(self, metric: str, label: str):
-        self.metric, self.label, self.best = metric, label, {}
+        self.metric, self.label, self.best, self.done = metric, label, {}, 0
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         value = result.get(self.metric)
@@ -268,8 +268,8 @@ class ProgressLines(tune.Callback):
               f"(best {self.best[trial.trial_id] * 100:.2f}), loss {result.get('loss', float('nan')):.4g}", flush=True)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        done = sum(t.status == "TERMINATED" for t in trials)
-        print(f"[{trial}] finished ({done}/{len(trials)} trials done)", flush=True)
+        self.done += 1
+        print(f"[{trial}] finished ({self.done} trial(s) done)", flush=True)
 
     def on_trial_error(self, iteration, trials, trial, **info):
         print(f"[{trial}] failed: {str(trial.error_file or '')}", flush=True)
