@@ -108,7 +108,7 @@ def main() -> None:
     record = publish.run_record(experiment="faults", run_name="bench", method="simcse", params={"a": 1},
                                  history=[{"step": 2, "loss": 1.0}], metrics={"x": 1.0})
     t0 = time.time()
-    publish.log_or_defer(record, dead, tmp / "pending")
+    publish.log_or_defer(record, dead, str(tmp / "pending"))
     deferred = time.time() - t0
 
     md = ["# Faults and recovery (`python bench/faults.py`, 2-core CPU)", "",

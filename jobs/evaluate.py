@@ -2,6 +2,7 @@
 
     python jobs/evaluate.py --model default --tasks sts12,sts13,sts14,sts15,sts16,stsb,sickr --json OUT.json
     python jobs/evaluate.py --model PATH --pooling cls_before_pooler --sts-file my_pairs.tsv
+    python jobs/evaluate.py --model models:/sifter-simcse@champion --log-to-run   # the registry's champion
 
 ``--pooling`` defaults to the model folder's own saved pooling (a sentence-transformers folder
 records it; a plain transformers folder has none, and then ``mean`` is used). ``cls`` reads the
@@ -16,17 +17,21 @@ import json
 import _bootstrap
 import mlflow
 
-from orchestrator import storage
+from orchestrator import storage, tracking
 from orchestrator.errors import ConfigError
 from orchestrator.evaluation import sts
 from orchestrator.evaluation.encode import POOLINGS, HFEncoder
-from orchestrator.models import load_encoder, resolve_model_source, saved_pooling
+from orchestrator.models import MLFLOW_SCHEMES, load_encoder, resolve_model_source, saved_pooling
 from orchestrator.seed import seed_everything
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="default", help="local folder, s3:// URI, or 'default'")
+    ap.add_argument("--model", default="default", help="local folder, s3:// URI, models:/name@alias, runs:/id/path, "
+                    "or 'default'")
+    ap.add_argument("--tracking-uri", help="MLflow tracking URI for models:/ and runs:/ (default: env, else ./mlruns)")
+    ap.add_argument("--log-to-run", action="store_true", help="log the scores to the run that logged the model "
+                    "(models:/ or runs:/ sources)")
     ap.add_argument("--pooling", choices=POOLINGS, help="default: the model folder's saved pooling, else mean")
     ap.add_argument("--tasks", default=",".join(sts.SEVEN_TASKS), help="comma-separated; '' for none")
     ap.add_argument("--sts-file", action="append", default=[], help="extra TSV(s) with sentence1, sentence2, score")
@@ -48,6 +53,10 @@ def main() -> int:
         sts.read_sts_tsv(f)
 
     seed_everything(args.seed)
+    if args.model.startswith(MLFLOW_SCHEMES):
+        tracking.setup(args.tracking_uri, "sieve")
+    elif args.log_to_run:
+        raise ConfigError("--log-to-run needs a models:/ or runs:/ model (the run that logged it)")
     pooling = args.pooling or saved_pooling(resolve_model_source(args.model)) or "mean"
     model, tokenizer = load_encoder(args.model, add_pooling_layer=pooling == "cls", require_pooler=pooling == "cls")
     encoder = HFEncoder(model, tokenizer, pooling=pooling, batch_size=args.batch_size,
@@ -59,6 +68,11 @@ def main() -> int:
 
     if mlflow.active_run() is not None:
         mlflow.log_metrics(sts.flat_metrics(result))
+    if args.log_to_run:
+        run_id = tracking.run_of(args.model)
+        mlflow.MlflowClient().log_batch(run_id, metrics=[
+            mlflow.entities.Metric(f"eval_{k}", v, 0, 0) for k, v in sts.flat_metrics(result, "sts_").items()])
+        print(f"logged to run {run_id}")
     if args.json:
         storage.write_bytes(args.json, json.dumps(result, indent=2).encode())
         print(f"wrote {args.json}")

@@ -1,6 +1,7 @@
 """Move the ``champion`` alias of a registered model to a version (the MLflow UI can do the same).
 
     python jobs/promote.py --model sifter-simcse --version 3 [--force] [--tracking-uri URI]
+    python jobs/promote.py --model sifter-simcse --from-alias candidate      # what the last sweep proposed
 
 Refuses a version whose test score (tag ``test_score``: the method's headline test metric, set at registration)
 is below the current champion's, unless ``--force``. The alias move is one registry call, so a
@@ -22,7 +23,9 @@ from orchestrator.errors import TrackingError
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
-    ap.add_argument("--version", type=int, required=True)
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--version", type=int)
+    src.add_argument("--from-alias", help="promote the version this alias points at (e.g. candidate)")
     ap.add_argument("--alias", default="champion")
     ap.add_argument("--metric", default="test_score")
     ap.add_argument("--force", action="store_true")
@@ -30,6 +33,10 @@ def main() -> int:
     args = ap.parse_args()
 
     tracking.setup(args.tracking_uri, "sieve")
+    if args.from_alias:
+        args.version = tracking.alias_version(args.model, args.from_alias)
+        if args.version is None:
+            raise TrackingError(f"model {args.model!r} has no alias {args.from_alias!r}")
     try:
         MlflowClient().get_model_version(args.model, str(args.version))
     except MlflowException:

@@ -1,10 +1,12 @@
 """Log the runs that finished while the MLflow tracking server was unreachable.
 
 A training job that cannot reach the server after training keeps the whole run (params, every
-evaluation's metrics, the test report, the exported model's path) in ``outputs/tracking-pending/``;
-this command logs each one and removes its file once it is in MLflow.
+evaluation's metrics, the test report, the exported model's path) in ``<run storage>/tracking-pending/``
+(``outputs/tracking-pending`` for the smoke presets; an s3:// prefix on a cluster); this command logs
+each one into its run - idempotently - and removes its file once it is in MLflow. A record that cannot
+be logged stops it with one line and a non-zero exit; the rest stay pending.
 
-    python jobs/sync_tracking.py [--tracking-uri URI] [--pending DIR]
+    python jobs/sync_tracking.py [--tracking-uri URI] [--storage DIR|s3://...] [--pending DIR|s3://...]
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from orchestrator.drivers import publish
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tracking-uri", help="MLflow tracking URI (default: env, else embedded ./mlruns)")
-    ap.add_argument("--pending", default=str(publish.PENDING_DIR))
+    ap.add_argument("--storage", default="outputs", help="the run storage whose tracking-pending/ to log")
+    ap.add_argument("--pending", help="the pending folder itself (default: <storage>/tracking-pending)")
     args = ap.parse_args()
-    done = publish.sync_pending(args.tracking_uri, args.pending)
+    done = publish.sync_pending(args.tracking_uri, args.pending or publish.pending_dir(args.storage))
     for path, run_id in done:
         print(f"logged {path} as run {run_id}")
     print(f"{len(done)} pending run(s) logged")

@@ -212,7 +212,9 @@ class TrainLoopConfig(StrictModel):
     epochs: int = Field(1, gt=0)
     max_steps: int | None = Field(None, gt=0, description="stop after this many optimiser steps")
     eval_steps: int = Field(125, gt=0)
+    log_steps: int = Field(10, gt=0, description="loss, learning rate and throughput to MLflow every this many steps")
     lr_schedule: Literal["linear", "constant"] = "linear"
+    warmup_steps: int = Field(0, ge=0, description="linear warm-up of the learning rate (transformers' schedules)")
     grad_clip: float | None = Field(None, gt=0)
     seed: int = 42
 

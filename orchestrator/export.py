@@ -1,46 +1,23 @@
-"""Export an encoder as a folder that loads with both ``transformers.AutoModel`` and
-``sentence_transformers.SentenceTransformer`` (a Transformer module + a Pooling module)."""
+"""Export an encoder as a sentence-transformers folder, through sentence-transformers' own API (a
+``Transformer`` module + a ``Pooling`` module, saved by ``SentenceTransformer.save`` with its
+``config_sentence_transformers.json`` and a model card); the folder also loads with
+``transformers.AutoModel``. The card is completed by the job once the model is tested
+(:func:`write_model_card`)."""
 
 from __future__ import annotations
 
-import json
+import tempfile
 from pathlib import Path
 
+from sentence_transformers import SentenceTransformer, SentenceTransformerModelCardData
+from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
 from transformers import BlenderbotSmallConfig
 from transformers.models.blenderbot_small.modeling_blenderbot_small import BlenderbotSmallEncoder
 
 from orchestrator.storage import atomic_dir
 
-_ST_POOLING_MODE = {"cls": "cls", "cls_before_pooler": "cls", "mean": "mean"}
-
-
-def write_sentence_transformers_modules(out: str | Path, *, hidden_size: int, pooling: str,
-                                        max_seq_length: int = 128, normalize: bool = False) -> None:
-    """Write ``modules.json``, ``sentence_bert_config.json`` and ``1_Pooling/config.json``.
-
-    ``cls_before_pooler`` maps to sentence-transformers' CLS-token pooling (the raw ``[CLS]``
-    state); ST has no notion of the BERT pooler, which is why SimCSE-style models are evaluated
-    and exported with ``cls_before_pooler``.
-    """
-    out = Path(out)
-    mode = _ST_POOLING_MODE[pooling]
-    modules = [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-    ]
-    if normalize:
-        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
-        (out / "2_Normalize").mkdir(exist_ok=True)
-    (out / "modules.json").write_text(json.dumps(modules, indent=2))
-    (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_seq_length, "do_lower_case": False}))
-    (out / "1_Pooling").mkdir(exist_ok=True)
-    (out / "1_Pooling" / "config.json").write_text(json.dumps({
-        "word_embedding_dimension": hidden_size,
-        "pooling_mode_cls_token": mode == "cls",
-        "pooling_mode_mean_tokens": mode == "mean",
-        "pooling_mode_max_tokens": False,
-        "pooling_mode_mean_sqrt_len_tokens": False,
-    }, indent=2))
+# ST's CLS pooling is the raw [CLS] state: what `cls` (MLP in training only) and `cls_before_pooler` use at test
+ST_POOLING_MODE = {"cls": "cls", "cls_before_pooler": "cls", "mean": "mean"}
 
 
 def standalone_encoder(encoder):
@@ -70,16 +47,24 @@ def standalone_encoder(encoder):
 
 
 def export_encoder(model, tokenizer, out: str | Path, *, pooling: str, max_seq_length: int = 128,
-                   extra_files: dict[str, str] | None = None, write_more=None) -> Path:
-    """Save ``model`` + ``tokenizer`` + ST modules to ``out`` atomically (a crash keeps the old one).
-    ``write_more(folder)`` adds files of its own inside the same atomic write."""
-    with atomic_dir(out) as tmp:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        write_sentence_transformers_modules(tmp, hidden_size=model.config.hidden_size, pooling=pooling,
-                                            max_seq_length=max_seq_length)
+                   extra_files: dict[str, str] | None = None, write_more=None, card_name: str = "sieve encoder") -> Path:
+    """Save ``model`` + ``tokenizer`` as a sentence-transformers model with ``pooling`` to ``out``, atomically
+    (a crash keeps the old one). ``write_more(folder)`` adds files of its own inside the same atomic write."""
+    with atomic_dir(out) as tmp, tempfile.TemporaryDirectory() as hf:
+        model.save_pretrained(hf)
+        tokenizer.save_pretrained(hf)
+        word = Transformer(hf, max_seq_length=max_seq_length)
+        pool = Pooling(model.config.hidden_size, pooling_mode=ST_POOLING_MODE[pooling])
+        card = SentenceTransformerModelCardData(language="en", model_name=card_name, local_files_only=True)
+        SentenceTransformer(modules=[word, pool], device="cpu", model_card_data=card).save(str(tmp))
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)
         if write_more:
             write_more(Path(tmp))
     return Path(out)
+
+
+def write_model_card(folder: str | Path, text: str) -> None:
+    """The folder's ``README.md``: what the job knows once the model is tested (method, settings, data,
+    the scores beside the base model's, licence)."""
+    Path(folder, "README.md").write_text(text)

@@ -12,7 +12,6 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported: never reach for the hub
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-import hashlib  # noqa: E402
 import importlib  # noqa: E402
 import json  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -34,15 +33,21 @@ def default_model_path() -> Path:
 
 
 def resolve_model_source(name: str | os.PathLike, cache_dir: str | Path | None = None) -> Path:
-    """Return a local folder holding the model named by ``name``."""
+    """Return a local folder holding the model named by ``name``: ``default``, a local folder, an
+    ``s3://`` URI, or an MLflow ``models:/name@alias`` / ``models:/name/3`` / ``runs:/<id>/<path>`` URI.
+
+    Remote copies are cached, and the cache is trusted only when its commit marker matches the source:
+    an interrupted download (no marker) is fetched again, and so is a source that changed since
+    (another listing of keys, sizes and ETags; a registry alias that moved to another version)."""
     name = str(name)
     if name == DEFAULT_MODEL:
         return default_model_path()
     if storage.is_s3(name):
-        cache = Path(cache_dir or _CACHE) / hashlib.sha256(name.encode()).hexdigest()[:16]
-        if not (cache / "config.json").is_file():
-            storage.get_dir(name, cache)
-        return _check_model_dir(cache, name)
+        folder = storage.cached_copy(name, storage.listing_signature(name), lambda dest: storage.get_dir(name, dest),
+                                     Path(cache_dir or _CACHE))
+        return _check_model_dir(folder, name)
+    if name.startswith(MLFLOW_SCHEMES):
+        return _check_model_dir(_from_mlflow(name, cache_dir), name)
     path = Path(name).expanduser()
     if path.exists():
         return _check_model_dir(path, name)
@@ -50,9 +55,38 @@ def resolve_model_source(name: str | os.PathLike, cache_dir: str | Path | None =
     if looks_like_path:
         raise ModelSourceError(f"model {name!r}: no such folder")
     raise ModelSourceError(
-        f"model {name!r}: not a local folder, an s3:// URI or 'default'; "
+        f"model {name!r}: not a local folder, an s3:// URI, a models:/ or runs:/ URI or 'default'; "
         "hub ids are never downloaded (offline) - put the model in a folder or bucket and name that"
     )
+
+
+MLFLOW_SCHEMES = ("models:/", "runs:/")
+
+
+def _from_mlflow(uri: str, cache_dir) -> Path:
+    """An MLflow model: an alias is pinned to its version first, so a moved alias is fetched anew."""
+    import mlflow  # lazy: only models:/ and runs:/ sources need MLflow here
+
+    pinned = uri
+    if uri.startswith("models:/") and "@" in uri:
+        model, alias = uri[len("models:/"):].split("@", 1)
+        try:
+            version = mlflow.MlflowClient().get_model_version_by_alias(model, alias).version
+        except Exception as exc:  # noqa: BLE001
+            raise ModelSourceError(f"model {uri!r}: no such registered model or alias ({str(exc).splitlines()[0]})") from None
+        pinned = f"models:/{model}/{version}"
+    try:
+        root = storage.cached_copy(pinned, pinned, lambda dest: mlflow.artifacts.download_artifacts(
+            pinned, dst_path=str(dest)), Path(cache_dir or _CACHE))
+    except ModelSourceError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise ModelSourceError(f"model {uri!r}: cannot download it from MLflow ({str(exc).splitlines()[0]})") from None
+    for folder in (root / "model.sentence_transformer", root, *sorted(root.rglob("config.json"))):
+        folder = folder.parent if folder.name == "config.json" else folder
+        if (folder / "config.json").is_file():
+            return folder
+    raise ModelSourceError(f"model {uri!r}: the logged model holds no transformers folder (config.json)")
 
 
 def _check_model_dir(path: Path, name: str) -> Path:
@@ -138,7 +172,7 @@ def load_encoder(name: str, *, dropout: float | None = None, add_pooling_layer: 
 
 
 # ---------------------------------------------------------------- pooling
-_ST_TO_SIEVE = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls_before_pooler"}
+_ST_TO_SIEVE = {"mean": "mean", "cls": "cls_before_pooler"}
 
 
 def saved_pooling(folder: str | Path) -> str | None:
@@ -149,9 +183,12 @@ def saved_pooling(folder: str | Path) -> str | None:
     if not modules.is_file():
         return None
     for m in json.loads(modules.read_text()):
-        if m.get("type", "").endswith("models.Pooling"):
+        if m.get("type", "").endswith("Pooling"):
             conf = json.loads((folder / m.get("path", "") / "config.json").read_text())
-            modes = [k for k, v in conf.items() if k.startswith("pooling_mode_") and v]
+            modes = conf.get("pooling_mode")  # sentence-transformers ≥ 6; older folders have one flag per mode
+            modes = [modes] if isinstance(modes, str) else modes or [
+                k.removeprefix("pooling_mode_").removesuffix("_token").removesuffix("_tokens")
+                for k, v in conf.items() if k.startswith("pooling_mode_") and v]
             if len(modes) != 1 or modes[0] not in _ST_TO_SIEVE:
                 raise ModelSourceError(f"{folder}: saved pooling {modes} is not one of mean / cls; "
                                        "set model.pooling (or --pooling) explicitly")

@@ -11,6 +11,7 @@ written checkpoint. Local directories are written to a temporary sibling and ren
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -191,6 +192,22 @@ def list_dirs(uri: str) -> list[str]:
     return sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
 
 
+def listing_signature(uri: str) -> str:
+    """What changes when the objects below ``uri`` change: their keys, sizes and ETags (hashed)."""
+    bucket, prefix = split_s3(uri)
+    prefix = prefix.rstrip("/") + "/" if prefix else ""
+    entries = []
+    try:
+        for page in s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            entries += [f"{o['Key']}\t{o['Size']}\t{o.get('ETag', '')}" for o in page.get("Contents", [])
+                        if not o["Key"].endswith(COMPLETE_MARKER)]
+    except Exception as exc:  # noqa: BLE001
+        raise _s3_error(uri, exc) from None
+    if not entries:
+        raise StorageError(f"{uri}: no such directory or it is empty")
+    return hashlib.sha256("\n".join(sorted(entries)).encode()).hexdigest()
+
+
 def is_complete(uri: str) -> bool:
     """True once a directory was fully written (its commit marker exists)."""
     return exists(join(uri, COMPLETE_MARKER))
@@ -296,6 +313,19 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def cached_copy(source: str, signature: str, fetch, cache_root: Path) -> Path:
+    """A local copy of ``source`` under the cache, fetched (``fetch(folder)``) into a temporary folder and
+    renamed into place with a ``_COMPLETE`` marker holding ``signature``; reused only when the marker matches."""
+    dest = Path(cache_root) / hashlib.sha256(source.encode()).hexdigest()[:16]
+    marker = dest / COMPLETE_MARKER
+    if marker.is_file() and marker.read_text() == signature:
+        return dest
+    with atomic_dir(dest) as tmp:
+        fetch(tmp)
+        (tmp / COMPLETE_MARKER).write_text(signature)
+    return dest
 
 
 def pyarrow_filesystem(uri: str):

@@ -40,3 +40,38 @@ def test_promote_moves_champion_and_refuses_worse(embedded_tracking, tiny_bert_d
 
     res = promote(embedded_tracking, "--version", "99")
     assert res.returncode == 2 and res.stderr.strip() == "error: model 'enc' has no version 99"
+
+
+@pytest.mark.slow
+def test_a_champion_set_through_the_rest_api_is_what_the_next_job_reads(mlflow_server, tiny_bert_dir, tmp_path,
+                                                                         monkeypatch):
+    """#20: promotion where the MLflow UI does it - its REST call moves @champion - and a job that reads
+    ``models:/enc@champion`` gets that version (and can log its scores to the version's run)."""
+    import json
+    import urllib.request
+
+    import mlflow
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+    tracking.setup(None, "rest")
+    with mlflow.start_run() as run:
+        info = tracking.log_sentence_encoder(tiny_bert_dir, name="model")
+    v1 = tracking.register(info.model_uri, "rest-enc", tags={"test_score": "0.5"})
+    v2 = tracking.register(info.model_uri, "rest-enc", tags={"test_score": "0.6"})
+    body = json.dumps({"name": "rest-enc", "alias": "champion", "version": str(v2)}).encode()
+    req = urllib.request.Request(f"{mlflow_server}/api/2.0/mlflow/registered-models/alias", data=body,
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        assert resp.status == 200
+    assert tracking.alias_version("rest-enc", "champion") == v2 != v1
+    res = subprocess.run([sys.executable, str(ROOT / "jobs" / "evaluate.py"), "--model", "models:/rest-enc@champion",
+                          "--tracking-uri", mlflow_server, "--tasks", "stsb", "--log-to-run", "--no-progress"],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "pooling: mean (the model's own)" in res.stdout and f"logged to run {run.info.run_id}" in res.stdout
+    direct = subprocess.run([sys.executable, str(ROOT / "jobs" / "evaluate.py"), "--model", str(tiny_bert_dir),
+                             "--tasks", "stsb", "--no-progress"], capture_output=True, text=True, timeout=300)
+    row = next(ln for ln in res.stdout.splitlines() if ln.startswith("| stsb |"))
+    assert row in direct.stdout  # the champion's folder is the tiny model's: the same scores
+    logged = mlflow.MlflowClient().get_run(run.info.run_id).data.metrics
+    assert "eval_sts_stsb_spearman_all" in logged

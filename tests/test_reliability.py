@@ -125,7 +125,8 @@ def test_tracking_outage_after_training_keeps_the_run_and_sync_logs_it(mlflow_se
     assert time.time() - t0 < 10
     err = capsys.readouterr().err
     assert err.count("warning:") == 1 and dead in err and "jobs/sync_tracking.py" in err
-    assert [p.name for p in pending.iterdir()] == ["tiny-run.json"]  # no .tmp left behind
+    files = [p.name for p in pending.iterdir()]
+    assert len(files) == 1 and files[0].startswith("tiny-run-") and files[0].endswith(".json")  # no .tmp left behind
 
     res = subprocess.run([sys.executable, str(JOBS / "sync_tracking.py"), "--tracking-uri", mlflow_server,
                           "--pending", str(pending)], capture_output=True, text=True, timeout=300)
@@ -136,3 +137,10 @@ def test_tracking_outage_after_training_keeps_the_run_and_sync_logs_it(mlflow_se
     assert run.data.params["train.lr"] == "0.0001" and run.data.metrics["test_sts_avg"] == 0.7
     steps = mlflow.MlflowClient().get_metric_history(run.info.run_id, "stsb_dev_spearman")
     assert [(m.step, m.value) for m in steps] == [(2, 0.5), (4, 0.6)]
+    # #18: replaying the same record again (a crash after logging, before the file was removed) adds nothing
+    again = publish.replay(record, mlflow_server)
+    assert again == run.info.run_id and len(mlflow.search_runs(experiment_names=["outage"], output_format="list")) == 1
+    steps = mlflow.MlflowClient().get_metric_history(run.info.run_id, "stsb_dev_spearman")
+    assert [(m.step, m.value) for m in steps] == [(2, 0.5), (4, 0.6)]
+    models = [a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id) if a.path == "model"]
+    assert models == ["model"]

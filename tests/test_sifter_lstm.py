@@ -3,6 +3,9 @@ and a Ray Train run that exports, reloads, tests and logs an MLflow pyfunc."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -166,3 +169,15 @@ def test_sifter_lstm_under_ray_train_exports_and_logs(ray_cluster, tiny_bert_dir
         info = method.log_model(out, name="model")
     probs = mlflow.pyfunc.load_model(info.model_uri).predict(["a charming journey .", "bleak and dull"])
     assert len(probs) == 2 and all(0 <= p <= 1 for p in probs)
+    # #20: it loads in a fresh process elsewhere, where Sieve's packages come only from the model's code paths
+    import json
+    import subprocess
+    import sys
+
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    res = subprocess.run([sys.executable, str(Path(__file__).parent / "pyfunc_check.py"), mlflow.get_tracking_uri(),
+                          info.model_uri, "a charming journey .", "bleak and dull"], cwd=other, capture_output=True,
+                         text=True, timeout=300, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert json.loads(res.stdout.strip().splitlines()[-1]) == pytest.approx(probs, abs=1e-6)

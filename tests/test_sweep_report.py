@@ -149,3 +149,26 @@ def test_sweep_job_resolves_without_ray(embedded_tracking):
     args.overrides = ["sweep.space={lambdas: {grid: [{lambda_xx: 0, lambda_xy: 0, lambda_xz: 0, lambda_yz: 0}]}}"]
     with pytest.raises(ConfigError, match="at least one of lambda_xx"):
         resolve(args, "sifter_sweep")
+
+
+def test_optuna_search_is_seeded_and_refuses_bundles():
+    """``search: optuna`` gives Tune's OptunaSearch (TPE) with the sweep's seed: the same seed suggests the
+    same first points; bundles (dict values) are refused in one line (Optuna suggests single values)."""
+    from orchestrator.drivers.sweep import make_search
+
+    job = SweepJobConfig.model_validate({"method": "sifter_simcse", "base": "x.yaml", "sweep": {
+        "search": "optuna", "seed": 7, "num_samples": 4,
+        "space": {"train.lr": {"loguniform": [1e-5, 5e-5]}, "dropout": {"choice": [0.1, 0.15]}}}})
+
+    def first_points(seed_job):
+        search, space = make_search(seed_job, "stsb_dev_spearman", max_concurrent=1)
+        search.set_search_properties("stsb_dev_spearman", "max", {"params": space})
+        return [search.suggest(f"t{i}") for i in range(1)]
+
+    assert first_points(job) == first_points(job)
+    other = job.model_copy(update={"sweep": job.sweep.model_copy(update={"seed": 8})})
+    assert first_points(other) != first_points(job)
+    bundled = SweepJobConfig.model_validate({"method": "sifter_simcse", "base": "x.yaml", "sweep": {
+        "search": "optuna", "space": {"lambdas": {"grid": [{"lambda_xx": 1}, {"lambda_xy": 1}]}}}})
+    with pytest.raises(ConfigError, match="sweep.space.lambdas: optuna suggests single values"):
+        make_search(bundled, "m", 1)

@@ -44,7 +44,7 @@ def test_ddp_run_checkpoints_export_and_sts(tiny_bert_dir, tiny_shards, tmp_path
     assert AutoModel.from_pretrained(out).config.hidden_size == 32
     st = SentenceTransformer(str(out), device="cpu")
     assert st.encode(["a test sentence"]).shape == (1, 32)
-    assert json.loads((out / "1_Pooling" / "config.json").read_text())["pooling_mode_cls_token"] is True
+    assert json.loads((out / "1_Pooling" / "config.json").read_text())["pooling_mode"] == "cls"
     # #11.1: the same run with worker 1 killed at step 5 resumes from the step-4 checkpoint and ends
     # within 0.1 points (×100) of the uninterrupted run: RNG states travel in the checkpoint
     crashed = crash_run(method, cfg, tiny_shards, tmp_path, "ddp-crash", monkeypatch)

@@ -22,6 +22,10 @@ import ray.train
 import ray.train.torch
 import torch
 import torch.distributed as dist
+import torch.distributed.nn.functional as dist_nn
+from transformers import get_scheduler
+
+from orchestrator import tracking
 
 
 # ---------------------------------------------------------------- process group helpers
@@ -34,20 +38,16 @@ def rank() -> int:
 
 
 def gather_with_grad(x: torch.Tensor) -> torch.Tensor:
-    """All-gather ``x`` from every worker; the local slice keeps its autograd graph.
+    """All-gather ``x`` from every worker, differentiably (``torch.distributed.nn.functional.all_gather``).
 
-    Exactly SimCSE's trick: ``all_gather`` returns tensors without gradient, so the local
-    position is replaced by ``x`` itself. Every worker then computes the loss over the *global*
-    batch; the gradient reaches each worker's parameters only through its own slice, so the
-    loss is multiplied by the world size before DDP averages (see :func:`ddp_loss_scale`).
+    Every worker computes the loss over the *global* batch; the backward of the gather hands each
+    worker the sum of every worker's gradient for its own slice, N times the gradient of the one
+    global loss, and DDP's average of the N workers then gives exactly the global-batch gradient: N
+    workers × batch b = 1 worker × batch N·b (``tests/test_sifter_simcse.py`` proves it).
     """
-    n = world_size()
-    if n == 1:
+    if world_size() == 1:
         return x
-    parts = [torch.zeros_like(x) for _ in range(n)]
-    dist.all_gather(parts, x.contiguous())
-    parts[rank()] = x
-    return torch.cat(parts, dim=0)
+    return torch.cat(dist_nn.all_gather(x.contiguous()), dim=0)
 
 
 def average_gradients(params) -> None:
@@ -61,11 +61,6 @@ def average_gradients(params) -> None:
             p.grad /= n
 
 
-def ddp_loss_scale(gathered: bool) -> float:
-    """Factor that makes DDP's gradient average equal the gradient of the global-batch loss."""
-    return float(world_size()) if gathered else 1.0
-
-
 def setup_worker(seed: int, threads: int = 1) -> None:
     """On CPU as many torch threads as the worker has CPUs; every RNG seeded (rank-offset, so
     dropout masks differ between workers)."""
@@ -77,15 +72,15 @@ def setup_worker(seed: int, threads: int = 1) -> None:
     torch.manual_seed(s)
 
 
+def lr_scheduler(optimizer, schedule: str, warmup_steps: int, total_steps: int):
+    """transformers' schedules: ``linear`` decay to 0 (after an optional linear warm-up) or ``constant``."""
+    name = {"linear": "linear", "constant": "constant_with_warmup" if warmup_steps else "constant"}[schedule]
+    return get_scheduler(name, optimizer, num_warmup_steps=warmup_steps, num_training_steps=max(1, total_steps))
+
+
 def device_for(cfg) -> torch.device:
     """The worker's device: its GPU when the run asks for GPUs and one is there, else the CPU."""
     return torch.device("cuda" if cfg.scaling.use_gpu and torch.cuda.is_available() else "cpu")
-
-
-def lr_lambda(schedule: str, total_steps: int):
-    if schedule == "constant":
-        return lambda step: 1.0
-    return lambda step: max(0.0, 1.0 - step / max(1, total_steps))
 
 
 # ---------------------------------------------------------------- the optimiser step
@@ -97,7 +92,7 @@ class Stepper:
     """
 
     def __init__(self, module: torch.nn.Module, param_groups, *, lr: float, schedule: str, total_steps: int,
-                 grad_clip: float | None, deepspeed_cfg=None,
+                 grad_clip: float | None, deepspeed_cfg=None, warmup_steps: int = 0,
                  extra_optimizers: dict | None = None, extra_modules: dict | None = None):
         self.module = module
         self.grad_clip = grad_clip
@@ -111,7 +106,7 @@ class Stepper:
 
             ds_config = deepspeed_config(deepspeed_cfg, grad_clip=grad_clip)
             self.optimizer = torch.optim.AdamW(param_groups, lr=lr)
-            self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(schedule, total_steps))
+            self.scheduler = lr_scheduler(self.optimizer, schedule, warmup_steps, total_steps)
             self.model, self.optimizer, _, self.scheduler = deepspeed.initialize(
                 model=module, optimizer=self.optimizer, lr_scheduler=self.scheduler, config=ds_config)
         else:
@@ -120,7 +115,7 @@ class Stepper:
             else:
                 self.model = module
             self.optimizer = torch.optim.AdamW(param_groups, lr=lr)
-            self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(schedule, total_steps))
+            self.scheduler = lr_scheduler(self.optimizer, schedule, warmup_steps, total_steps)
 
     def step(self, loss: torch.Tensor) -> None:
         if self.deepspeed:
@@ -253,6 +248,7 @@ def make_stepper(module: torch.nn.Module, cfg, rows_per_worker: int, groups: lis
     total_steps = cfg.train.max_steps or steps_per_epoch * cfg.train.epochs
     return Stepper(module, groups or param_groups(module, cfg.train.weight_decay), lr=cfg.train.lr,
                    schedule=cfg.train.lr_schedule, total_steps=total_steps, grad_clip=cfg.train.grad_clip,
+                   warmup_steps=cfg.train.warmup_steps,
                    deepspeed_cfg=cfg.deepspeed, **extras)
 
 
@@ -281,9 +277,10 @@ def train_loop(cfg, stepper: Stepper, *, rows_per_worker: int, loss_fn, dev_fn, 
         if ckpt_dir is not None:
             state = stepper.load(ckpt_dir)
             state["restarts"] = state.get("restarts", 0) + 1
+    live = live_run() if rank() == 0 else None  # the MLflow run the driver made for this training, if any
 
     def evaluate_and_report(logs: dict) -> None:
-        with stepper.eval_module(build_plain) as evaluated:
+        with stepper.eval_module(build_plain) as evaluated, eval_threads(cfg):
             dev = dev_fn(evaluated) if rank() == 0 else {metric: float("nan")}
         dev = {k: float(v) for k, v in dev.items()} if isinstance(dev, dict) else {metric: float(dev)}
         stepper.module.train()
@@ -291,11 +288,14 @@ def train_loop(cfg, stepper: Stepper, *, rows_per_worker: int, loss_fn, dev_fn, 
             state["best_dev"] = max(state["best_dev"], dev[metric])
         metrics = {**logs, "step": state["step"], "epoch": state["epoch"], **dev,
                    f"best_{metric}": state["best_dev"], "restarts": state["restarts"]}
+        if live is not None:
+            live.log({k: v for k, v in metrics.items() if k not in ("step", "epoch")}, state["step"])
         state["history"].append(metrics)
         report(metrics, stepper, dict(state))
 
     stepper.module.train()
     t_start, logs = time.perf_counter(), {}
+    t_window, window_start = time.perf_counter(), state["step"]
     skip = state["step"] - state["epoch"] * steps_per_epoch  # batches of this epoch trained before a restart
     while state["step"] < total_steps and state["epoch"] < cfg.train.epochs:
         for batch in batches(state["epoch"]):
@@ -307,6 +307,11 @@ def train_loop(cfg, stepper: Stepper, *, rows_per_worker: int, loss_fn, dev_fn, 
             stepper.step(loss)
             state["step"] += 1
             logs.update(lr=stepper.optimizer.param_groups[0]["lr"], train_s=time.perf_counter() - t_start)
+            if live is not None and state["step"] % cfg.train.log_steps == 0:
+                elapsed = time.perf_counter() - t_window
+                rate = (state["step"] - window_start) * cfg.train.batch_size * world_size() / max(elapsed, 1e-9)
+                live.log({**logs, "samples_per_s": rate}, state["step"])
+                t_window, window_start = time.perf_counter(), state["step"]
             if state["step"] % cfg.train.eval_steps == 0 or state["step"] >= total_steps:
                 evaluate_and_report(logs)
             if state["step"] >= total_steps:
@@ -316,7 +321,29 @@ def train_loop(cfg, stepper: Stepper, *, rows_per_worker: int, loss_fn, dev_fn, 
             skip = 0
             if state["epoch"] >= cfg.train.epochs and state["step"] % cfg.train.eval_steps != 0:
                 evaluate_and_report(logs)  # the last partial eval interval
+    if live is not None:
+        live.close()  # what never reached MLflow is in the history the driver logs at the end
     return state["history"]
+
+
+@contextmanager
+def eval_threads(cfg):
+    """On CPU, rank 0 evaluates alone while the other workers wait for it: it may use their cores too."""
+    if torch.cuda.is_available() or rank() != 0:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(before, min(os.cpu_count() or 1, int(cfg.scaling.cpus_per_worker * world_size()))))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def live_run():
+    """The MLflow run to log into while training (named by the driver in the workers' environment)."""
+    run_id, uri = os.environ.get("SIEVE_MLFLOW_RUN_ID"), os.environ.get("SIEVE_MLFLOW_TRACKING_URI")
+    return tracking.LiveRun(run_id, uri) if run_id and uri else None
 
 
 # ---------------------------------------------------------------- fault injection (tests only)
@@ -326,6 +353,8 @@ def maybe_inject_failure(step: int) -> None:
     Used by the fault-injection tests to prove that a run resumes from its last checkpoint; the
     marker file ``SIEVE_FAIL_MARKER`` makes it fire only once across restarts. Unset in real runs.
     """
+    if delay := os.environ.get("SIEVE_STEP_DELAY_S"):  # tests: keep a run going while they watch MLflow
+        time.sleep(float(delay))
     at = os.environ.get("SIEVE_FAIL_AT_STEP")
     if not at or step != int(at) or rank() != int(os.environ.get("SIEVE_FAIL_RANK", "1")) % max(world_size(), 1):
         return

@@ -364,11 +364,16 @@ class SentimentPyfunc:
 
 
 def log_model(model_dir, name: str = "model"):
+    """An MLflow pyfunc that carries its code (``trainers/`` + ``orchestrator/``): it loads where Sieve
+    is not installed."""
     class _Model(SentimentPyfunc, mlflow.pyfunc.PythonModel):
         pass
 
+    root = Path(__file__).resolve().parents[1]
     return mlflow.pyfunc.log_model(name=name, python_model=_Model(), artifacts={"model_dir": str(model_dir)},
-                                   input_example=["a charming and often affecting journey ."])
+                                   input_example=["a charming and often affecting journey ."],
+                                   code_paths=[str(root / "trainers"), str(root / "orchestrator")],
+                                   pip_requirements=["torch==2.13.0", "transformers==5.23.0", "pydantic>=2.7,<3"])
 
 
 SPEC = MethodSpec("sifter_lstm", SifterLSTMConfig, train_func, export_model, evaluate, prepare_data,

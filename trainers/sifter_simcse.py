@@ -33,10 +33,9 @@ tokenized to exactly X is logged with every evaluation (``views_identical_y`` / 
 expected for Y wherever the backbone is non-empty).
 
 Negatives across workers: with N data-parallel workers each view's embeddings are all-gathered
-(the local slice keeps its graph), so every anchor is contrasted with the *global* batch's
-candidates, as SimCSE's own code does. The loss is scaled by N before DDP's gradient average,
-which makes N workers × batch b give exactly the loss and gradient of 1 worker × batch N·b
-(``tests/test_sifter_simcse.py`` proves it). ``gather_negatives: false`` turns it off.
+(differentiably: ``torch.distributed.nn``), so every anchor is contrasted with the *global* batch's
+candidates, as SimCSE's own code does; N workers × batch b give exactly the loss and gradient of
+1 worker × batch N·b (``tests/test_sifter_simcse.py`` proves it). ``gather_negatives: false`` turns it off.
 
 Args (config keys, see :class:`ContrastiveConfig`)
     lambda_xx, lambda_xy, lambda_xz, lambda_yz: loss weights (≥ 0, at least one > 0)
@@ -202,12 +201,8 @@ def tokenize_views(tokenizer, batch: dict, cfg: ContrastiveConfig) -> tuple[dict
 
 def compute_loss(model: nn.Module, tokenizer, batch: dict, cfg: ContrastiveConfig,
                  device: torch.device | str = "cpu") -> tuple[torch.Tensor, dict[str, float]]:
-    """Forward every view once, gather across workers, return (loss to backprop, logged terms).
-
-    The returned loss is already multiplied by the world size when negatives are gathered, so
-    that DDP's averaged gradient is the gradient of the global-batch loss; the logged
-    ``loss`` is the unscaled global value.
-    """
+    """Forward every view once, gather across workers (differentiably), return (loss, logged terms):
+    the loss over the global batch, whose gradient DDP's average then is."""
     enc, views, identical = tokenize_views(tokenizer, batch, cfg)
     out = model(enc["input_ids"].to(device), enc["attention_mask"].to(device))
     per_view = out.view(len(views), -1, out.size(-1))
@@ -216,7 +211,7 @@ def compute_loss(model: nn.Module, tokenizer, batch: dict, cfg: ContrastiveConfi
     loss, logs = sifter_loss(emb, cfg)
     logs["loss"] = float(loss.detach())
     logs.update({f"identical_{v}": n for v, n in identical.items()})
-    return loss * common.ddp_loss_scale(cfg.gather_negatives), logs
+    return loss, logs
 
 
 # ---------------------------------------------------------------- evaluation

@@ -303,7 +303,7 @@ def run_pipeline(cfg: CorpusConfig, output: str, *, progress: bool = True) -> di
         unique = unique.limit(cfg.limit).materialize()
         skipped["over_limit"] = n_unique - cfg.limit
     timings["read_clean_dedup_s"] = time.perf_counter() - t0
-    say = print if progress else (lambda *a: None)
+    say = print if progress else (lambda *a, **k: None)
     say(f"corpus: read {read} lines, {min(n_unique, cfg.limit or n_unique)} unique sentences kept "
         f"({timings['read_clean_dedup_s']:.1f} s)", flush=True)
     if unique.count() == 0:

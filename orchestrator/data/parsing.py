@@ -11,7 +11,6 @@ Backends
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -114,12 +113,10 @@ class StanzaParser:
 
     @staticmethod
     def _local_dir(model_dir: str, cache_dir) -> Path:
-        if storage.is_s3(model_dir):
-            key = hashlib.sha256(model_dir.encode()).hexdigest()[:16]
-            local = Path(cache_dir or Path.home() / ".cache" / "sieve" / "stanza") / key
-            if not (local / "resources.json").is_file():
-                storage.get_dir(model_dir, local)
-            return local
+        if storage.is_s3(model_dir):  # a cached copy, fetched again when interrupted or when the bucket changed
+            return storage.cached_copy(model_dir, storage.listing_signature(model_dir),
+                                       lambda dest: storage.get_dir(model_dir, dest),
+                                       Path(cache_dir or Path.home() / ".cache" / "sieve" / "stanza"))
         local = Path(model_dir)
         if not local.is_dir():
             raise ConfigError(f"parser.stanza_dir {model_dir!r}: no such directory")

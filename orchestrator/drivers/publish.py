@@ -14,22 +14,27 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import mlflow
 import numpy as np
+from mlflow import MlflowClient
+from mlflow.entities import Metric
 
+from orchestrator import storage
 from orchestrator.drivers.registry import get_method
 from orchestrator.errors import TrackingError
+from orchestrator.evaluation.suite import compare_table
+from orchestrator.models import resolve_model_source
 from orchestrator.spec import BaseResult
 from orchestrator.tracking import (
     clean_params,
+    create_child_run,
     find_run,
     log_metrics,
-    log_params,
     log_sentence_encoder,
     resolve_tracking_uri,
     setup,
@@ -94,69 +99,126 @@ def gate_line(choice: Choice, metric_label: str, registered: dict) -> str:
             f"{ref} is registered with beats_base=false and does not become candidate")
 
 
+def model_card(*, spec, cfg, sweep: str, trial: str, params: dict, test, base: BaseResult | None, choice: Choice,
+               registered_name: str) -> str:
+    """The exported folder's README.md and the registered version's description: base model, method and
+    its settings, training data, the scores beside the base model's (this run), licence."""
+    model = getattr(cfg, "model", None)
+    base_model = model.name_or_path if model else getattr(cfg, "embeddings_from", "?")
+    data = getattr(cfg, "data", None)
+    lines = ["---", "language: en", "library_name: sentence-transformers", f"tags: [sieve, {spec.name}]", "---", "",
+             f"# {registered_name}", "",
+             f"Trained by Sieve's `{spec.name}` recipe (`trainers/`) from `{base_model}`"
+             + (f" with `{model.pooling}` pooling" if model else "") + f"; sweep `{sweep}`, trial `{trial}`.", "",
+             "## Setting", "", "```json", json.dumps(params, indent=1, default=str), "```", "",
+             f"Training: {cfg.train.max_steps or cfg.train.epochs} {'steps' if cfg.train.max_steps else 'epochs'}, "
+             f"batch {cfg.train.batch_size} × {cfg.scaling.num_workers} workers, learning rate {cfg.train.lr:g}.", ""]
+    if data is not None:
+        lines += ["## Training data", "", "```json", json.dumps(data.model_dump(mode="json"), indent=1)[:1200], "```", ""]
+    lines += [f"## Evaluation ({spec.metric_label} for the choice; test below)", ""]
+    if choice.base_dev is not None:
+        lines += [f"Dev: {choice.best_dev * 100:.2f} vs {choice.base_dev * 100:.2f} for the {choice.base_label}"
+                  f" - {'beats' if choice.beats_base else 'does not beat'} it.", ""]
+    lines += [compare_table(base.test, test) if base is not None else test.table, "",
+              "## Licence", "", "The base model's licence applies to these weights (the packaged all-MiniLM-L6-v2: "
+              "Apache-2.0); the training and evaluation data keep theirs (`data/SOURCES.md`).", ""]
+    return "\n".join(lines)
+
+
 def register(model_uri: str, name: str, choice: Choice, *, description: str, tags: dict[str, str]) -> dict:
     """Register a version with both scores in its tags; ``candidate`` moves only when it beats the base."""
     tags = {**tags, "beats_base": str(choice.beats_base).lower(), "dev_score": f"{choice.best_dev:.6f}",
             **({"base_dev_score": f"{choice.base_dev:.6f}"} if choice.base_dev is not None else {})}
     alias = "candidate" if choice.beats_base else None
-    version = register_version(model_uri, name, alias=alias, description=description, tags=tags)
+    version = register_version(model_uri, name, alias=alias, description=description[:5000], tags=tags)
     return {"name": name, "version": version, "alias": alias, "beats_base": choice.beats_base}
 
 
+# what Tune adds to every report: bookkeeping, not measurements
+TUNE_KEYS = {"timestamp", "checkpoint_dir_name", "done", "training_iteration", "trial_id", "date", "time_this_iter_s",
+             "time_total_s", "pid", "hostname", "node_ip", "time_since_restore", "iterations_since_restore",
+             "checkpoint_path", "step", "epoch", "should_checkpoint"}
+
+
 def log_trials(exp_id: str, parent_id: str, name: str, rows: list[dict], metric: str) -> None:
-    """One nested run per trial, created once (a resumed sweep does not duplicate them)."""
+    """Complete every trial's nested run: the runs the trials made when they started (and logged into
+    while training) get their final numbers; a trial that could not reach MLflow gets its run now,
+    with every evaluation from the recorded reports. Idempotent: a resumed sweep adds no run."""
+    client = MlflowClient()
     for r in rows:
-        if find_run(exp_id, {"sieve.sweep": name, "sieve.trial": r["trial"]}) is not None:
-            continue
-        with mlflow.start_run(experiment_id=exp_id, run_name=r["trial"], nested=True, parent_run_id=parent_id):
-            mlflow.set_tags({"sieve.sweep": name, "sieve.trial": r["trial"], "sieve.role": "trial",
-                             "mlflow.parentRunId": parent_id})
-            log_params(r["params"])
+        tags = {"sieve.sweep": name, "sieve.trial": r["trial"], "sieve.role": "trial"}
+        run = find_run(exp_id, tags)
+        if run is None:
+            run_id = create_child_run(exp_id, parent_id, r["trial"], tags, {"params": r["params"]},
+                                      mlflow.get_tracking_uri())
+        else:
+            run_id = run.info.run_id
+        if len(client.get_metric_history(run_id, metric)) < len(r["history"]):  # an outage ate live points
             for h in r["history"]:
-                log_metrics({k: v for k, v in h.items() if k not in ("step", "epoch", "training_iteration")
-                             and isinstance(v, int | float)}, step=int(h.get("step", 0)))
-            final = {"best_" + metric: r["best_dev"], "evaluations": len(r["history"]),
-                     "stopped_early": float(r["stopped_early"]),
-                     **{f"test_{k}": v for k, v in r.get("test", {}).items()}}
-            log_metrics({k: v for k, v in final.items() if v == v and not math.isinf(v)})
-            if r["error"]:
-                mlflow.set_tag("sieve.error", r["error"])
+                client.log_batch(run_id, metrics=[
+                    Metric(k, float(v), 0, int(h.get("step", 0))) for k, v in h.items()
+                    if k not in TUNE_KEYS and isinstance(v, int | float) and math.isfinite(v)])
+        final = {"best_" + metric: r["best_dev"], "evaluations": len(r["history"]),
+                 "stopped_early": float(r["stopped_early"]), **{f"test_{k}": v for k, v in r.get("test", {}).items()}}
+        client.log_batch(run_id, metrics=[Metric(k, float(v), 0, 0) for k, v in final.items()
+                                          if v == v and not math.isinf(v)])
+        if r["error"]:
+            client.set_tag(run_id, "sieve.error", r["error"])
+        client.set_terminated(run_id, "FAILED" if r["error"] else "FINISHED")
 
 
 # ---------------------------------------------------------------- runs that survive a tracking outage
-
-PENDING_DIR = Path("outputs") / "tracking-pending"
+def pending_dir(storage_root: str) -> str:
+    """Where records wait for the tracking server: in the run storage (an s3:// prefix on a cluster, so a
+    record outlives the job's working directory)."""
+    return storage.join(storage_root, "tracking-pending")
 
 
 def run_record(*, experiment: str, run_name: str, method: str, params: dict, history: list[dict],
                metrics: dict[str, float], texts: dict[str, str] | None = None, model_dir: str | None = None,
-               tags: dict[str, str] | None = None) -> dict:
-    """Everything a finished training run logs, as plain JSON (params already redacted)."""
+               tags: dict[str, str] | None = None, run_id: str | None = None) -> dict:
+    """Everything a finished training run logs, as plain JSON (params already redacted). ``run_id``: the
+    run the job made when it started (replays go into it); ``record_id`` keys the record either way."""
     steps = [{"step": int(h.get("step", 0)),
               "metrics": {k: float(v) for k, v in h.items() if k not in ("step", "epoch") and isinstance(v, int | float)}}
              for h in history]
-    return {"experiment": experiment, "run_name": run_name, "method": method, "params": clean_params(params),
-            "history": steps, "metrics": {k: float(v) for k, v in metrics.items()}, "texts": texts or {},
-            "model_dir": str(Path(model_dir).resolve()) if model_dir else None, "tags": tags or {}}
+    model = (model_dir if storage.is_s3(str(model_dir)) else str(Path(model_dir).resolve())) if model_dir else None
+    return {"record_id": run_id or uuid.uuid4().hex, "run_id": run_id, "experiment": experiment, "run_name": run_name,
+            "method": method, "params": clean_params(params), "history": steps,
+            "metrics": {k: float(v) for k, v in metrics.items()}, "texts": texts or {}, "model_dir": model,
+            "tags": tags or {}}
 
 
 def replay(record: dict, tracking_uri: str | None = None) -> str:
-    """Create the MLflow run of ``record`` (params, every step's metrics, texts, the model); returns its id.
-    Raises :class:`TrackingError` naming the URI when the server is not there."""
+    """Log ``record`` into its run - the one the job made at its start, or one made now and tagged with the
+    record's id - and return the run id. Idempotent: replaying a record again adds nothing (params and
+    model once, metric history only where it is missing). Raises :class:`TrackingError` naming the URI
+    when the server is not there."""
     uri = resolve_tracking_uri(tracking_uri)
     exp_id = setup(uri, record["experiment"])
+    client = MlflowClient()
     try:
-        with mlflow.start_run(experiment_id=exp_id, run_name=record["run_name"]) as run:
-            mlflow.set_tags({"sieve.method": record["method"], **record["tags"]})
-            mlflow.log_params(record["params"])
+        run = (client.get_run(record["run_id"]) if record.get("run_id") else
+               find_run(exp_id, {"sieve.record": record["record_id"]}))
+        with mlflow.start_run(run_id=run.info.run_id if run else None, experiment_id=exp_id,
+                              run_name=None if run else record["run_name"]) as active:
+            run_id = active.info.run_id
+            mlflow.set_tags({"sieve.method": record["method"], "sieve.record": record["record_id"], **record["tags"]})
+            have = client.get_run(run_id).data
+            missing = {k: v for k, v in record["params"].items() if k not in have.params}
+            if missing:
+                mlflow.log_params(missing)
+            logged = {(m.key, m.step) for key in {k for row in record["history"] for k in row["metrics"]}
+                      for m in client.get_metric_history(run_id, key)}
             for row in record["history"]:
-                log_metrics(row["metrics"], step=row["step"])
-            log_metrics(record["metrics"])
+                log_metrics({k: v for k, v in row["metrics"].items() if (k, row["step"]) not in logged}, step=row["step"])
+            log_metrics({k: v for k, v in record["metrics"].items() if k not in have.metrics})
             for name, text in record["texts"].items():
                 mlflow.log_text(text, name)
-            if record["model_dir"]:
-                (get_method(record["method"]).log_model or log_sentence_encoder)(record["model_dir"], name="model")
-            return run.info.run_id
+            if record["model_dir"] and not any(a.path == "model" for a in client.list_artifacts(run_id)):
+                folder = str(resolve_model_source(record["model_dir"]))
+                (get_method(record["method"]).log_model or log_sentence_encoder)(folder, name="model")
+            return run_id
     except TrackingError:
         raise
     except Exception as exc:  # noqa: BLE001 - any client error here means the server went away
@@ -164,28 +226,31 @@ def replay(record: dict, tracking_uri: str | None = None) -> str:
                             f"({str(exc).splitlines()[0][:200]})") from None
 
 
-def log_or_defer(record: dict, tracking_uri: str | None = None, pending_dir: str | Path = PENDING_DIR) -> str | None:
-    """Log ``record`` now; if the tracking server is unreachable, keep it in ``pending_dir`` (written
-    atomically) and say so once - ``jobs/sync_tracking.py`` logs it when the server is back."""
+def log_or_defer(record: dict, tracking_uri: str | None, pending: str) -> str | None:
+    """Log ``record`` now; if the tracking server is unreachable, keep it in ``pending`` (one file per run
+    attempt, written atomically) and say so once - ``jobs/sync_tracking.py`` logs it when the server is back."""
     try:
         return replay(record, tracking_uri)
     except TrackingError as exc:
-        pending = Path(pending_dir)
-        pending.mkdir(parents=True, exist_ok=True)
-        path = pending / f"{record['run_name']}.json"
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(record, indent=2))
-        os.replace(tmp, path)
+        path = storage.join(pending, f"{record['run_name']}-{record['record_id']}.json")
+        storage.write_bytes(path, json.dumps(record, indent=2).encode())
         print(f"warning: {exc}; the run's params, metrics and model are kept in {path} - "
-              f"log them later with: python jobs/sync_tracking.py", file=sys.stderr)
+              f"log them later with: python jobs/sync_tracking.py --pending {pending}", file=sys.stderr)
         return None
 
 
-def sync_pending(tracking_uri: str | None = None, pending_dir: str | Path = PENDING_DIR) -> list[tuple[str, str]]:
-    """Log every pending record (oldest first); a logged record's file is removed. Returns (file, run id)."""
+def sync_pending(tracking_uri: str | None, pending: str) -> list[tuple[str, str]]:
+    """Log every pending record; a logged record's file is removed after it is in MLflow (a crash in
+    between is harmless: the replay is idempotent). Returns (file, run id) per record; the first record
+    that cannot be logged stops the sync with one line naming it (the rest stay pending)."""
     done = []
-    for path in sorted(Path(pending_dir).glob("*.json"), key=lambda p: p.stat().st_mtime):
-        run_id = replay(json.loads(path.read_text()), tracking_uri)
-        path.unlink()
-        done.append((str(path), run_id))
+    for name in sorted(f for f in storage.list_files(pending) if f.endswith(".json") and "/" not in f):
+        path = storage.join(pending, name)
+        try:
+            record = json.loads(storage.read_bytes(path))
+        except json.JSONDecodeError as exc:
+            raise TrackingError(f"{path}: not a pending run record ({exc.msg})") from None
+        run_id = replay(record, tracking_uri)
+        storage.remove(path)
+        done.append((path, run_id))
     return done

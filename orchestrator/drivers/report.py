@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from orchestrator.drivers.publish import Choice  # noqa: E402
-from orchestrator.evaluation.suite import TestReport, compare_table  # noqa: E402
+from orchestrator.evaluation.suite import TestReport, compare_table, headline_metrics  # noqa: E402
 from orchestrator.spec import BaseResult, MethodSpec  # noqa: E402
 from orchestrator.storage import atomic_dir  # noqa: E402
 
@@ -78,11 +78,15 @@ def _x100(v: float | None) -> str:
 
 def write_sweep_report(out_dir: str | Path, *, name: str, method: str, spec: MethodSpec, rows: list[dict],
                        group_out: list[str], choice: Choice, base: BaseResult | None, test: TestReport,
-                       best_config: dict, registered: dict, gate: str, wall_s: float) -> Path:
+                       best_config: dict, registered: dict, gate: str, wall_s: float,
+                       champion: dict | None = None) -> Path:
+    """``champion``: the tags of the version ``@champion`` pointed at before this sweep (its test scores)."""
     metric, label, best = spec.metric, spec.metric_label, choice.best
     step = common_step(rows)
     with atomic_dir(out_dir) as tmp:
         _plots(tmp, rows, metric, label, base)
+        _loss_curves(tmp, rows)
+        _per_task(tmp, test, base, champion or {})
         lines = [f"# Sweep `{name}` ({method})", "",
                  f"{len(rows)} trials, wall time {wall_s / 60:.1f} min; metric `{metric}` ({label}, ×100).", "",
                  "## Against the base model (measured in this run, same pooling and tasks)", "",
@@ -117,7 +121,8 @@ def write_sweep_report(out_dir: str | Path, *, name: str, method: str, spec: Met
                   "## Registered", "", f"`{registered['name']}` version {registered['version']}, alias "
                   f"{'`' + registered['alias'] + '`' if registered['alias'] else 'none (did not beat the base)'} "
                   f"(run `{registered['run_id']}`).", "",
-                  "![dev score per setting](dev_by_setting.png)", "", "![learning curves](learning_curves.png)", ""]
+                  "![dev score per setting](dev_by_setting.png)", "", "![learning curves](learning_curves.png)", "",
+                  "![training loss](loss_curves.png)", "", "![per task: candidate, base, champion](per_task.png)", ""]
         (tmp / "summary.md").write_text("\n".join(lines))
         (tmp / "trials.json").write_text(json.dumps(rows, indent=2, default=str))
         if base is not None:
@@ -156,4 +161,46 @@ def _plots(out: Path, rows: list[dict], metric: str, label: str, base: BaseResul
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "learning_curves.png", dpi=110)
+    plt.close(fig)
+
+
+def _loss_curves(out: Path, rows: list[dict]) -> None:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in rows[:5]:
+        points = [(h.get("step", i), h["loss"]) for i, h in enumerate(r["history"]) if "loss" in h]
+        if points:
+            ax.plot(*zip(*points, strict=True), marker=".", label=params_label(r["params"])[:60])
+    ax.set_xlabel("optimiser step")
+    ax.set_ylabel("training loss (at each evaluation)")
+    ax.set_yscale("log")
+    ax.set_title("Training loss of the top trials")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "loss_curves.png", dpi=110)
+    plt.close(fig)
+
+
+def _per_task(out: Path, test: TestReport, base: BaseResult | None, champion: dict) -> None:
+    """Each headline test metric: the candidate, the base model (this run) and the current champion."""
+    keys = list(headline_metrics(test))
+    series = {"candidate": [test.metrics[k] for k in keys]}
+    if base is not None:
+        series["base (this run)"] = [base.test.metrics.get(k, np.nan) for k in keys]
+    if champion:
+        series[f"champion v{champion.get('version')}"] = [float(champion.get(f"test_{k}", "nan")) for k in keys]
+    fig, ax = plt.subplots(figsize=(1.5 + 0.9 * len(keys), 3.8))
+    x = np.arange(len(keys))
+    width = 0.8 / len(series)
+    for i, (name, values) in enumerate(series.items()):
+        ax.bar(x + i * width, np.array(values) * 100, width, label=name)
+    ax.set_xticks(x + width * (len(series) - 1) / 2, [k.replace("sts_", "").replace("_spearman_all", "") for k in keys],
+                  rotation=30, fontsize=7)
+    ax.set_ylabel("×100")
+    finite = [v * 100 for vs in series.values() for v in vs if v == v]
+    if finite:
+        ax.set_ylim(max(0, min(finite) - 5), max(finite) + 2)
+    ax.legend(fontsize=7)
+    ax.set_title("Test per task")
+    fig.tight_layout()
+    fig.savefig(out / "per_task.png", dpi=110)
     plt.close(fig)

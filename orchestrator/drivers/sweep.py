@@ -30,15 +30,16 @@ import math
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import ray
 import ray.tune
+from mlflow import MlflowClient
 from pydantic import Field, model_validator
 from ray import tune
 from ray.tune.integration.ray_train import TuneReportCallback
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
-from ray.tune.search import BasicVariantGenerator
+from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter
 
 from orchestrator import storage
 from orchestrator.config import MethodConfig, StrictModel, with_params
@@ -46,6 +47,7 @@ from orchestrator.drivers.registry import get_method
 from orchestrator.drivers.report import params_label
 from orchestrator.drivers.train import build_trainer, fit
 from orchestrator.errors import ConfigError
+from orchestrator.tracking import create_child_run
 
 
 class Dimension(StrictModel):
@@ -89,6 +91,9 @@ class SchedulerBlock(StrictModel):
 
 
 class SweepConfig(StrictModel):
+    search: Literal["variants", "optuna"] = Field(
+        "variants", description="variants: every grid point × num_samples random draws; optuna: Bayesian (TPE), "
+        "num_samples trials, seeded")
     num_samples: int = Field(1, ge=1)
     max_concurrent_trials: int | None = Field(None, ge=1, description="default: what the cluster fits")
     seed: int = 0
@@ -178,7 +183,8 @@ def _recording_callback(reports_uri: str):
     return RecordingTuneReportCallback()
 
 
-def trial_fn(tune_config: dict, *, method: str, base: MethodConfig, shards: str, sweep_dir: str) -> None:
+def trial_fn(tune_config: dict, *, method: str, base: MethodConfig, shards: str, sweep_dir: str,
+             tracking: dict | None = None) -> None:
     """One Tune trial: apply the sampled point to the base config, train it with Ray Train, report
     through Tune.
 
@@ -200,21 +206,42 @@ def trial_fn(tune_config: dict, *, method: str, base: MethodConfig, shards: str,
     # an audit line per training start: proves on resume that finished trials were not re-run
     log = storage.join(sweep_dir, "invocations", f"{trial}-{time.time_ns()}.json")
     storage.write_bytes(log, json.dumps({"trial": trial, "params": params}).encode())
+    run_id = _child_run(tracking, trial, params, cfg) if tracking else None
     trainer = build_trainer(spec, cfg, shards, name=trial, callbacks=[_recording_callback(reports)],
-                            storage_path=storage.join(sweep_dir, "train"))
+                            storage_path=storage.join(sweep_dir, "train"),
+                            mlflow_run=(run_id, tracking["uri"]) if run_id else None)
     fit(trainer, spec, cfg)
     storage.write_bytes(done, b"")
 
 
+def _child_run(tracking: dict, trial: str, params: dict, cfg: MethodConfig) -> str | None:
+    """The trial's MLflow run, nested under the sweep's, made when the trial starts (the same run again
+    when a resumed trial starts over); None when the server cannot be reached - the driver logs the
+    trial at the end instead."""
+    tags = {"sieve.sweep": tracking["sweep"], "sieve.trial": trial, "sieve.role": "trial"}
+    try:
+        client = MlflowClient(tracking_uri=tracking["uri"])
+        flt = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
+        found = client.search_runs([tracking["experiment_id"]], filter_string=flt, max_results=1)
+        if found:
+            return found[0].info.run_id
+        return create_child_run(tracking["experiment_id"], tracking["parent_run_id"], trial, tags,
+                                {"params": params, "config": cfg.model_dump(mode="json")}, tracking["uri"])
+    except Exception as exc:  # noqa: BLE001 - tracking must not stop training
+        print(f"warning: trial {trial}: no live MLflow run ({str(exc).splitlines()[0][:160]})", flush=True)
+        return None
+
+
 def run_sweep(job: SweepJobConfig, base: MethodConfig, shards: str, *, name: str, storage_root: str, resume: bool,
-              verbose: bool = False):
+              verbose: bool = False, tracking: dict | None = None):
     """Run (or resume) the Tune experiment; returns the ``ResultGrid``. Quiet by default: one line per
     evaluation; ``verbose`` gives Tune's own status table."""
     spec = get_method(job.method)
     root = storage.join(storage.absolute(storage_root), "sweeps")
     path = storage.join(root, name)
     trainable = tune.with_resources(
-        tune.with_parameters(trial_fn, method=job.method, base=base, shards=shards, sweep_dir=path), {"CPU": 1})
+        tune.with_parameters(trial_fn, method=job.method, base=base, shards=shards, sweep_dir=path, tracking=tracking),
+        {"CPU": 1})
     if resume:
         if not tune.Tuner.can_restore(path):
             raise ConfigError(f"--resume: no sweep to resume at {path}")
@@ -227,15 +254,13 @@ def run_sweep(job: SweepJobConfig, base: MethodConfig, shards: str, *, name: str
     scheduler = (ASHAScheduler(time_attr="training_iteration", max_t=max_evals, grace_period=sc.grace_period,
                                reduction_factor=sc.reduction_factor)
                  if sc.type == "asha" else FIFOScheduler())
+    search, space = make_search(job, spec.metric, concurrent_trials(base, job.sweep.max_concurrent_trials))
     tuner = tune.Tuner(
         trainable,
-        param_space={"params": {k: d.to_tune() for k, d in job.sweep.space.items()}},
+        param_space={"params": space},
         tune_config=tune.TuneConfig(
             metric=spec.metric, mode="max", scheduler=scheduler, num_samples=job.sweep.num_samples,
-            # the limit must live in the generator: TuneConfig.max_concurrent_trials is ignored when
-            # a BasicVariantGenerator is passed, and 4 trial drivers on 4 CPUs would starve their workers
-            search_alg=BasicVariantGenerator(random_state=job.sweep.seed,
-                                             max_concurrent=concurrent_trials(base, job.sweep.max_concurrent_trials)),
+            search_alg=search,
             trial_name_creator=trial_name,  # the setting, readable in logs, reports and MLflow
             trial_dirname_creator=trial_name,
         ),
@@ -244,6 +269,26 @@ def run_sweep(job: SweepJobConfig, base: MethodConfig, shards: str, *, name: str
                                   failure_config=tune.FailureConfig(max_failures=0)),
     )
     return tuner.fit()
+
+
+def make_search(job: SweepJobConfig, metric: str, max_concurrent: int):
+    """(search algorithm, Tune space): every grid point × random draws, or Optuna's TPE with a seed. The
+    concurrency limit lives in the searcher: TuneConfig.max_concurrent_trials is ignored when one is
+    passed, and 4 trial drivers on 4 CPUs would starve their workers."""
+    if job.sweep.search == "variants":
+        space = {k: d.to_tune() for k, d in job.sweep.space.items()}
+        return BasicVariantGenerator(random_state=job.sweep.seed, max_concurrent=max_concurrent), space
+    from ray.tune.search.optuna import OptunaSearch  # lazy: the optional Bayesian search (needs optuna)
+
+    space = {}
+    for key, dim in job.sweep.space.items():
+        values = dim.grid or dim.choice
+        if values is not None and not all(isinstance(v, str | int | float | bool) for v in values):
+            raise ConfigError(f"sweep.space.{key}: optuna suggests single values, not bundles; use search: variants "
+                              "or one key per dimension")
+        space[key] = tune.choice(values) if values is not None else dim.to_tune()
+    return ConcurrencyLimiter(OptunaSearch(metric=metric, mode="max", seed=job.sweep.seed),
+                              max_concurrent=max_concurrent), space
 
 
 def trial_name(trial) -> str:

@@ -37,7 +37,8 @@ from orchestrator.drivers.report import write_sweep_report
 from orchestrator.drivers.sweep import SweepJobConfig, check_space, run_sweep, trial_config, trial_rows
 from orchestrator.drivers.train import Outcome, checkpoint_at, export_and_test, preflight
 from orchestrator.errors import ConfigError
-from orchestrator.evaluation.suite import TestReport, compare_table
+from orchestrator.evaluation.suite import TestReport, compare_table, headline_metrics
+from orchestrator.export import write_model_card
 from orchestrator.spec import BaseResult, MethodSpec
 
 
@@ -103,15 +104,20 @@ class SweepResult:
     extra: dict = field(default_factory=dict)
 
 
-def run(plan: SweepPlan) -> SweepResult:
-    """The data, the base model measured, the sweep, and the chosen trial exported and tested."""
+def run(plan: SweepPlan, parent_id: str | None = None) -> SweepResult:
+    """The data, the base model measured, the sweep (each trial logging into its own nested MLflow run
+    while it trains), and the chosen trial exported and tested."""
     init_ray(quiet=not plan.verbose)
     t0 = time.time()
     spec, job = plan.spec, plan.job
     shards = spec.prepare_data(plan.base, progress=plan.progress)
     base = spec.evaluate_base(plan.base) if spec.evaluate_base else None
+    if base is not None and parent_id:  # on the parent run at once: the yardstick of every trial curve
+        tracking.log_metrics({"base_dev": base.dev})
+    live = {"uri": tracking.resolve_tracking_uri(plan.base.tracking.tracking_uri), "experiment_id": plan.exp_id,
+            "parent_run_id": parent_id, "sweep": plan.name} if parent_id else None
     grid = run_sweep(job, plan.base, shards, name=plan.name, storage_root=plan.base.run.storage, resume=plan.resume,
-                     verbose=plan.verbose)
+                     verbose=plan.verbose, tracking=live)
     rows = trial_rows(grid, spec.metric, spec.selection_metric(plan.base))
     if not any(r["checkpoint_path"] for r in rows):
         raise ConfigError(f"sweep {plan.name}: no trial reported a checkpoint (errors: {[r['error'] for r in rows]})")
@@ -145,26 +151,26 @@ def publish(plan: SweepPlan, result: SweepResult, parent_id: str) -> dict:
     best_cfg = trial_config(plan.base, best["params"], "best trial")
     reg_name = best_cfg.tracking.registry_model_name or plan.job.method.replace("_", "-")
     chash, test = config_hash(best_cfg), result.test
+    champion = tracking.alias_tags(reg_name, "champion")  # before this version: the one a person promoted
+    card = pub.model_card(spec=spec, cfg=best_cfg, sweep=plan.name, trial=best["trial"], params=best["params"],
+                          test=test, base=result.base, choice=choice, registered_name=reg_name)
+    write_model_card(result.model_dir, card)
+    mlflow.log_text(card, "model_card.md")
     info = (spec.log_model or tracking.log_sentence_encoder)(result.model_dir, name="best_model")
-    base_note = (f"; base {choice.base_label}: {spec.metric_label} {choice.base_dev * 100:.2f}"
-                 if choice.base_dev is not None else "")
     registered = pub.register(
         info.model_uri, reg_name, choice,
-        description=(f"sweep {plan.name}; best trial {best['trial']} ({json.dumps(best['params'])}); "
-                     f"{spec.metric_label} {best['best_dev'] * 100:.2f}{base_note}; "
-                     f"test {test.headline} {test.headline_value * 100:.2f}; config {chash}"),
+        description=f"sweep {plan.name}; config {chash}; best trial {best['trial']}\n\n{card}",
         tags={"sweep": plan.name, "config_hash": chash, "trial": best["trial"], "run_id": parent_id,
               spec.metric: f"{best['best_dev']:.6f}",
               "test_metric": test.headline, "test_score": f"{test.headline_value:.6f}",  # what promote compares
-              **{f"test_{k}": f"{v:.6f}" for k, v in test.metrics.items()
-                 if not k.startswith("sts_") or k in ("sts_stsb_spearman_all", "sts_avg_spearman_all")}})
+              **{f"test_{k}": f"{v:.6f}" for k, v in headline_metrics(test).items()}})
     registered["run_id"] = parent_id
     line = pub.gate_line(choice, spec.metric_label, registered)
     report_dir = Path("outputs") / "reports" / plan.name
     write_sweep_report(report_dir, name=plan.name, method=plan.job.method, spec=spec, rows=result.rows,
                        group_out=plan.job.group_out, choice=choice, base=result.base, test=test,
                        best_config=best_cfg.model_dump(mode="json"), registered=registered, gate=line,
-                       wall_s=result.wall_s)
+                       wall_s=result.wall_s, champion=champion)
     mlflow.log_artifacts(str(report_dir), "report")
     mlflow.log_metric("wall_s", result.wall_s)
     mlflow.set_tags({"beats_base": str(choice.beats_base).lower()})
@@ -190,7 +196,7 @@ def main(doc: str, default_dir: str) -> int:
             mlflow.set_tags({"sieve.sweep": plan.name, "sieve.role": "sweep", "sieve.method": plan.job.method})
             tracking.log_params({"base": plan.base.model_dump(mode="json"),
                                  "space": plan.job.sweep.model_dump(mode="json"), "config_hash": config_hash(plan.base)})
-        result = run(plan)
+        result = run(plan, parent_run.info.run_id)
         summary = publish(plan, result, parent_run.info.run_id)
     shutdown_ray()
     print(result.test.table)

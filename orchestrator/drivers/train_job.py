@@ -11,7 +11,7 @@ import json
 import time
 from pathlib import Path
 
-from orchestrator import storage
+from orchestrator import storage, tracking
 from orchestrator.config import apply_overrides, config_hash, read_yaml, resolve_config_path, validate
 from orchestrator.drivers import publish as pub
 from orchestrator.drivers.cli import job_parser, location_overrides, print_config
@@ -38,33 +38,39 @@ def main(doc: str) -> int:
     if args.print_config:
         return print_config(cfg)
     name = args.name or cfg.run.name or f"{args.method}-{time.strftime('%Y%m%d-%H%M%S')}"
-    preflight(cfg)  # tracking server, storage, model source: fail before any Ray work
+    exp_id = preflight(cfg)  # tracking server, storage, model source: fail before any Ray work
+    uri = tracking.resolve_tracking_uri(cfg.tracking.tracking_uri)
+    params = {**cfg.model_dump(mode="json"), "config_hash": config_hash(cfg)}
+    # the run exists from the start: rank 0 logs loss, learning rate, throughput and every dev evaluation
+    # into it while training; what an outage keeps from it is logged from the record at the end
+    run_id = tracking.create_run(exp_id, name, {"sieve.method": args.method}, params, uri)
 
     init_ray(quiet=not args.verbose)
     t0 = time.time()
     shards = spec.prepare_data(cfg, progress=not args.no_progress)
     base = spec.evaluate_base(cfg) if spec.evaluate_base and not args.no_base else None
-    outcome = fit(build_trainer(spec, cfg, shards, name=name), spec, cfg)
+    outcome = fit(build_trainer(spec, cfg, shards, name=name, mlflow_run=(run_id, uri)), spec, cfg)
     model_dir, test = export_and_test(spec, cfg, outcome, f"outputs/models/{name}")
+    model_ref = str(model_dir)
     if storage.is_s3(cfg.run.storage):
-        storage.put_dir(model_dir, storage.join(cfg.run.storage, "models", name))
+        model_ref = storage.join(cfg.run.storage, "models", name)
+        storage.put_dir(model_dir, model_ref)
     wall_s = time.time() - t0
 
-    # The run is logged after training from one record; if the tracking server went away meanwhile,
-    # the record waits in outputs/tracking-pending/ for `jobs/sync_tracking.py` (nothing is lost).
+    # the end of the run is logged from one record; if the tracking server went away meanwhile, the record
+    # waits in <run storage>/tracking-pending/ for `jobs/sync_tracking.py` (nothing is lost)
     best_dev = outcome.best_metrics.get(spec.metric, float("nan"))
     base_metrics = {"base_dev": base.dev, **{f"base_test_{k}": v for k, v in base.test.metrics.items()}} if base else {}
     texts = {"test.md": f"# {test.title}\n\n{test.table}\n"}
     if base is not None:
         texts["against_base.md"] = f"# Against {base.label}\n\n{compare_table(base.test, test)}\n"
     record = pub.run_record(
-        experiment=cfg.tracking.experiment, run_name=name, method=args.method,
-        params={**cfg.model_dump(mode="json"), "config_hash": config_hash(cfg), "shards": shards},
-        history=outcome.history,
+        experiment=cfg.tracking.experiment, run_name=name, method=args.method, run_id=run_id,
+        params={**params, "shards": shards}, history=outcome.history,
         metrics={**{f"test_{k}": v for k, v in test.metrics.items()}, "wall_s": wall_s,
                  f"best_{spec.metric}": best_dev, **base_metrics},
-        texts=texts, model_dir=str(model_dir))
-    run_id = pub.log_or_defer(record, cfg.tracking.tracking_uri)
+        texts=texts, model_dir=model_ref)
+    run_id = pub.log_or_defer(record, cfg.tracking.tracking_uri, pub.pending_dir(cfg.run.storage))
     shutdown_ray()
     print(test.table)
     if base is not None:

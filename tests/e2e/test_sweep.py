@@ -75,7 +75,9 @@ def test_tiny_sweep_registers_best_and_reports(ray_cluster, tiny_bert_dir, tmp_p
     for c in children:
         assert c.data.tags["mlflow.parentRunId"] == parent_id
         assert "best_stsb_dev_spearman" in c.data.metrics and "stsb_dev_spearman" in c.data.metrics
-        assert any(k.startswith("lambdas.lambda_") for k in c.data.params)
+        assert any(k.startswith("params.lambdas.lambda_") for k in c.data.params) and "config.train.lr" in c.data.params
+        assert not {"pid", "timestamp", "done", "time_total_s"} & set(c.data.metrics)  # no Tune bookkeeping
+        assert c.info.status == "FINISHED"
 
     from mlflow import MlflowClient
 
@@ -103,6 +105,21 @@ def test_tiny_sweep_registers_best_and_reports(ray_cluster, tiny_bert_dir, tmp_p
 
     got = sts.evaluate_data(STEncoder(), sts.load_task("stsb"))["spearman"]["all"]
     assert got == pytest.approx(float(mv.tags["test_sts_stsb_spearman_all"]), abs=1e-4)
+
+    # #20: a sentence-transformers export with its config and a model card, and a registered model that loads
+    # through pyfunc in a fresh process elsewhere
+    exported = tmp_path / "outputs" / "models" / "tiny"
+    assert (exported / "config_sentence_transformers.json").is_file()
+    card = (exported / "README.md").read_text()
+    assert "sifter_simcse" in card and "| metric | base | candidate |" in card and "Licence" in card
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    res = subprocess.run([sys.executable, str(ROOT / "tests" / "pyfunc_check.py"), mlflow.get_tracking_uri(),
+                          "models:/sifter-simcse/1", "a test sentence"], cwd=other, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    vec = json.loads(res.stdout.strip().splitlines()[-1])[0]
+    assert vec == pytest.approx(st.encode(["a test sentence"])[0].tolist(), abs=1e-5)
 
     report = tmp_path / "outputs" / "reports" / "tiny"
     text = (report / "summary.md").read_text()

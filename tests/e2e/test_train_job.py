@@ -64,3 +64,42 @@ def test_train_job_tracks_and_exports(ray_cluster, tiny_bert_dir, tmp_path):
     assert run.data.params["method"] == "simcse" and run.data.params["lambda_xx"] == "1.0"
     assert (tmp_path / "outputs" / "models" / "tiny" / "test.json").is_file()
     assert mlflow.pyfunc.load_model(f"runs:/{out['run_id']}/model").predict(["a b c"]).shape == (1, 32)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_metrics_reach_mlflow_while_the_run_trains(ray_cluster, tiny_bert_dir, mlflow_server, tmp_path):
+    """#20: the run exists from the start and rank 0 logs into it as it trains - a dev evaluation is read
+    from the real MLflow server while the job is still running (each step slowed by a test hook)."""
+    import mlflow
+
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "jobs" / "train.py"), "--method", "simcse", "--preset", "smoke", "--no-progress",
+         "--no-base", "--storage", str(tmp_path / "store"), "--tracking-uri", mlflow_server, "--name", "live",
+         f"model.name_or_path={tiny_bert_dir}", "model.max_length=16", "train.batch_size=8", "train.max_steps=16",
+         "train.eval_steps=2", "train.log_steps=1", "train.epochs=6", "data.limit=60", "data.parser_workers=1", "eval.tasks=[stsb]",
+         "eval.max_length=32", "tracking.experiment=live"],
+        cwd=tmp_path, env={**env, "SIEVE_STEP_DELAY_S": "1.5"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    client = mlflow.MlflowClient(tracking_uri=mlflow_server)
+    seen_running = None
+    deadline = time.time() + 400
+    while time.time() < deadline and proc.poll() is None:
+        exp = client.get_experiment_by_name("live")
+        runs = client.search_runs([exp.experiment_id]) if exp else []
+        if runs:
+            history = client.get_metric_history(runs[0].info.run_id, "stsb_dev_spearman")
+            if history and proc.poll() is None:
+                seen_running = (len(history), client.get_metric_history(runs[0].info.run_id, "loss"))
+                break
+        time.sleep(1)
+    out, _ = proc.communicate(timeout=400)
+    assert proc.returncode == 0, out[-3000:]
+    assert seen_running is not None, "no dev evaluation reached MLflow while the job ran"
+    n_dev, losses = seen_running
+    assert n_dev >= 1 and len(losses) >= 2  # loss every step, dev every 2 steps, before the end
+    run = client.search_runs([client.get_experiment_by_name("live").experiment_id])
+    assert len(run) == 1 and run[0].info.status == "FINISHED"  # the end of the run went into the same run
+    final = client.get_metric_history(run[0].info.run_id, "stsb_dev_spearman")
+    assert sorted(m.step for m in final) == [2, 4, 6, 8, 10, 12, 14, 16]  # each evaluation once
+    assert "samples_per_s" in run[0].data.metrics and "test_sts_stsb_spearman_all" in run[0].data.metrics
