@@ -3,8 +3,9 @@
     python jobs/augment_corpus.py --input data/corpus/wikisplit_sample.txt --output outputs/corpus \
         [--parser spacy|stanza] [--workers N] [--config configs/corpus/default.yaml] [key=value ...]
 
-Writes ``OUTPUT/shards/*.parquet`` (columns text, words, backbone_view, deletion_view,
-linearized_parse, constituent_bag) and ``OUTPUT/manifest.json`` with read/written/skipped counts.
+Writes a build - ``shards/*.parquet`` (columns text, words, backbone_view, deletion_view,
+linearized_parse, constituent_bag) and ``manifest.json`` with read/written/skipped counts - to a fresh
+``OUTPUT/attempts/<id>/`` and then points ``OUTPUT/CURRENT`` at it; ``data.shards=OUTPUT`` reads it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import _bootstrap
 from orchestrator.config import load_config
 from orchestrator.data.corpus import CorpusConfig, input_files, run_pipeline
 from orchestrator.drivers.cluster import init_ray
+from orchestrator.storage import build_committed, join, read_bytes
 
 
 def main() -> int:
@@ -40,8 +42,13 @@ def main() -> int:
     cfg = load_config(CorpusConfig, args.config, overrides)
     input_files(cfg.input)  # a missing input fails here, before Ray starts
     init_ray()
-    manifest = run_pipeline(cfg, args.output, progress=not args.no_progress)
+    # each build goes to a fresh attempt folder; the output's CURRENT pointer switches to it last, so a
+    # crash mid-build never leaves new shards beside an old manifest, and readers never see half a build
+    folder = build_committed(args.output, lambda out: run_pipeline(cfg, out, progress=not args.no_progress),
+                             reuse=False)
+    manifest = json.loads(read_bytes(join(folder, "manifest.json")))
     summary = {k: manifest[k] for k in ("read", "written", "skipped", "truncated", "parser", "seed")}
+    summary["build"] = folder
     print(json.dumps(summary, indent=2))
     return 0
 

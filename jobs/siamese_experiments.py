@@ -14,6 +14,7 @@ import time
 
 import _bootstrap
 
+from orchestrator import storage
 from orchestrator.config import load_config, resolve_config_path
 from orchestrator.drivers.cli import job_parser, location_overrides, print_config
 from orchestrator.drivers.cluster import shutdown_ray
@@ -31,7 +32,8 @@ def main() -> int:
         for mode in ("naive", "siamese"):
             cfg.run_config(exp, mode)
     cfg.run_config(None, "all")
-    out = run_experiments(cfg, args.name or f"siamese-{time.strftime('%Y%m%d-%H%M%S')}", verbose=args.verbose)
+    name = storage.safe_name(args.name or f"siamese-{time.strftime('%Y%m%d-%H%M%S')}", "--name")
+    out = run_experiments(cfg, name, verbose=args.verbose)
     shutdown_ray()
     print(open(out["report"]).read())
     print(json.dumps({k: v for k, v in out.items() if k not in ("results", "gates")}, indent=2))

@@ -235,6 +235,24 @@ class DeepSpeedBlock(StrictModel):
     bf16: Literal["auto", "on", "off"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
 
 
+class PerformanceBlock(StrictModel):
+    """Speed switches, each tested on CPU to give the fp32 loss within a stated tolerance. ``auto``: on
+    where it pays (a GPU), off on CPU."""
+
+    bf16: Literal["auto", "on", "off"] = Field("auto", description="bf16 autocast of the forward on the DDP path "
+                                               "(ZeRO has deepspeed.bf16)")
+    attention: Literal["auto", "sdpa", "eager"] = Field("auto", description="transformers' attention kernel "
+                                                        "(auto: transformers' default, SDPA where supported)")
+    fused_adamw: Literal["auto", "on", "off"] = "auto"
+    compile: bool = Field(False, description="torch.compile the model (plain / DDP path)")
+    compile_backend: str = "inductor"
+    pin_memory: Literal["auto", "on", "off"] = Field("auto", description="pinned host memory for batches sent to a GPU")
+
+    def on(self, switch: str, gpu: bool) -> bool:
+        value = getattr(self, switch)
+        return value == "on" or (value == "auto" and gpu)
+
+
 class RunBlock(StrictModel):
     """Where a run's checkpoints live and how it survives failures."""
 
@@ -254,6 +272,7 @@ class MethodConfig(StrictModel):
     train: TrainLoopConfig = TrainLoopConfig()
     scaling: ScalingBlock = ScalingBlock()
     deepspeed: DeepSpeedBlock = DeepSpeedBlock()
+    perf: PerformanceBlock = PerformanceBlock()
     run: RunBlock = RunBlock()
     tracking: TrackingConfig = TrackingConfig()
 

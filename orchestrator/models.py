@@ -145,7 +145,7 @@ _STANDALONE_ENCODERS = {"BlenderbotSmallEncoder": "transformers.models.blenderbo
 
 
 def load_encoder(name: str, *, dropout: float | None = None, add_pooling_layer: bool = True,
-                 require_pooler: bool = False):
+                 require_pooler: bool = False, attention: str = "auto"):
     """(encoder, tokenizer) for ``name``; ``add_pooling_layer=False`` for DDP (unused pooler).
     ``require_pooler``: refuse a folder whose checkpoint has no pooler weights (a pooler would be
     newly initialised, i.e. random - what ``cls`` pooling at evaluation time would then read)."""
@@ -156,7 +156,7 @@ def load_encoder(name: str, *, dropout: float | None = None, add_pooling_layer: 
         cls = getattr(importlib.import_module(_STANDALONE_ENCODERS[standalone]), standalone)
         return cls.from_pretrained(path, config=config, local_files_only=True), load_tokenizer(name)
 
-    kwargs = {}
+    kwargs = {} if attention == "auto" else {"attn_implementation": attention}  # transformers' kernel choice
     if config.model_type in {"bert", "roberta", "xlm-roberta", "camembert", "electra"}:
         kwargs["add_pooling_layer"] = add_pooling_layer
     try:

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import tempfile
+import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -192,6 +195,16 @@ def list_dirs(uri: str) -> list[str]:
     return sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
 
 
+def object_signature(uri: str) -> str:
+    """One object's size and ETag (what changes when it is re-uploaded), without reading it."""
+    bucket, key = split_s3(uri)
+    try:
+        head = s3_client().head_object(Bucket=bucket, Key=key)
+    except Exception as exc:  # noqa: BLE001
+        raise _s3_error(uri, exc) from None
+    return f"{head['ContentLength']}:{head.get('ETag', '')}"
+
+
 def listing_signature(uri: str) -> str:
     """What changes when the objects below ``uri`` change: their keys, sizes and ETags (hashed)."""
     bucket, prefix = split_s3(uri)
@@ -256,6 +269,8 @@ def get_dir(uri: str, local_dir: str | Path, *, require_complete: bool = False) 
     files = list_files(uri)
     if not files:
         raise StorageError(f"{uri}: no such directory or it is empty")
+    for rel in files:  # a key like "a/../../x" would write outside the folder we copy into
+        safe_relative(rel, uri)
     local_dir.mkdir(parents=True, exist_ok=True)
     if is_s3(uri):
         bucket, prefix = split_s3(uri)
@@ -271,6 +286,22 @@ def get_dir(uri: str, local_dir: str | Path, *, require_complete: bool = False) 
     else:
         shutil.copytree(uri, local_dir, dirs_exist_ok=True)
     return local_dir
+
+
+def safe_relative(rel: str, where: str) -> str:
+    """``rel`` when it stays inside its folder; a key or name with ``..``, an absolute path or a
+    backslash is refused with one line naming it."""
+    parts = rel.replace("\\", "/").split("/")
+    if rel.startswith("/") or "\\" in rel or any(p in ("..", ".") for p in parts) or not rel:
+        raise StorageError(f"{where}: {rel!r} would leave its folder; refusing it")
+    return rel
+
+
+def safe_name(name: str, what: str = "name") -> str:
+    """A run / sweep / model name used as a folder: letters, digits, '.', '_', '-' only, not '.' or '..'."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", name or "") or ".." in name:
+        raise StorageError(f"{what} {name!r}: use letters, digits, '.', '_' and '-' (it names a folder)")
+    return name
 
 
 def remove(uri: str) -> None:
@@ -326,6 +357,36 @@ def cached_copy(source: str, signature: str, fetch, cache_root: Path) -> Path:
         fetch(tmp)
         (tmp / COMPLETE_MARKER).write_text(signature)
     return dest
+
+
+# ---------------------------------------------------------------- builds that readers see whole or not at all
+POINTER = "CURRENT"
+
+
+def resolve_build(uri: str) -> str | None:
+    """The committed build under ``uri``: the attempt folder its ``CURRENT`` pointer names, or ``uri``
+    itself when it holds a ``manifest.json`` (a folder written directly); None when there is none."""
+    pointer = join(uri, POINTER)
+    if exists(pointer):
+        target = join(uri, safe_relative(read_bytes(pointer).decode().strip(), uri))
+        return target if exists(join(target, "manifest.json")) else None
+    return uri if exists(join(uri, "manifest.json")) else None
+
+
+def build_committed(uri: str, build, *, reuse: bool = True) -> str:
+    """Build into a fresh ``attempts/<id>/`` folder under ``uri`` (``build(folder)`` writes its
+    ``manifest.json`` last), then switch ``CURRENT`` to it - one write, the last one. A reader never sees
+    a half-written build, a rebuild never touches the build readers use, and builders of one content
+    address never delete each other's files: with ``reuse``, a committed build is used as it is, and a
+    builder that finds one committed when it finishes leaves the pointer alone (the first writer wins)."""
+    if reuse and (done := resolve_build(uri)):
+        return done
+    attempt = f"attempts/{time.time_ns()}-{uuid.uuid4().hex[:8]}"
+    build(join(uri, attempt))
+    if reuse and (done := resolve_build(uri)):
+        return done
+    write_bytes(join(uri, POINTER), attempt.encode())
+    return join(uri, attempt)
 
 
 def pyarrow_filesystem(uri: str):

@@ -191,6 +191,16 @@ def run_of(model_uri: str) -> str:
     return client.get_model_version(name, version).run_id
 
 
+def find_version(name: str, tags: dict[str, str]) -> int | None:
+    """The newest version of ``name`` carrying all ``tags`` (None when the model or such a version does not exist)."""
+    try:
+        versions = MlflowClient().search_model_versions(f"name = '{name}'")
+    except MlflowException:
+        return None
+    found = [int(v.version) for v in versions if all(v.tags.get(k) == val for k, val in tags.items())]
+    return max(found) if found else None
+
+
 def alias_tags(name: str, alias: str) -> dict[str, str]:
     """The tags of the version ``alias`` points at, plus ``version``; empty when there is none."""
     version = alias_version(name, alias)

@@ -123,3 +123,64 @@ def test_cli_bad_override_is_one_line(tmp_path):
                           "parser.kind=udpipe"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert res.stderr.startswith("error: <defaults> (+ overrides): parser.kind: String should match pattern")
+
+
+def test_parse_failures_are_counted_and_past_the_limit_stop_the_build():
+    """#18.7: a sentence the parser cannot take is a counted failure with its error; past
+    max_parse_failures the build stops with one line naming the input and the first failure. (The
+    failing parser wraps the real spaCy parser and raises on one marked sentence: a parser crash cannot
+    be provoked on demand otherwise.)"""
+    from orchestrator.data.corpus import augment_rows, parse_failure_message, too_many_failures
+    from orchestrator.data.parsing import SpacyParser
+
+    class Flaky(SpacyParser):
+        def parse_batch(self, texts):
+            if any("BOOM" in t for t in texts):
+                raise RuntimeError("cannot parse this")
+            return super().parse_batch(texts)
+
+    texts = ["the cat sat on the mat .", "BOOM goes the parser here .", "dogs run in the park ."]
+    out = augment_rows(texts, ["a", "b", "c"], Flaky(), CorpusConfig())
+    assert list(out["skip"]) == ["", "parse_error", ""]
+    assert out["error"][1] == "RuntimeError: cannot parse this" and out["backbone_view"][0].startswith(texts[0])
+    assert not too_many_failures(5, 100, 0.05) and too_many_failures(6, 100, 0.05) and not too_many_failures(0, 0, 0.05)
+    msg = parse_failure_message("in.txt", 6, 100, 0.05, {"text": texts[1], "error": out["error"][1]})
+    assert msg == ("in.txt: 6 of 100 sentences failed to parse (over max_parse_failures 5%); "
+                   "first: 'BOOM goes the parser here .': RuntimeError: cannot parse this")
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_builds_are_committed_by_a_pointer_switched_last(where, tmp_path, request):
+    """#18.3: a build goes to a fresh attempt folder and CURRENT switches to it last: a crash mid-build
+    leaves readers on the previous build; two builders of one address never delete each other's files
+    and the first one committed wins; a folder written directly (a manifest at its root) still reads."""
+    root = str(tmp_path / "c") if where == "local" else f"{request.getfixturevalue('s3_bucket')}/c"
+
+    def build(tag, crash=False):
+        def write(folder):
+            storage.write_bytes(storage.join(folder, "shards", "part-0.parquet"), tag.encode())
+            if crash:
+                raise RuntimeError("killed mid-build")
+            storage.write_bytes(storage.join(folder, "manifest.json"), json.dumps({"tag": tag}).encode())
+        return write
+
+    assert storage.resolve_build(root) is None
+    first = storage.build_committed(root, build("one"))
+    assert storage.resolve_build(root) == first
+    with pytest.raises(RuntimeError):
+        storage.build_committed(root, build("two", crash=True), reuse=False)
+    assert storage.resolve_build(root) == first  # readers still see the whole first build
+    assert storage.build_committed(root, build("three")) == first  # reuse: the committed build stands
+    later = storage.build_committed(root, build("four"), reuse=False)  # an explicit rebuild
+    assert storage.resolve_build(root) == later != first
+    assert storage.read_bytes(storage.join(first, "shards", "part-0.parquet")) == b"one"  # untouched
+
+    def racing(folder):  # another builder commits while this one writes: the first committed wins
+        storage.build_committed(root + "-race", build("winner"))
+        build("loser")(folder)
+
+    winner = storage.build_committed(root + "-race", racing)
+    assert json.loads(storage.read_bytes(storage.join(winner, "manifest.json")))["tag"] == "winner"
+    direct = str(tmp_path / "direct") if where == "local" else f"{root}-direct"
+    storage.write_bytes(storage.join(direct, "manifest.json"), b"{}")
+    assert storage.resolve_build(direct) == direct

@@ -52,3 +52,30 @@ def test_model_from_s3(s3_bucket, tiny_bert_dir, tmp_path):
     assert (local / "config.json").is_file()
     model, tok = load_encoder(uri)
     assert model.config.hidden_size == 32 and tok("hello")["input_ids"][0] == tok.cls_token_id
+
+
+def test_the_s3_model_cache_follows_its_source(s3_bucket, tiny_bert_dir, tmp_path):
+    """#18.3: the cache is trusted only with a commit marker matching the bucket's listing - an
+    interrupted download (no marker) is fetched again, and so is a re-uploaded (changed) model; a key
+    that would escape the cache folder is refused."""
+    import boto3
+
+    from orchestrator.errors import StorageError
+
+    uri = f"{s3_bucket}/models/tiny"
+    storage.put_dir(tiny_bert_dir, uri)
+    first = resolve_model_source(uri, cache_dir=tmp_path)
+    (first / "leftover.txt").write_text("stale")  # a reuse keeps this; a fresh download does not
+    assert resolve_model_source(uri, cache_dir=tmp_path) == first and (first / "leftover.txt").is_file()
+    (first / storage.COMPLETE_MARKER).unlink()  # as if the download had been cut
+    again = resolve_model_source(uri, cache_dir=tmp_path)
+    assert not (again / "leftover.txt").exists() and (again / storage.COMPLETE_MARKER).is_file()
+    bucket, key = storage.split_s3(uri)
+    s3 = boto3.client("s3")
+    s3.put_object(Bucket=bucket, Key=f"{key}/README.md", Body=b"a new upload")  # the source changed
+    changed = resolve_model_source(uri, cache_dir=tmp_path)
+    assert (changed / "README.md").read_bytes() == b"a new upload"
+    s3.put_object(Bucket=bucket, Key=f"{key}/../../escape.txt", Body=b"x")
+    evil = f"{s3_bucket}/models"
+    with pytest.raises(StorageError, match="would leave its folder"):
+        storage.get_dir(evil, tmp_path / "dest")

@@ -144,3 +144,53 @@ def test_tracking_outage_after_training_keeps_the_run_and_sync_logs_it(mlflow_se
     assert [(m.step, m.value) for m in steps] == [(2, 0.5), (4, 0.6)]
     models = [a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id) if a.path == "model"]
     assert models == ["model"]
+
+
+class _Payload:
+    """A pickle that would run code when loaded without weights_only (it writes a file)."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def __reduce__(self):
+        return (open, (self.target, "w"))
+
+
+def test_checkpoints_load_with_weights_only(tiny_bert_dir, tmp_path):
+    """#18.4: a checkpoint in a prefix every job can write cannot run code when loaded: a model.pt or an
+    RNG file carrying an arbitrary pickle is refused, and the code never runs; our own files load."""
+    import pickle
+
+    import torch
+
+    from trainers import common
+    from trainers.sifter_simcse import ContrastiveConfig, build_model
+
+    cfg = ContrastiveConfig.model_validate({"model": {"name_or_path": str(tiny_bert_dir), "pooling": "cls"}})
+    model, _ = build_model(cfg)
+    stepper = common.Stepper(model, model.parameters(), lr=1e-4, schedule="linear", total_steps=10, grad_clip=None)
+    good = tmp_path / "good"
+    stepper.save(good, {"step": 3})
+    assert stepper.load(good) == {"step": 3}  # RNG states, optimiser and scheduler all load weights_only
+    for victim in ("model.pt", "rng_rank0.pt"):
+        bad = tmp_path / f"bad-{victim}"
+        stepper.save(bad, {"step": 3})
+        marker = tmp_path / f"pwned-{victim}"
+        torch.save({"model": _Payload(str(marker))}, bad / victim)
+        with pytest.raises(pickle.UnpicklingError):
+            stepper.load(bad)
+        assert not marker.exists()
+
+
+def test_storage_keys_and_names_that_would_escape_are_refused(tmp_path):
+    from orchestrator import storage
+    from orchestrator.errors import StorageError
+
+    for rel in ("../x", "a/../../x", "/etc/passwd", "a\\b", "./a"):
+        with pytest.raises(StorageError, match="would leave its folder"):
+            storage.safe_relative(rel, "s3://b/p")
+    assert storage.safe_relative("a/b.txt", "s3://b/p") == "a/b.txt"
+    for name in ("..", "../up", "a/b", "", "x" * 200, ".hidden"):
+        with pytest.raises(StorageError, match="--name"):
+            storage.safe_name(name, "--name")
+    assert storage.safe_name("smoke-2026.12_01", "--name") == "smoke-2026.12_01"

@@ -218,12 +218,33 @@ def test_tsdae_under_ray_train_exports_a_sentence_transformer(tiny_bert_dir, tin
     assert [int(r["step"]) for r in outcome.history] == [2, 4]
     assert not any("dev_score" in r for r in outcome.history)  # the paper's protocol: no dev score at all
     assert int(outcome.best_metrics["step"]) == 4  # the last checkpoint, whatever any dev score would say
+    # it learned: on the same sentences and noise, the trained weights reconstruct better than the start
+    # (an untrained run - lr 0 - fails this; the old "loss < 10.4" check passed without learning)
+    from trainers import common
+
+    start, _ = build_model(cfg)
+    trained, tok = build_model(cfg)
+    with outcome.best_checkpoint.as_directory() as d:
+        trained.load_state_dict(common.load_module_state(d))
+    start.eval(), trained.eval()
+    texts = pq_texts(tiny_shards)[:32]
+    before = compute_loss(start, tok, texts, cfg, random.Random(5))[0].item()
+    after = compute_loss(trained, tok, texts, cfg, random.Random(5))[0].item()
+    assert after < before - 0.05, (before, after)
     out, report = export_and_test(method, cfg, outcome, tmp_path / "model")
     assert report.headline == "twitterpara_ap" and 0 < report.headline_value < 1
     assert {"twitterpara_pit_ap", "twitterpara_url_ap", "sts_stsb_spearman_all"} <= set(report.metrics)
     assert not any("crossattention" in k for k in AutoModel.from_pretrained(out).state_dict())  # decoder gone
     st = SentenceTransformer(str(out), device="cpu")
     assert st.encode(["a tweet about 8 mile"]).shape == (1, 32)
+
+
+def pq_texts(shards: str) -> list[str]:
+    import pyarrow.parquet as pq
+
+    from orchestrator import storage
+
+    return pq.read_table(storage.join(storage.resolve_build(shards), "shards"), columns=["text"]).column("text").to_pylist()
 
 
 def test_the_default_protocol_reads_no_labelled_set_before_the_final_test(tiny_bert_dir, monkeypatch):

@@ -102,7 +102,7 @@ class SiameseEncoder(nn.Module):
 
 
 def build_model(cfg: SiameseConfig, num_classes: int = 0):
-    encoder, tokenizer = load_encoder(cfg.model.name_or_path, add_pooling_layer=False)
+    encoder, tokenizer = load_encoder(cfg.model.name_or_path, add_pooling_layer=False, attention=cfg.perf.attention)
     n = num_classes if cfg.mode == "naive" else 0
     return SiameseEncoder(encoder, pooling_for(cfg), n, cfg.naive_hidden), tokenizer
 

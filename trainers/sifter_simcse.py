@@ -136,7 +136,8 @@ class ContrastiveEncoder(nn.Module):
 def build_model(cfg: ContrastiveConfig):
     """(ContrastiveEncoder, tokenizer) with the configured dropout and pooling; no BERT pooler (DDP
     would see it as unused parameters)."""
-    encoder, tokenizer = load_encoder(cfg.model.name_or_path, dropout=cfg.dropout, add_pooling_layer=False)
+    encoder, tokenizer = load_encoder(cfg.model.name_or_path, dropout=cfg.dropout, add_pooling_layer=False,
+                                      attention=cfg.perf.attention)
     return ContrastiveEncoder(encoder, pooling_for(cfg)), tokenizer
 
 
@@ -204,7 +205,7 @@ def compute_loss(model: nn.Module, tokenizer, batch: dict, cfg: ContrastiveConfi
     """Forward every view once, gather across workers (differentiably), return (loss, logged terms):
     the loss over the global batch, whose gradient DDP's average then is."""
     enc, views, identical = tokenize_views(tokenizer, batch, cfg)
-    out = model(enc["input_ids"].to(device), enc["attention_mask"].to(device))
+    out = model(common.to_device(enc["input_ids"], device, cfg), common.to_device(enc["attention_mask"], device, cfg))
     per_view = out.view(len(views), -1, out.size(-1))
     emb = {v: common.gather_with_grad(per_view[i]) if cfg.gather_negatives else per_view[i]
            for i, v in enumerate(views)}

@@ -158,7 +158,7 @@ class TSDAE(nn.Module):
 def build_model(cfg: TSDAEConfig):
     """(TSDAE, tokenizer): the encoder without pooler, a causal-LM decoder with cross-attention
     initialised from the encoder's folder (or ``decoder_name_or_path``), tied unless disabled."""
-    encoder, tokenizer = load_encoder(cfg.model.name_or_path, add_pooling_layer=False)
+    encoder, tokenizer = load_encoder(cfg.model.name_or_path, add_pooling_layer=False, attention=cfg.perf.attention)
     decoder, _ = causal_decoder(resolve_model_source(cfg.decoder_name_or_path or cfg.model.name_or_path))
     if decoder.config.hidden_size != encoder.config.hidden_size:
         raise ValueError(f"decoder hidden size {decoder.config.hidden_size} != encoder's {encoder.config.hidden_size}")

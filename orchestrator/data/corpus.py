@@ -79,6 +79,7 @@ class CorpusConfig(StrictModel):
     limit: int | None = Field(None, gt=0, description="keep at most this many sentences after shuffling")
     shard_rows: int = Field(5000, gt=0)
     seed: int = 42
+    max_parse_failures: float = Field(0.05, ge=0, le=1, description="stop when more than this share fails to parse")
     parser: ParserConfig = ParserConfig()
     augment: AugmentConfig = AugmentConfig()
 
@@ -233,26 +234,28 @@ class ParseAugment:
         return out
 
 
-COLUMNS = ("text", "words", "backbone_view", "deletion_view", "linearized_parse", "constituent_bag", "skip")
+COLUMNS = ("text", "words", "backbone_view", "deletion_view", "linearized_parse", "constituent_bag", "skip", "error")
 
 
 def augment_rows(texts: list[str], keys: list[str], parser, cfg: CorpusConfig) -> dict:
     out: dict[str, list] = {c: [] for c in COLUMNS}
+    errors: dict[int, str] = {}
     try:
         parses = parser.parse_batch(texts)
     except Exception:  # noqa: BLE001 - fall back to one at a time so one bad text fails alone
         parses = []
-        for t in texts:
+        for i, t in enumerate(texts):
             try:
                 parses.append(parser.parse_batch([t])[0])
-            except Exception:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - counted; past max_parse_failures the job stops, naming it
+                errors[i] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
                 parses.append(None)
     a = cfg.augment
-    for text, key, parse in zip(texts, keys, parses):
+    for i, (text, key, parse) in enumerate(zip(texts, keys, parses)):
         row = dict.fromkeys(COLUMNS, "")
         row["text"], row["words"] = text, []
         if parse is None or not parse.tokens:
-            row["skip"] = "parse_error"
+            row["skip"], row["error"] = "parse_error", errors.get(i, "the parser returned no tokens")
         else:
             rng = random.Random(f"{cfg.seed}:{key}")
             y = A.backbone_view(parse, rng, source=a.backbone_source, fallback=a.backbone_fallback,
@@ -271,6 +274,15 @@ def augment_rows(texts: list[str], keys: list[str], parser, cfg: CorpusConfig) -
     return {c: (np.array(v, dtype=object)) for c, v in out.items()}
 
 
+def too_many_failures(failures: int, total: int, limit: float) -> bool:
+    return failures > 0 and failures > limit * total
+
+
+def parse_failure_message(source: str, failures: int, total: int, limit: float, first: dict) -> str:
+    return (f"{source}: {failures} of {total} sentences failed to parse (over max_parse_failures {limit:.0%}); "
+            f"first: {first['text'][:80]!r}: {first['error']}")
+
+
 # ---------------------------------------------------------------- the whole pipeline
 def run_pipeline(cfg: CorpusConfig, output: str, *, progress: bool = True) -> dict:
     """Run every stage; write shards and ``manifest.json`` to ``output``; return the manifest.
@@ -287,11 +299,13 @@ def run_pipeline(cfg: CorpusConfig, output: str, *, progress: bool = True) -> di
 
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
+    if storage.exists(storage.join(output, "manifest.json")):
+        raise DataError(f"{output}: already holds a corpus; a new build goes to a new folder (jobs commit each "
+                        "build to a fresh attempt folder and switch a pointer to it)")
     cleaned = read_and_clean(files, cfg).materialize()
-    counts = Counter()
-    for row in cleaned.select_columns(["skip", "truncated"]).iter_rows():
-        counts[row["skip"] or "kept"] += 1
-        counts["truncated"] += bool(row["truncated"])
+    # counts are aggregated by Ray Data: the driver holds a few numbers, whatever the corpus size
+    counts = Counter({r["skip"] or "kept": int(r["count()"]) for r in cleaned.groupby("skip").count().take_all()})
+    counts["truncated"] = int(cleaned.sum("truncated") or 0)
     read = sum(v for k, v in counts.items() if k != "truncated")
     kept = cleaned.filter(expr=col("skip") == "").select_columns(["text"])
     unique = dedup_and_shuffle(kept, cfg.seed).materialize()
@@ -316,19 +330,22 @@ def run_pipeline(cfg: CorpusConfig, output: str, *, progress: bool = True) -> di
         compute=ray.data.ActorPoolStrategy(size=p.workers), num_cpus=p.cpus_per_worker,
     ).materialize()
     timings["parse_augment_s"] = time.perf_counter() - t0
-    window = parsed.select_columns(["_t0", "_t1"]).to_pandas()
-    timings["parse_window_s"] = float(window["_t1"].max() - window["_t0"].min())  # first batch start → last end
+    timings["parse_window_s"] = float(parsed.max("_t1") - parsed.min("_t0"))  # first batch start → last end
     parsed = parsed.drop_columns(["_t0", "_t1"])
-    bad = Counter(r["skip"] for r in parsed.select_columns(["skip"]).iter_rows() if r["skip"])
+    bad = Counter({r["skip"]: int(r["count()"]) for r in parsed.groupby("skip").count().take_all() if r["skip"]})
     for k, v in bad.items():
         skipped[k] = skipped.get(k, 0) + v
+    failures = bad["parse_error"]
+    if too_many_failures(failures, min(n_unique, cfg.limit or n_unique), cfg.max_parse_failures):
+        first = parsed.filter(expr=col("skip") == "parse_error").select_columns(["text", "error"]).take(1)[0]
+        raise DataError(parse_failure_message(cfg.input, failures, min(n_unique, cfg.limit or n_unique),
+                                              cfg.max_parse_failures, first))
+    parsed = parsed.drop_columns(["error"])
     good = parsed.filter(expr=col("skip") == "").drop_columns(["skip"])
 
     out_fs, out_path = storage.pyarrow_filesystem(output)
     written = good.count()
     shards_dir = f"{out_path}/shards"
-    if storage.exists(storage.join(output, "shards")):
-        storage.remove(storage.join(output, "shards"))
     t0 = time.perf_counter()
     good.write_parquet(shards_dir, filesystem=out_fs, min_rows_per_file=cfg.shard_rows,
                        max_rows_per_file=cfg.shard_rows)
@@ -338,7 +355,7 @@ def run_pipeline(cfg: CorpusConfig, output: str, *, progress: bool = True) -> di
     manifest = {
         "read": read, "written": written, "skipped": dict(sorted(skipped.items())),
         "truncated": counts["truncated"], "parser": p.kind, "seed": cfg.seed,
-        "input": cfg.input, "input_files": len(files), "columns": [c for c in COLUMNS if c != "skip"],
+        "input": cfg.input, "input_files": len(files), "columns": [c for c in COLUMNS if c not in ("skip", "error")],
         "config": cfg.model_dump(mode="json"), "timings_s": timings,
     }
     storage.write_bytes(storage.join(output, "manifest.json"), json.dumps(manifest, indent=2).encode())
@@ -364,9 +381,9 @@ def corpus_key(input_uri: str, corpus_cfg_json: str) -> str:
     """Content address of an augmented corpus: the input files' bytes (local) or key + size (s3) + config."""
     h = hashlib.sha256(corpus_cfg_json.encode())
     for f in input_files(input_uri):
-        if storage.is_s3(f):  # a bucket key is stable; local paths are not (working-dir copies)
+        if storage.is_s3(f):  # a bucket key is stable (local paths are not); its size + ETag, not its bytes
             h.update(f.encode())
-            h.update(str(len(storage.read_bytes(f))).encode())
+            h.update(storage.object_signature(f).encode())
         else:
             with open(f, "rb") as fh:
                 for chunk in iter(lambda: fh.read(1 << 20), b""):
@@ -380,17 +397,17 @@ def prepare_corpus(cfg, progress: bool = True) -> str:
     hash>`` (reused when the manifest exists); the corpus seed is the training seed."""
     data, storage_root, seed = cfg.data, cfg.run.storage, cfg.train.seed
     if data.shards:
-        if not storage.exists(storage.join(data.shards, "manifest.json")):
-            raise DataError(f"{data.shards}: no manifest.json (not an augmented corpus from augment_corpus)")
-        return data.shards
+        built = storage.resolve_build(data.shards)
+        if built is None:
+            raise DataError(f"{data.shards}: no committed build (not an augmented corpus from augment_corpus)")
+        return built
     cfg = CorpusConfig(input=repo_path(data.corpus), limit=data.limit, seed=seed, min_words=data.min_words,
                        max_words=data.max_words, drop_capitalised_splits=data.drop_capitalised_splits,
                        augment=data.augment, parser={"workers": data.parser_workers, "cpus_per_worker": 0.5})
     out = storage.join(storage.absolute(storage_root), "corpora",
                        corpus_key(cfg.input, cfg.model_dump_json(exclude={"input"})))
-    if storage.exists(storage.join(out, "manifest.json")):
-        print(f"augmented corpus: reusing {out}")
-        return out
-    print(f"augmented corpus: building {out}")
-    run_pipeline(cfg, out, progress=progress)
-    return out
+    if (done := storage.resolve_build(out)) is not None:
+        print(f"augmented corpus: reusing {done}")
+        return done
+    print(f"augmented corpus: building under {out}")
+    return storage.build_committed(out, lambda folder: run_pipeline(cfg, folder, progress=progress))

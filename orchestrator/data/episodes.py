@@ -129,9 +129,7 @@ def episodes_key(sets: dict[str, list], n_pairs: int, seed: int) -> str:
 def prepare_episodes(sets: dict[str, list], n_pairs: int, storage_root: str, *, seed: int = 0) -> str:
     """Content-addressed ``<storage>/episodes/<hash>``: written once, reused when its manifest exists."""
     out = storage.join(storage.absolute(storage_root), "episodes", episodes_key(sets, n_pairs, seed))
-    if not storage.exists(storage.join(out, "manifest.json")):
-        write_episodes(sets, n_pairs, out, seed=seed)
-    return out
+    return storage.build_committed(out, lambda folder: write_episodes(sets, n_pairs, folder, seed=seed))
 
 
 def prepare_siamese_data(train_sets: list[LabelledSet], *, pairs: bool, n_pairs: int, dev_fraction: float,

@@ -117,14 +117,15 @@ def rows_to_shards(rows: list[tuple[str, object]], storage_root: str, *, source:
     manifest (written last: a folder without it is incomplete and is rewritten). Returns the folder."""
     h = hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]
     out = storage.join(storage.absolute(storage_root), "datasets", h)
-    if storage.exists(storage.join(out, "manifest.json")):
-        return out
-    buf = io.BytesIO()
-    pq.write_table(pa.table({"text": [t for t, _ in rows], "label": [y for _, y in rows]}), buf)
-    storage.write_bytes(storage.join(out, "shards", "part-00000.parquet"), buf.getvalue())
-    counts: dict[str, int] = {}
-    for _, y in rows:
-        counts[str(y)] = counts.get(str(y), 0) + 1
-    manifest = {"source": source, "rows": len(rows), "labels": dict(sorted(counts.items())), "sha": h}
-    storage.write_bytes(storage.join(out, "manifest.json"), json.dumps(manifest, indent=2).encode())
-    return out
+
+    def write(folder: str) -> None:
+        buf = io.BytesIO()
+        pq.write_table(pa.table({"text": [t for t, _ in rows], "label": [y for _, y in rows]}), buf)
+        storage.write_bytes(storage.join(folder, "shards", "part-00000.parquet"), buf.getvalue())
+        counts: dict[str, int] = {}
+        for _, y in rows:
+            counts[str(y)] = counts.get(str(y), 0) + 1
+        manifest = {"source": source, "rows": len(rows), "labels": dict(sorted(counts.items())), "sha": h}
+        storage.write_bytes(storage.join(folder, "manifest.json"), json.dumps(manifest, indent=2).encode())
+
+    return storage.build_committed(out, write)

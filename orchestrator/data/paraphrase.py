@@ -105,8 +105,10 @@ def prepare_paraphrase_data(data: ParaphraseData, storage_root: str, *, progress
     pairs = read_pairs(data)
     key = hashlib.sha256(json.dumps([pairs, data.valid_pairs, data.parse_max_depth]).encode()).hexdigest()[:16]
     out = storage.join(storage.absolute(storage_root), "parabart", key)
-    if storage.exists(storage.join(out, "manifest.json")):
-        return out
+    return storage.build_committed(out, lambda folder: _build(pairs, data, folder, progress))
+
+
+def _build(pairs: list[tuple[str, str]], data: ParaphraseData, out: str, progress: bool) -> None:
     sentences = sorted({s for pair in pairs for s in pair})
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "s.txt").write_text("\n".join(sentences) + "\n")
@@ -140,7 +142,6 @@ def prepare_paraphrase_data(data: ParaphraseData, storage_root: str, *, progress
                 "dropped_unparsed": len(pairs) - len(rows["src"]) - len(valid["src"]),
                 "syntax_vocab": len(syntax), "tags": len(tags), "parse_max_depth": data.parse_max_depth}
     storage.write_bytes(storage.join(out, "manifest.json"), json.dumps(manifest, indent=2).encode())
-    return out
 
 
 def load_valid_rows(shards: str) -> dict[str, list]:

@@ -108,6 +108,7 @@ def run_experiments(cfg: ExperimentsConfig, name: str, *, out_root: str | Path =
                 choice = pub.Choice(row, best, origs[exp].dev, origs[exp].label, cfg.candidate_margin)
                 reg = pub.register(
                     model_uri, "siamese-all" if mode == "all" else f"siamese-{exp}", choice,
+                    key=f"experiments:{name}:{label}",
                     description=f"{name} {label}: Δ cos distance {report.headline_value * 100:.2f} (×100) on "
                                 f"{', '.join(s.name for s in run_cfg.test_sets)}; ORIG "
                                 f"{origs[exp].test.headline_value * 100:.2f}",

@@ -34,9 +34,11 @@ from orchestrator.tracking import (
     clean_params,
     create_child_run,
     find_run,
+    find_version,
     log_metrics,
     log_sentence_encoder,
     resolve_tracking_uri,
+    set_alias,
     setup,
 )
 from orchestrator.tracking import register as register_version
@@ -125,13 +127,22 @@ def model_card(*, spec, cfg, sweep: str, trial: str, params: dict, test, base: B
     return "\n".join(lines)
 
 
-def register(model_uri: str, name: str, choice: Choice, *, description: str, tags: dict[str, str]) -> dict:
-    """Register a version with both scores in its tags; ``candidate`` moves only when it beats the base."""
+def register(model_uri: str, name: str, choice: Choice, *, description: str, tags: dict[str, str],
+             key: str | None = None) -> dict:
+    """Register a version with both scores in its tags; ``candidate`` moves only when it beats the base.
+    ``key`` (tag ``sieve.publish``) makes it idempotent: a version already registered with that key is
+    reused - a resumed job registers nothing new, and finishes what a crash cut (the alias)."""
     tags = {**tags, "beats_base": str(choice.beats_base).lower(), "dev_score": f"{choice.best_dev:.6f}",
-            **({"base_dev_score": f"{choice.base_dev:.6f}"} if choice.base_dev is not None else {})}
+            **({"base_dev_score": f"{choice.base_dev:.6f}"} if choice.base_dev is not None else {}),
+            **({"sieve.publish": key} if key else {})}
     alias = "candidate" if choice.beats_base else None
+    existing = find_version(name, {"sieve.publish": key}) if key else None
+    if existing is not None:
+        if alias:
+            set_alias(name, alias, existing)
+        return {"name": name, "version": existing, "alias": alias, "beats_base": choice.beats_base, "new": False}
     version = register_version(model_uri, name, alias=alias, description=description[:5000], tags=tags)
-    return {"name": name, "version": version, "alias": alias, "beats_base": choice.beats_base}
+    return {"name": name, "version": version, "alias": alias, "beats_base": choice.beats_base, "new": True}
 
 
 # what Tune adds to every report: bookkeeping, not measurements

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import mlflow
 
-from orchestrator import tracking
+from orchestrator import storage, tracking
 from orchestrator.config import (
     REPO_ROOT,
     MethodConfig,
@@ -87,7 +87,7 @@ def resolve(args: argparse.Namespace, default_dir: str) -> SweepPlan:
         return SweepPlan("", job.model_copy(update={"base": base.model_dump(mode="json"), "base_overrides": {}}),
                          spec, base, "")
     exp_id = preflight(base)  # tracking server, storage, model source: fail before any Ray work
-    name = args.name or f"{default_dir}-{time.strftime('%Y%m%d-%H%M%S')}"
+    name = storage.safe_name(args.name or f"{default_dir}-{time.strftime('%Y%m%d-%H%M%S')}", "--name")
     return SweepPlan(name, job, spec, base, exp_id, args.resume, not args.no_progress, args.verbose)
 
 
@@ -156,9 +156,13 @@ def publish(plan: SweepPlan, result: SweepResult, parent_id: str) -> dict:
                           test=test, base=result.base, choice=choice, registered_name=reg_name)
     write_model_card(result.model_dir, card)
     mlflow.log_text(card, "model_card.md")
-    info = (spec.log_model or tracking.log_sentence_encoder)(result.model_dir, name="best_model")
+    # each publish step is idempotent, so a resumed sweep finishes what a crash cut and repeats nothing
+    model_uri = mlflow.get_run(parent_id).data.tags.get("sieve.best_model_uri")
+    if model_uri is None:
+        model_uri = (spec.log_model or tracking.log_sentence_encoder)(result.model_dir, name="best_model").model_uri
+        mlflow.set_tag("sieve.best_model_uri", model_uri)
     registered = pub.register(
-        info.model_uri, reg_name, choice,
+        model_uri, reg_name, choice, key=f"sweep:{plan.name}",
         description=f"sweep {plan.name}; config {chash}; best trial {best['trial']}\n\n{card}",
         tags={"sweep": plan.name, "config_hash": chash, "trial": best["trial"], "run_id": parent_id,
               spec.metric: f"{best['best_dev']:.6f}",
@@ -166,6 +170,8 @@ def publish(plan: SweepPlan, result: SweepResult, parent_id: str) -> dict:
               **{f"test_{k}": f"{v:.6f}" for k, v in headline_metrics(test).items()}})
     registered["run_id"] = parent_id
     line = pub.gate_line(choice, spec.metric_label, registered)
+    if not registered["new"]:
+        line += f" (this sweep was published before: v{registered['version']} stands, nothing new registered)"
     report_dir = Path("outputs") / "reports" / plan.name
     write_sweep_report(report_dir, name=plan.name, method=plan.job.method, spec=spec, rows=result.rows,
                        group_out=plan.job.group_out, choice=choice, base=result.base, test=test,

@@ -46,6 +46,7 @@ def preflight(cfg: MethodConfig) -> str:
 def build_trainer(spec: MethodSpec, cfg: MethodConfig, shards: str, *, name: str | None = None, callbacks=None,
                   storage_path: str | None = None, mlflow_run: tuple[str, str] | None = None) -> TorchTrainer:
     """``mlflow_run``: (run id, tracking URI) that rank 0 logs into while it trains."""
+    shards = storage.resolve_build(shards) or shards  # the committed build (a pointer switched last)
     fs, path = storage.pyarrow_filesystem(storage.join(shards, "shards"))
     ds = ray.data.read_parquet(path, filesystem=fs)
     if spec.columns:
@@ -64,7 +65,8 @@ def build_trainer(spec: MethodSpec, cfg: MethodConfig, shards: str, *, name: str
            "RAY_DATA_DISABLE_PROGRESS_BARS": "1"}  # the ingest's bars would drown Tune's table
     if not cfg.scaling.use_gpu:
         env["DS_ACCELERATOR"] = "cpu"
-    env.update({k: v for k, v in os.environ.items() if k.startswith(("SIEVE_FAIL_", "SIEVE_STEP_DELAY"))})  # tests
+    env.update({k: v for k, v in os.environ.items()
+                if k.startswith(("SIEVE_FAIL_", "SIEVE_STEP_DELAY", "SIEVE_SKIP_RNG"))})  # test hooks
     if mlflow_run is not None:
         env.update(SIEVE_MLFLOW_RUN_ID=mlflow_run[0], SIEVE_MLFLOW_TRACKING_URI=mlflow_run[1])
     select = spec.selection_metric(cfg)  # None: the last checkpoint (kept: the most recent ones)

@@ -37,7 +37,7 @@ def main(doc: str) -> int:
     cfg = validate(spec.config_cls, data, f"{path}{' (+ overrides)' if overrides else ''}")
     if args.print_config:
         return print_config(cfg)
-    name = args.name or cfg.run.name or f"{args.method}-{time.strftime('%Y%m%d-%H%M%S')}"
+    name = storage.safe_name(args.name or cfg.run.name or f"{args.method}-{time.strftime('%Y%m%d-%H%M%S')}", "--name")
     exp_id = preflight(cfg)  # tracking server, storage, model source: fail before any Ray work
     uri = tracking.resolve_tracking_uri(cfg.tracking.tracking_uri)
     params = {**cfg.model_dump(mode="json"), "config_hash": config_hash(cfg)}

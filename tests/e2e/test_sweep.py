@@ -210,3 +210,7 @@ def test_killed_driver_resumes_without_rerunning_finished_trials(ray_cluster, ti
     assert len(trials) == 2 and len(set(trials)) == 2  # exactly one child run per trial
     parents = mlflow.search_runs([exp.experiment_id], filter_string="tags.`sieve.role` = 'sweep'", output_format="list")
     assert len(parents) == 1
+    # #18.1: the second resume found the sweep published: one version, and the job said so
+    versions = mlflow.MlflowClient().search_model_versions("name = 'sifter-simcse'")
+    assert [v.tags.get("sieve.publish") for v in versions] == ["sweep:resumable"]
+    assert "nothing new registered" in out.strip().splitlines()[-1]

@@ -1,0 +1,74 @@
+"""The speed switches (#22), each on CPU against the fp32 / default path: bf16 autocast (loss within 1%),
+SDPA vs eager attention (loss to 1e-5), fused AdamW (parameters after a step to 1e-6), torch.compile
+(loss to 1e-5; the ``aot_eager`` backend here - Inductor's C++ build takes minutes on 2 cores - while
+the default, Inductor, is what a GPU run uses)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trainers import common
+from trainers.sifter_simcse import ContrastiveConfig, build_model, compute_loss
+
+X = ["a man is playing a guitar .", "the cat sat on the mat .", "she reads a long book .", "dogs run in the park ."]
+BATCH = {"text": X, "backbone_view": [x + " man" for x in X], "deletion_view": [x.replace("the ", "") for x in X]}
+
+
+def cfg_for(model_dir, **perf) -> ContrastiveConfig:
+    return ContrastiveConfig.model_validate({"model": {"name_or_path": str(model_dir), "max_length": 16,
+                                                       "pooling": "cls"}, "dropout": 0.0, "perf": perf})
+
+
+def loss_of(model_dir, **perf) -> float:
+    torch.manual_seed(0)
+    cfg = cfg_for(model_dir, **perf)
+    model, tok = build_model(cfg)
+    with common.autocast(cfg):
+        loss, _ = compute_loss(model, tok, BATCH, cfg)
+    return loss.item()
+
+
+def test_bf16_autocast_gives_the_fp32_loss_within_one_percent(tiny_bert_dir):
+    fp32, bf16 = loss_of(tiny_bert_dir, bf16="off"), loss_of(tiny_bert_dir, bf16="on")
+    assert fp32 != bf16 and bf16 == pytest.approx(fp32, rel=1e-2)  # really in bf16, and close
+    assert not common.autocast(cfg_for(tiny_bert_dir))._enabled  # auto: off on CPU
+
+
+def test_sdpa_and_eager_attention_give_the_same_loss(tiny_bert_dir):
+    sdpa, eager = loss_of(tiny_bert_dir, attention="sdpa"), loss_of(tiny_bert_dir, attention="eager")
+    assert sdpa == pytest.approx(eager, abs=1e-5)
+    model, _ = build_model(cfg_for(tiny_bert_dir, attention="eager"))
+    assert model.encoder.config._attn_implementation == "eager"
+
+
+def one_step(model_dir, fused: bool):
+    torch.manual_seed(0)
+    cfg = cfg_for(model_dir)
+    model, tok = build_model(cfg)
+    stepper = common.Stepper(model, model.parameters(), lr=1e-3, schedule="constant", total_steps=5,
+                             grad_clip=None, fused=fused)
+    loss, _ = compute_loss(stepper.model, tok, BATCH, cfg)
+    stepper.step(loss)
+    return stepper, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def test_fused_adamw_updates_like_the_plain_one(tiny_bert_dir):
+    fused, after_fused = one_step(tiny_bert_dir, True)
+    plain, after_plain = one_step(tiny_bert_dir, False)
+    assert fused.optimizer.defaults["fused"] is True and not plain.optimizer.defaults.get("fused")
+    for name, p in after_plain.items():
+        torch.testing.assert_close(after_fused[name], p, atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_torch_compile_gives_the_same_loss(tiny_bert_dir):
+    torch.manual_seed(0)
+    cfg = cfg_for(tiny_bert_dir, compile=True, compile_backend="aot_eager")
+    model, tok = build_model(cfg)
+    eager_loss, _ = compute_loss(model, tok, BATCH, cfg)
+    stepper = common.Stepper(model, model.parameters(), lr=1e-3, schedule="constant", total_steps=5,
+                             grad_clip=None, compile_backend=cfg.perf.compile_backend)
+    assert stepper.model is not model and stepper.module is model  # compiled forward, plain module for eval/export
+    compiled_loss, _ = compute_loss(stepper.model, tok, BATCH, cfg)
+    assert compiled_loss.item() == pytest.approx(eager_loss.item(), abs=1e-5)
+    stepper.step(compiled_loss)  # and it trains
