@@ -85,7 +85,7 @@ def main() -> None:
                 os.environ.update(SIEVE_FAIL_AT_STEP="5", SIEVE_FAIL_RANK="1",
                                   SIEVE_FAIL_MARKER=str(tmp / f"marker-{len(rows)}"))
             t0 = time.time()
-            out = fit(build_trainer(method, cfg, shards, name=f"{label[:3]}-{crash}-{time.time_ns()}"), method)
+            out = fit(build_trainer(method, cfg, shards, name=f"{label[:3]}-{crash}-{time.time_ns()}"), method, cfg)
             result[crash] = {"wall_s": time.time() - t0, "dev": out.history[-1]["stsb_dev_spearman"],
                              "restarts": out.history[-1]["restarts"]}
             for k in ("SIEVE_FAIL_AT_STEP", "SIEVE_FAIL_RANK", "SIEVE_FAIL_MARKER"):

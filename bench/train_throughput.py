@@ -106,7 +106,7 @@ def ray_train_one_worker(steps, batch, max_len, seed, tmp):
                             scaling={"num_workers": 1, "cpus_per_worker": 2}, run={"storage": f"{tmp}/runs"})
     method = get_method("simcse")
     t0 = time.perf_counter()
-    outcome = fit(build_trainer(method, cfg, shards, name="bench"), method)
+    outcome = fit(build_trainer(method, cfg, shards, name="bench"), method, cfg)
     total = time.perf_counter() - t0
     return outcome.history[-1]["train_s"], total
 

@@ -271,12 +271,13 @@ def test_parabart_under_ray_train(engine, ray_cluster, tiny_bert_dir, parabart_s
         "train": {"batch_size": 8, "max_steps": 4, "eval_steps": 2, "grad_clip": 1.0, "lr_schedule": "constant"},
         "scaling": {"num_workers": 2, "cpus_per_worker": 1},
         "deepspeed": {"stage": 2 if engine == "zero2" else 0},
-        "data": {"pairs": [{"path": str(lines)}], "parser_workers": 1},
+        "data": {"pairs": [{"path": str(lines)}], "parser_workers": 1, "valid_pairs": 8},
         "eval": {"batch_size": 256, "max_length": 32}, "run": {"storage": str(parabart_store / "runs")}})
     shards = method.prepare_data(cfg)
     manifest = json.loads((Path(shards) / "manifest.json").read_text())
+    assert manifest["valid_rows"] == 16  # 8 pairs held out, both directions
     assert manifest["rows"] > 64 and manifest["syntax_vocab"] > 10 and manifest["tags"] > 5
-    outcome = fit(build_trainer(method, cfg, shards, name=f"parabart-{engine}"), method)
+    outcome = fit(build_trainer(method, cfg, shards, name=f"parabart-{engine}"), method, cfg)
     steps = [int(r["step"]) for r in outcome.history]
     assert steps == [2, 4] and "loss_adv" in outcome.history[-1] and "loss_adv" not in outcome.history[0]
     with outcome.best_checkpoint.as_directory() as d:
@@ -455,3 +456,17 @@ def test_a_bart_model_exports_an_encoder_sentence_transformers_runs_as_an_encode
     loaded, b2 = load_parabart(out)
     assert generate(loaded, b2, ROWS["src"], ROWS["tgt_parse"], max_new_tokens=5) == \
         generate(model, batcher, ROWS["src"], ROWS["tgt_parse"], max_new_tokens=5)
+
+
+def test_a_hold_out_that_would_swallow_the_training_pairs_is_refused(tmp_path):
+    """80 MRPC pairs with the default 500 held out used to leave 0 training rows, found only as an
+    empty shard; now one line names the setting and the file before anything is parsed."""
+    from orchestrator.data.paraphrase import ParaphraseData, prepare_paraphrase_data
+    from orchestrator.errors import ConfigError
+
+    src = Path(__file__).resolve().parents[1] / "data" / "paraphrase" / "mrpc-train.tsv"
+    lines = tmp_path / "pairs.tsv"
+    lines.write_text("\n".join(src.read_text().splitlines()[:81]) + "\n")
+    with pytest.raises(ConfigError, match=r"data.valid_pairs=500 .*/pairs\.tsv; lower it \(at most \d+\)"):
+        prepare_paraphrase_data(ParaphraseData(pairs=[{"path": str(lines)}]), str(tmp_path / "store"))
+    assert not (tmp_path / "store").exists()

@@ -137,7 +137,7 @@ def test_siamese_under_ray_train(ray_cluster, tiny_bert_dir, tmp_path):
     shards = method.prepare_data(cfg)
     manifest = json.loads((Path(shards) / "manifest.json").read_text())
     assert manifest["rows"] == 160 and manifest["same_class_pairs"] == {"sanders": 80}
-    outcome = fit(build_trainer(method, cfg, shards, name="siamese"), method)
+    outcome = fit(build_trainer(method, cfg, shards, name="siamese"), method, cfg)
     assert [int(r["step"]) for r in outcome.history] == [2, 4]
     out, report = export_and_test(method, cfg, outcome, tmp_path / "model")
     assert report.headline == "delta_mean" and {"s140_delta", "s140_map"} <= set(report.metrics)

@@ -158,7 +158,7 @@ def test_sifter_lstm_under_ray_train_exports_and_logs(ray_cluster, tiny_bert_dir
     })
     shards = method.prepare_data(cfg)
     assert method.prepare_data(cfg) == shards  # content-addressed: written once
-    outcome = fit(build_trainer(method, cfg, shards, name="lstm"), method)
+    outcome = fit(build_trainer(method, cfg, shards, name="lstm"), method, cfg)
     assert [int(r["step"]) for r in outcome.history] == [3, 6]
     assert all(0 <= r["dev_accuracy"] <= 1 for r in outcome.history)
     out, report = export_and_test(method, cfg, outcome, tmp_path / "model")

@@ -34,7 +34,7 @@ def test_ddp_run_checkpoints_export_and_sts(tiny_bert_dir, tiny_shards, tmp_path
 
     method = get_method("sifter_simcse")
     cfg = tiny_cfg(tiny_bert_dir, tmp_path)
-    outcome = fit(build_trainer(method, cfg, tiny_shards, name="ddp"), method)
+    outcome = fit(build_trainer(method, cfg, tiny_shards, name="ddp"), method, cfg)
     steps = [int(r["step"]) for r in outcome.history]
     assert steps == [2, 4, 6]
     assert all(-1 <= r["stsb_dev_spearman"] <= 1 for r in outcome.history)
@@ -65,7 +65,7 @@ def crash_run(method, cfg, shards, tmp_path, name, monkeypatch):
     monkeypatch.setenv("SIEVE_FAIL_RANK", "1")
     monkeypatch.setenv("SIEVE_FAIL_MARKER", str(marker))
     try:
-        outcome = fit(build_trainer(method, cfg, shards, name=name), method)
+        outcome = fit(build_trainer(method, cfg, shards, name=name), method, cfg)
     finally:
         for k in ("SIEVE_FAIL_AT_STEP", "SIEVE_FAIL_RANK", "SIEVE_FAIL_MARKER"):
             monkeypatch.delenv(k)
@@ -85,6 +85,6 @@ def test_deepspeed_zero_with_crash_and_resume(stage, tiny_bert_dir, tiny_shards,
     out, test = export_and_test(method, cfg, outcome, tmp_path / "model", tasks=["stsb"])
     assert (out / "model.safetensors").is_file() and -1 <= test.metrics["sts_avg_spearman_all"] <= 1
     # #11.1 / #18.9: ZeRO-2 and ZeRO-3 alike end within 0.1 points of the uninterrupted run
-    clean = fit(build_trainer(method, cfg, tiny_shards, name=f"zero{stage}-clean"), method)
+    clean = fit(build_trainer(method, cfg, tiny_shards, name=f"zero{stage}-clean"), method, cfg)
     diff = abs(clean.history[-1]["stsb_dev_spearman"] - outcome.history[-1]["stsb_dev_spearman"]) * 100
     assert diff < 0.1, diff

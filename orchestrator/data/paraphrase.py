@@ -23,6 +23,7 @@ from orchestrator import storage
 from orchestrator.config import StrictModel
 from orchestrator.data.corpus import CorpusConfig, run_pipeline
 from orchestrator.data.labelled import read_labelled
+from orchestrator.errors import ConfigError
 
 PAD, UNK = "<pad>", "<unk>"
 
@@ -103,6 +104,11 @@ def prepare_paraphrase_data(data: ParaphraseData, storage_root: str, *, progress
     by default - and the source's constituent bag) → ``<storage>/parabart/<hash>/shards`` (training)
     + ``valid.parquet`` (held-out pairs) + the two vocabularies + manifest."""
     pairs = read_pairs(data)
+    unique = len({frozenset(p) for p in pairs})
+    if data.valid_pairs * 2 > unique:
+        files = ", ".join(f.path for f in data.pairs)
+        raise ConfigError(f"data.valid_pairs={data.valid_pairs} would hold out more than half of the {unique} "
+                         f"paraphrase pairs read from {files}; lower it (at most {unique // 2})")
     key = hashlib.sha256(json.dumps([pairs, data.valid_pairs, data.parse_max_depth]).encode()).hexdigest()[:16]
     out = storage.join(storage.absolute(storage_root), "parabart", key)
     return storage.build_committed(out, lambda folder: _build(pairs, data, folder, progress))

@@ -35,6 +35,7 @@ from orchestrator.tracking import (
     create_child_run,
     find_run,
     find_version,
+    logged_models,
     log_metrics,
     log_sentence_encoder,
     resolve_tracking_uri,
@@ -226,7 +227,7 @@ def replay(record: dict, tracking_uri: str | None = None) -> str:
             log_metrics({k: v for k, v in record["metrics"].items() if k not in have.metrics})
             for name, text in record["texts"].items():
                 mlflow.log_text(text, name)
-            if record["model_dir"] and not any(a.path == "model" for a in client.list_artifacts(run_id)):
+            if record["model_dir"] and not logged_models(run_id, "model"):
                 folder = str(resolve_model_source(record["model_dir"]))
                 (get_method(record["method"]).log_model or log_sentence_encoder)(folder, name="model")
             return run_id

@@ -4,7 +4,7 @@ checkpoint, export and the method's final test report.
     cfg = preflight(cfg)                               # tracking server, storage, model sources, pooling
     shards = spec.prepare_data(cfg)                    # the method's data, content-addressed
     trainer = build_trainer(spec, cfg, shards)         # TorchTrainer (DDP or DeepSpeed on CPU/GPU)
-    outcome = fit(trainer, spec)                       # best checkpoint by the method's dev metric
+    outcome = fit(trainer, spec, cfg)                  # best checkpoint by the method's selection metric
     model_dir, report = export_and_test(spec, cfg, outcome, out_dir)
 """
 
@@ -96,10 +96,11 @@ class Outcome:
     history: list[dict]  # every report (rank 0), in order
 
 
-def fit(trainer: TorchTrainer, spec: MethodSpec, cfg: MethodConfig | None = None) -> Outcome:
-    """Train; the run's checkpoint is the best by the method's selection metric, or the last one."""
+def fit(trainer: TorchTrainer, spec: MethodSpec, cfg: MethodConfig) -> Outcome:
+    """Train; the run's checkpoint is the best by the method's selection metric for ``cfg`` (the one
+    ``build_trainer`` kept checkpoints by), or the last one."""
     result = trainer.fit()
-    select = spec.selection_metric(cfg) if cfg is not None else spec.metric
+    select = spec.selection_metric(cfg)
     best = result.get_best_checkpoint(metric=select, mode="max") if select else result.checkpoint
     if best is None:
         raise SieveError("training reported no checkpoint")
