@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
 
@@ -147,7 +148,34 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
     return f"{lines[0]} (and {len(lines) - 1} more: " + "; ".join(ln.split(": ", 1)[1] for ln in lines[1:]) + ")"
 
 
+STORAGE_ENV = "SIEVE_STORAGE"
+STORAGE_REF = "${" + STORAGE_ENV + "}"
+
+
+def storage_root() -> str | None:
+    """The project's storage root (``s3://BUCKET`` on a cluster infra/ made), when set."""
+    root = os.environ.get(STORAGE_ENV, "").strip().rstrip("/")
+    return root or None
+
+
+def expand_storage(data: Any, source: str, key: str = "") -> Any:
+    """``${SIEVE_STORAGE}`` in any string value → the storage root; a clear error when it is unset."""
+    if isinstance(data, dict):
+        return {k: expand_storage(v, source, f"{key}.{k}" if key else str(k)) for k, v in data.items()}
+    if isinstance(data, list):
+        return [expand_storage(v, source, f"{key}[{i}]") for i, v in enumerate(data)]
+    if isinstance(data, str) and STORAGE_REF in data:
+        root = storage_root()
+        if root is None:
+            raise ConfigError(f"{source}: {key} = {data!r} uses {STORAGE_REF}, which is not set: export "
+                              f"{STORAGE_ENV}=s3://BUCKET (the bucket infra/ made; the cluster's pods set it) "
+                              f"or override {key}")
+        return data.replace(STORAGE_REF, root)
+    return data
+
+
 def validate(model_cls: type[T], data: dict[str, Any], source: str) -> T:
+    data = expand_storage(data, source)
     try:
         return model_cls.model_validate(data)
     except ValidationError as exc:

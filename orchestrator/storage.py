@@ -88,16 +88,18 @@ def _s3_error(uri: str, exc: Exception) -> StorageError:
 
 
 def check_access(uri: str) -> None:
-    """Fail before any work starts when ``uri`` cannot be reached or written."""
+    """Fail before any work starts when ``uri`` cannot be reached or written.
+
+    On S3 this lists the URI's own prefix (one key) rather than HEAD the bucket: a job role scoped
+    to prefixes (``s3:ListBucket`` conditioned on ``s3:prefix``, as infra/ grants it) may list
+    ``runs/`` and is refused HeadBucket."""
     if is_s3(uri):
-        bucket, _ = split_s3(uri)
+        bucket, key = split_s3(uri)
+        prefix = key.rstrip("/") + "/" if key.strip("/") else ""
         try:
-            s3_client().head_bucket(Bucket=bucket)
+            s3_client().list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=1)
         except Exception as exc:  # noqa: BLE001 - mapped to one clear message
-            err = _s3_error(uri, exc)
-            if str(err).endswith("no such key"):  # HEAD on a bucket answers a bare 404
-                err = StorageError(f"{uri}: no such bucket")
-            raise err from None
+            raise _s3_error(uri, exc) from None
     else:
         path = Path(uri)
         try:

@@ -81,3 +81,27 @@ def test_config_hash_is_stable_and_sensitive():
     assert config_hash(a) == config_hash(b)
     b.train.lr = 2e-5
     assert config_hash(a) != config_hash(b)
+
+
+def test_storage_reference_expands_or_names_the_key(tmp_path, monkeypatch):
+    """#19: presets say ``${SIEVE_STORAGE}/models/...`` instead of a bucket name nobody owns."""
+    import argparse
+
+    from orchestrator.config import expand_storage
+    from orchestrator.drivers.cli import location_overrides
+
+    data = {"model": {"name_or_path": "${SIEVE_STORAGE}/models/bert"}, "data": [{"path": "${SIEVE_STORAGE}/c.txt"}]}
+    monkeypatch.delenv("SIEVE_STORAGE", raising=False)
+    with pytest.raises(ConfigError, match=r"^p.yaml: model.name_or_path = .* SIEVE_STORAGE=s3://BUCKET"):
+        expand_storage(data, "p.yaml")
+    args = argparse.Namespace(storage=None, tracking_uri=None)
+    assert location_overrides(args) == []  # unset: the preset's own run.storage
+    monkeypatch.setenv("SIEVE_STORAGE", "s3://acme/")
+    assert expand_storage(data, "p.yaml") == {"model": {"name_or_path": "s3://acme/models/bert"},
+                                             "data": [{"path": "s3://acme/c.txt"}]}
+    assert location_overrides(args) == ["run.storage=s3://acme/runs"]
+    args.storage = "/tmp/mine"
+    assert location_overrides(args, "base.") == ["base.run.storage=/tmp/mine"]  # an explicit flag wins
+    p = tmp_path / "c.yaml"
+    p.write_text("model:\n  name_or_path: ${SIEVE_STORAGE}/models/bert\n")
+    assert load_config(Cfg, p).model.name_or_path == "s3://acme/models/bert"

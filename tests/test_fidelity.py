@@ -35,6 +35,18 @@ def sections() -> dict[str, list[tuple[str, str, str]]]:
     return out
 
 
+BUCKET_ROOT = "s3://acme-sieve"  # the paper presets read ${SIEVE_STORAGE}; the table names it the same way
+
+
+@pytest.fixture(autouse=True)
+def storage_root(monkeypatch):
+    monkeypatch.setenv("SIEVE_STORAGE", BUCKET_ROOT)
+
+
+def table_value(value: str):
+    return yaml.safe_load(value.replace("${SIEVE_STORAGE}", BUCKET_ROOT))
+
+
 def load_preset(path: str) -> dict:
     if "siamese_experiments" in path:
         return load_config(ExperimentsConfig, ROOT / path).model_dump(mode="json")
@@ -59,7 +71,7 @@ def test_the_table_matches_the_paper_preset(path):
     rows = sections()[path]
     assert len(rows) >= 5
     wrong = [f"{setting} ({key}): table says {value!r}, preset has {at(preset, key)!r}"
-             for setting, key, value in rows if yaml.safe_load(value) != at(preset, key)]
+             for setting, key, value in rows if table_value(value) != at(preset, key)]
     assert wrong == []
 
 

@@ -144,11 +144,12 @@ def test_siamese_under_ray_train(ray_cluster, tiny_bert_dir, tmp_path):
     assert SentenceTransformer(str(out), device="cpu").encode(["a tweet"]).shape == (1, 32)
 
 
-def test_experiment_presets_expand_into_valid_runs():
+def test_experiment_presets_expand_into_valid_runs(monkeypatch):
     from orchestrator.config import load_config
     from orchestrator.drivers.experiments import ExperimentsConfig
     from orchestrator.errors import ConfigError
 
+    monkeypatch.setenv("SIEVE_STORAGE", "s3://acme-sieve")  # the paper preset reads its data from the bucket
     for preset in ("smoke", "paper"):
         cfg = load_config(ExperimentsConfig, f"configs/siamese_experiments/{preset}.yaml")
         assert set(cfg.experiments) == {"sentiment", "topics", "crisis"}

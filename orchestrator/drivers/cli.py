@@ -3,7 +3,7 @@
     --preset NAME | --config FILE   the YAML to run (configs/<dir>/<preset>.yaml by default)
     --name NAME                     run / sweep name
     --tracking-uri URI              MLflow (default: MLFLOW_TRACKING_URI, else the embedded ./mlruns)
-    --storage DIR|s3://...          corpora, checkpoints, sweeps
+    --storage DIR|s3://...          corpora, checkpoints, sweeps ($SIEVE_STORAGE/runs when set)
     --no-progress                   no progress bars
     --verbose                       Ray's worker logs and Tune's status table too (quiet by default)
     --print-config                  print the resolved, validated config as YAML and exit; fed back
@@ -18,6 +18,8 @@ import argparse
 import yaml
 from pydantic import BaseModel
 
+from orchestrator.config import storage_root
+
 
 class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
     """The docstring as written, and every flag's default in ``--help``."""
@@ -30,7 +32,8 @@ def job_parser(doc: str, preset_dir: str | None) -> argparse.ArgumentParser:
     src.add_argument("--config", help="a YAML config file (e.g. one written by --print-config)")
     ap.add_argument("--name", help="run name (default: <kind>-<time>)")
     ap.add_argument("--tracking-uri", help="MLflow tracking URI (default: env MLFLOW_TRACKING_URI, else ./mlruns)")
-    ap.add_argument("--storage", help="local path or s3:// URI for corpora, checkpoints and sweeps")
+    ap.add_argument("--storage", help="local path or s3:// URI for corpora, checkpoints and sweeps "
+                    "(default: $SIEVE_STORAGE/runs when SIEVE_STORAGE is set, else the config's run.storage)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bars")
     ap.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     ap.add_argument("--verbose", action="store_true", help="Ray's worker logs and Tune's status table too")
@@ -39,10 +42,13 @@ def job_parser(doc: str, preset_dir: str | None) -> argparse.ArgumentParser:
 
 
 def location_overrides(args: argparse.Namespace, prefix: str = "") -> list[str]:
-    """--storage / --tracking-uri as overrides of the config's ``run.storage`` / ``tracking.tracking_uri``."""
+    """--storage / --tracking-uri as overrides of the config's ``run.storage`` / ``tracking.tracking_uri``.
+    Without --storage, ``$SIEVE_STORAGE/runs`` when SIEVE_STORAGE is set (a cluster from infra/: one
+    bucket, runs under its runs/ prefix), whatever the preset says."""
     out = []
-    if args.storage:
-        out.append(f"{prefix}run.storage={args.storage}")
+    storage = args.storage or (f"{root}/runs" if (root := storage_root()) else None)
+    if storage:
+        out.append(f"{prefix}run.storage={storage}")
     if args.tracking_uri:
         out.append(f"{prefix}tracking.tracking_uri={args.tracking_uri}")
     return out
