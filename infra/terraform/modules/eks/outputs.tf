@@ -19,6 +19,11 @@ output "cluster_security_group_id" {
 }
 
 output "workload_role_arns" {
-  description = "IRSA role ARN per service account (ray, mlflow)."
+  description = "IRSA role ARN per service account (ray, mlflow, cluster-autoscaler)."
   value       = { for k, r in aws_iam_role.workload : k => r.arn }
+}
+
+output "workload_role_names" {
+  description = "IRSA role name per service account (for policies attached elsewhere)."
+  value       = { for k, r in aws_iam_role.workload : k => r.name }
 }

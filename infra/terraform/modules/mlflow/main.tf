@@ -1,117 +1,53 @@
-# MLflow tracking server: a Deployment behind a ClusterIP Service (reachable only inside the
-# cluster / VPC, via kubectl port-forward for people), an encrypted private RDS PostgreSQL backend
-# whose password lives in Secrets Manager, and the S3 artifact root.
-resource "random_password" "db" {
+# MLflow tracking server in the cluster: MLflow's basic-auth app (admin credential from a Kubernetes
+# secret, a non-admin `sieve-jobs` user whose credential the Ray pods get as MLFLOW_TRACKING_USERNAME
+# / MLFLOW_TRACKING_PASSWORD), the PostgreSQL backend whose credential infra/mlflow/serve.py reads
+# from Secrets Manager at start (never in a manifest, argv or Terraform state), S3 artifacts served
+# through the server, a ClusterIP Service, and a NetworkPolicy that admits port 5000 from Ray pods
+# only (people use kubectl port-forward).
+locals {
+  port = 5000
+  # Host headers the server accepts (DNS-rebinding protection). A client sends the port it dialled,
+  # so every in-cluster name carries :5000; localhost/127.0.0.1 serve `kubectl port-forward`.
+  # tests/infra/test_mlflow_server.py starts a real server with this list and calls it as a job would.
+  allowed_hosts = [
+    "mlflow:5000",
+    "mlflow.${var.namespace}:5000",
+    "mlflow.${var.namespace}.svc:5000",
+    "mlflow.${var.namespace}.svc.cluster.local:5000",
+    "localhost:5000",
+    "127.0.0.1:5000",
+  ]
+}
+
+resource "random_password" "admin" {
   length  = 32
   special = false
 }
 
-resource "aws_secretsmanager_secret" "db" {
-  name       = "${var.name}/mlflow-db"
-  kms_key_id = var.kms_key_arn
-  tags       = var.tags
+resource "random_password" "flask" {
+  length  = 48
+  special = false
 }
 
-resource "aws_secretsmanager_secret_version" "db" {
-  secret_id     = aws_secretsmanager_secret.db.id
-  secret_string = jsonencode({ username = "mlflow", password = random_password.db.result })
+resource "random_password" "jobs" {
+  length  = 32
+  special = false
 }
 
-resource "aws_db_subnet_group" "this" {
-  name       = "${var.name}-mlflow"
-  subnet_ids = var.private_subnet_ids
-  tags       = var.tags
-}
-
-resource "aws_security_group" "db" {
-  name        = "${var.name}-mlflow-db"
-  description = "PostgreSQL for MLflow: reachable from inside the VPC only"
-  vpc_id      = var.vpc_id
-  tags        = var.tags
-}
-
-resource "aws_vpc_security_group_ingress_rule" "db_from_vpc" {
-  security_group_id = aws_security_group.db.id
-  description       = "PostgreSQL from the cluster nodes"
-  referenced_security_group_id = var.cluster_security_group_id
-  from_port         = 5432
-  to_port           = 5432
-  ip_protocol       = "tcp"
-}
-
-resource "aws_db_instance" "this" {
-  identifier                          = "${var.name}-mlflow"
-  engine                              = "postgres"
-  engine_version                      = var.postgres_version
-  instance_class                      = var.db_instance_class
-  allocated_storage                   = 20
-  max_allocated_storage               = 200
-  db_name                             = "mlflow"
-  username                            = "mlflow"
-  password                            = random_password.db.result
-  db_subnet_group_name                = aws_db_subnet_group.this.name
-  vpc_security_group_ids              = [aws_security_group.db.id]
-  publicly_accessible                 = false
-  storage_encrypted                   = true
-  kms_key_id                          = var.kms_key_arn
-  multi_az                            = var.multi_az
-  backup_retention_period             = 14
-  deletion_protection                 = true
-  skip_final_snapshot                 = false
-  final_snapshot_identifier           = "${var.name}-mlflow-final"
-  copy_tags_to_snapshot               = true
-  iam_database_authentication_enabled = true
-  auto_minor_version_upgrade          = true
-  performance_insights_enabled        = true
-  performance_insights_kms_key_id     = var.kms_key_arn
-  enabled_cloudwatch_logs_exports     = ["postgresql", "upgrade"]
-  parameter_group_name                = aws_db_parameter_group.this.name
-  monitoring_interval                 = 60
-  monitoring_role_arn                 = aws_iam_role.rds_monitoring.arn
-  tags                                = var.tags
-}
-
-resource "aws_db_parameter_group" "this" {
-  name   = "${var.name}-mlflow-pg16"
-  family = "postgres16"
-  parameter {
-    name  = "log_statement"
-    value = "ddl"
-  }
-  parameter {
-    name  = "log_min_duration_statement"
-    value = "1000"
-  }
-  parameter {
-    name         = "rds.force_ssl"
-    value        = "1"
-    apply_method = "pending-reboot"
-  }
-  tags = var.tags
-}
-
-resource "aws_iam_role" "rds_monitoring" {
-  name = "${var.name}-rds-monitoring"
-  assume_role_policy = jsonencode({
-    Version   = "2012-10-17"
-    Statement = [{ Effect = "Allow", Principal = { Service = "monitoring.rds.amazonaws.com" }, Action = "sts:AssumeRole" }]
-  })
-  tags = var.tags
-}
-
-resource "aws_iam_role_policy_attachment" "rds_monitoring" {
-  role       = aws_iam_role.rds_monitoring.name
-  policy_arn = "arn:aws:iam::aws:policy/service-role/AmazonRDSEnhancedMonitoringRole"
-}
-
-resource "kubernetes_secret_v1" "db" {
+resource "kubernetes_secret_v1" "admin" {
   metadata {
-    name      = "mlflow-db"
+    name      = "mlflow-admin"
     namespace = var.namespace
   }
-  data = {
-    uri = "postgresql://mlflow:${random_password.db.result}@${aws_db_instance.this.address}:5432/mlflow?sslmode=require"
+  data = { username = "admin", password = random_password.admin.result, flask_secret_key = random_password.flask.result }
+}
+
+resource "kubernetes_secret_v1" "jobs" {
+  metadata {
+    name      = "mlflow-jobs"
+    namespace = var.namespace
   }
+  data = { username = "sieve-jobs", password = random_password.jobs.result }
 }
 
 resource "kubernetes_service_account_v1" "mlflow" {
@@ -145,36 +81,75 @@ resource "kubernetes_deployment_v1" "mlflow" {
           run_as_user     = 1000
         }
         volume {
-          name = "db-uri"
-          secret {
-            secret_name  = kubernetes_secret_v1.db.metadata[0].name
-            default_mode = "0400"
-          }
-        }
-        volume {
           name = "tmp"
-          empty_dir {}
+          empty_dir {
+            medium = "Memory"
+          }
         }
         container {
           name              = "mlflow"
           image             = var.image
           image_pull_policy = "Always"
-          # The database URI (with its password) is read from a mounted secret file, never an env var or arg in the spec.
-          command = ["sh", "-c", join(" ", ["exec mlflow server --host 0.0.0.0 --port 5000",
-            "--backend-store-uri \"$(cat /secrets/db/uri)\"",
-            "--artifacts-destination s3://${var.bucket}/mlflow --serve-artifacts",
-          "--allowed-hosts mlflow,mlflow.${var.namespace},mlflow.${var.namespace}.svc,localhost:5000,127.0.0.1:5000"])]
-          volume_mount {
-            name       = "db-uri"
-            mount_path = "/secrets/db"
-            read_only  = true
+          command = ["python", "/app/infra/mlflow/serve.py",
+            "--host", "0.0.0.0", "--port", tostring(local.port),
+            "--db-secret-arn", var.db_secret_arn,
+            "--artifacts-destination", "s3://${var.bucket}/mlflow",
+          "--allowed-hosts", join(",", local.allowed_hosts)]
+          env {
+            name  = "AWS_REGION"
+            value = var.region
+          }
+          env {
+            name = "MLFLOW_AUTH_ADMIN_USERNAME"
+            value_from {
+              secret_key_ref {
+                name = kubernetes_secret_v1.admin.metadata[0].name
+                key  = "username"
+              }
+            }
+          }
+          env {
+            name = "MLFLOW_AUTH_ADMIN_PASSWORD"
+            value_from {
+              secret_key_ref {
+                name = kubernetes_secret_v1.admin.metadata[0].name
+                key  = "password"
+              }
+            }
+          }
+          env {
+            name = "MLFLOW_FLASK_SERVER_SECRET_KEY" # CSRF protection of the auth app's forms
+            value_from {
+              secret_key_ref {
+                name = kubernetes_secret_v1.admin.metadata[0].name
+                key  = "flask_secret_key"
+              }
+            }
+          }
+          env {
+            name = "SIEVE_JOBS_USERNAME"
+            value_from {
+              secret_key_ref {
+                name = kubernetes_secret_v1.jobs.metadata[0].name
+                key  = "username"
+              }
+            }
+          }
+          env {
+            name = "SIEVE_JOBS_PASSWORD"
+            value_from {
+              secret_key_ref {
+                name = kubernetes_secret_v1.jobs.metadata[0].name
+                key  = "password"
+              }
+            }
           }
           volume_mount {
             name       = "tmp"
             mount_path = "/tmp"
           }
           port {
-            container_port = 5000
+            container_port = local.port
           }
           security_context {
             allow_privilege_escalation = false
@@ -190,14 +165,15 @@ resource "kubernetes_deployment_v1" "mlflow" {
           liveness_probe {
             http_get {
               path = "/health"
-              port = 5000
+              port = local.port
             }
-            period_seconds = 20
+            initial_delay_seconds = 30
+            period_seconds        = 20
           }
           readiness_probe {
             http_get {
               path = "/health"
-              port = 5000
+              port = local.port
             }
           }
         }
@@ -215,8 +191,33 @@ resource "kubernetes_service_v1" "mlflow" {
     type     = "ClusterIP"
     selector = { app = "mlflow" }
     port {
-      port        = 5000
-      target_port = 5000
+      port        = local.port
+      target_port = local.port
+    }
+  }
+}
+
+# Only Ray pods (the jobs) reach MLflow; everything else in the cluster is refused.
+resource "kubernetes_network_policy_v1" "mlflow" {
+  metadata {
+    name      = "mlflow-from-ray"
+    namespace = var.namespace
+  }
+  spec {
+    pod_selector {
+      match_labels = { app = "mlflow" }
+    }
+    policy_types = ["Ingress"]
+    ingress {
+      from {
+        pod_selector {
+          match_labels = { "app.kubernetes.io/part-of" = var.client_part_of }
+        }
+      }
+      ports {
+        port     = tostring(local.port)
+        protocol = "TCP"
+      }
     }
   }
 }

@@ -1,9 +1,19 @@
 output "tracking_uri" {
   description = "In-cluster MLflow tracking URI (ClusterIP service)."
-  value       = "http://mlflow.${var.namespace}.svc:5000"
+  value       = "http://mlflow.${var.namespace}.svc:${local.port}"
 }
 
-output "db_secret_arn" {
-  description = "Secrets Manager secret holding the database credentials."
-  value       = aws_secretsmanager_secret.db.arn
+output "allowed_hosts" {
+  description = "Host headers the server accepts."
+  value       = local.allowed_hosts
+}
+
+output "jobs_secret_name" {
+  description = "Kubernetes secret with the jobs' MLflow credential (username, password)."
+  value       = kubernetes_secret_v1.jobs.metadata[0].name
+}
+
+output "admin_secret_name" {
+  description = "Kubernetes secret with the MLflow admin credential (for people promoting models)."
+  value       = kubernetes_secret_v1.admin.metadata[0].name
 }

@@ -1,28 +1,3 @@
-variable "name" {
-  type        = string
-  description = "Resource prefix."
-}
-
-variable "vpc_id" {
-  type        = string
-  description = "VPC of the database."
-}
-
-variable "private_subnet_ids" {
-  type        = list(string)
-  description = "Private subnets for the database."
-}
-
-variable "cluster_security_group_id" {
-  type        = string
-  description = "The EKS cluster security group: the only source allowed to reach PostgreSQL."
-}
-
-variable "kms_key_arn" {
-  type        = string
-  description = "KMS key encrypting the database, its performance insights and the secret."
-}
-
 variable "namespace" {
   type        = string
   description = "Kubernetes namespace of the MLflow server."
@@ -30,7 +5,17 @@ variable "namespace" {
 
 variable "role_arn" {
   type        = string
-  description = "IRSA role of the MLflow service account (artifact prefix of the bucket)."
+  description = "IRSA role of the MLflow service account (the bucket's mlflow/ prefix and the database secret)."
+}
+
+variable "db_secret_arn" {
+  type        = string
+  description = "Secrets Manager secret with the database credential (from the aws root)."
+}
+
+variable "region" {
+  type        = string
+  description = "AWS region of the secret and the bucket."
 }
 
 variable "bucket" {
@@ -38,35 +23,17 @@ variable "bucket" {
   description = "Project bucket; artifacts go under s3://BUCKET/mlflow."
 }
 
+variable "client_part_of" {
+  type        = string
+  description = "Value of the app.kubernetes.io/part-of label of the pods allowed to reach MLflow (the Ray pods)."
+  default     = "sieve-ray"
+}
+
 variable "image" {
   type        = string
-  description = "Container image with mlflow==3.17.2 and psycopg2 (the project image works)."
+  description = "Container image with mlflow[auth]==3.17.2, psycopg2 and infra/mlflow/serve.py (the project image)."
   validation {
     condition     = can(regex("@sha256:[0-9a-f]{64}$", var.image))
     error_message = "image must be pinned by digest (...@sha256:<64 hex>)."
   }
-}
-
-variable "postgres_version" {
-  type        = string
-  description = "RDS PostgreSQL engine version."
-  default     = "16.4"
-}
-
-variable "db_instance_class" {
-  type        = string
-  description = "RDS instance class."
-  default     = "db.t4g.small"
-}
-
-variable "multi_az" {
-  type        = bool
-  description = "Run the database in two availability zones."
-  default     = true
-}
-
-variable "tags" {
-  type        = map(string)
-  description = "Tags applied to every resource."
-  default     = {}
 }

@@ -28,9 +28,14 @@ variable "tracking_uri" {
   description = "MLflow tracking URI inside the cluster."
 }
 
+variable "mlflow_secret_name" {
+  type        = string
+  description = "Kubernetes secret with the jobs' MLflow credential (username, password)."
+}
+
 variable "storage_uri" {
   type        = string
-  description = "s3:// URI for corpora, runs and checkpoints."
+  description = "The bucket root as s3://BUCKET (SIEVE_STORAGE in the pods): runs/, models/, corpora/ under it."
   validation {
     condition     = startswith(var.storage_uri, "s3://")
     error_message = "storage_uri must be an s3:// URI: nothing may assume a shared local disk on a cluster."
@@ -44,6 +49,21 @@ variable "kuberay_chart_version" {
   validation {
     condition     = can(regex("^[0-9]+\\.[0-9]+\\.[0-9]+$", var.kuberay_chart_version))
     error_message = "Pin an exact chart version (x.y.z)."
+  }
+}
+
+variable "cpu_worker_group" {
+  type = object({
+    min    = number
+    max    = number
+    cpus   = number
+    memory = string
+  })
+  description = "Ray CPU worker group (parsing actors, trial drivers) on the EKS cpu node group."
+  default     = { min = 0, max = 4, cpus = 14, memory = "56Gi" }
+  validation {
+    condition     = var.cpu_worker_group.min >= 0 && var.cpu_worker_group.max >= var.cpu_worker_group.min && var.cpu_worker_group.cpus >= 1
+    error_message = "cpu_worker_group needs 0 <= min <= max and at least one CPU."
   }
 }
 

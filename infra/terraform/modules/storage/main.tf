@@ -1,5 +1,6 @@
-# One KMS key for the project and one private, versioned, encrypted, TLS-only bucket for corpora,
-# augmented shards, Ray storage, checkpoints and MLflow artifacts.
+# One KMS key for the project and one private, versioned, encrypted, TLS-only bucket. Its prefixes:
+# models/ (source encoders, read-only to jobs), corpora/ (raw corpora, read-only to jobs), runs/
+# (Ray storage: built corpora, checkpoints, exports, sweep reports) and mlflow/ (MLflow artifacts).
 data "aws_caller_identity" "current" {}
 
 resource "aws_kms_key" "this" {
@@ -34,8 +35,9 @@ resource "aws_kms_alias" "this" {
 }
 
 resource "aws_s3_bucket" "this" {
-  bucket = var.bucket_name
-  tags   = var.tags
+  bucket        = var.bucket_name
+  force_destroy = var.force_destroy # false: destroy refuses a non-empty bucket (see infra/README.md, Teardown)
+  tags          = var.tags
 }
 
 resource "aws_s3_bucket_public_access_block" "this" {

@@ -22,6 +22,12 @@ variable "checkpoint_retention_days" {
   }
 }
 
+variable "force_destroy" {
+  type        = bool
+  description = "Let terraform destroy delete the bucket with every object version in it (set true and apply only when tearing down)."
+  default     = false
+}
+
 variable "access_log_bucket" {
   type        = string
   description = "Bucket receiving S3 server access logs (null: logging off)."

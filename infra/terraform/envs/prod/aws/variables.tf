@@ -45,43 +45,51 @@ variable "public_api_cidrs" {
 
 variable "namespace" {
   type        = string
-  description = "Kubernetes namespace for Ray and MLflow."
+  description = "Kubernetes namespace for Ray and MLflow (the IRSA roles trust service accounts in it; ../k8s reads it from this root)."
   default     = "sieve"
-}
-
-variable "image" {
-  type        = string
-  description = "The training image built from infra/Dockerfile (ECR URI, ideally @sha256 digest)."
-  validation {
-    condition     = can(regex("@sha256:[0-9a-f]{64}$", var.image))
-    error_message = "image must be pinned by digest (...@sha256:<64 hex>)."
-  }
 }
 
 variable "gpu_node_groups" {
   type = map(object({
     instance_types = list(string)
+    gpus_per_node  = number
     min_size       = number
     max_size       = number
     spot           = bool
   }))
-  description = "EKS GPU node groups (see the cost table in infra/README.md)."
+  description = "EKS GPU node groups, scaled from zero by cluster-autoscaler (see the cost table in infra/README.md)."
   default = {
-    a10g = { instance_types = ["g5.2xlarge"], min_size = 0, max_size = 4, spot = true }
+    a10g = { instance_types = ["g5.2xlarge"], gpus_per_node = 1, min_size = 0, max_size = 4, spot = true }
   }
 }
 
-variable "ray_gpu_worker_groups" {
-  type = list(object({
-    name   = string
-    min    = number
-    max    = number
-    gpus   = number
-    cpus   = number
-    memory = string
-  }))
-  description = "Ray worker groups, one per GPU node group."
-  default     = [{ name = "a10g", min = 0, max = 4, gpus = 1, cpus = 7, memory = "28Gi" }]
+variable "cpu_node_group" {
+  type = object({
+    instance_types = list(string)
+    min_size       = number
+    max_size       = number
+    spot           = bool
+  })
+  description = "EKS CPU worker node group (parsing actors, trial drivers), scaled from zero."
+  default     = { instance_types = ["m6i.4xlarge"], min_size = 0, max_size = 4, spot = false }
+}
+
+variable "deletion_protection" {
+  type        = bool
+  description = "RDS deletion protection; set false and apply before terraform destroy."
+  default     = true
+}
+
+variable "force_destroy" {
+  type        = bool
+  description = "Let terraform destroy empty the versioned bucket; set true and apply only when tearing down."
+  default     = false
+}
+
+variable "db_password_version" {
+  type        = number
+  description = "Bump to rotate MLflow's database password (then restart the MLflow deployment)."
+  default     = 1
 }
 
 variable "tags" {
