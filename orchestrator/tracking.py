@@ -12,12 +12,14 @@
 
 from __future__ import annotations
 
+import base64
 import math
 import os
 import re
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -73,6 +75,33 @@ def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
     except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise TrackingError(f"MLflow tracking server {uri} unreachable ({reason})") from None
+    check_admitted(uri, timeout_s)
+
+
+def check_admitted(uri: str, timeout_s: float = 5.0) -> None:
+    """``/health`` is exempt from authentication and Host checks; one API call is not. A server behind
+    MLflow's basic-auth app (infra/) that refuses the credential, or a Host it does not allow, fails
+    here in one line instead of on the run's first logging call."""
+    req = urllib.request.Request(uri.rstrip("/") + "/api/2.0/mlflow/experiments/search?max_results=1")
+    user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    if user and password:
+        token = base64.b64encode(f"{user}:{password}".encode()).decode()
+        req.add_header("Authorization", f"Basic {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s):  # noqa: S310 - http(s) only
+            return
+    except urllib.error.HTTPError as exc:
+        body = exc.read(500).decode(errors="replace").lower()
+        if exc.code == 401:
+            who = (f"user {user!r} and its password were refused" if user and password else
+                   "no credential given: set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD")
+            raise TrackingError(f"MLflow tracking server {uri} requires authentication (HTTP 401): {who}") from None
+        if exc.code == 403 and "host" in body:
+            host = urllib.parse.urlsplit(uri).netloc
+            raise TrackingError(f"MLflow tracking server {uri} refused the Host header {host!r} (HTTP 403): "
+                                f"add it, with its port, to the server's --allowed-hosts") from None
+    except (urllib.error.URLError, TimeoutError, ConnectionError, OSError):
+        return  # /health answered; a flaky probe is not worth failing the job for
 
 
 def setup(tracking_uri: str | None = None, experiment: str = "sieve", *, check: bool = True) -> str:

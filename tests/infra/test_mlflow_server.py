@@ -146,6 +146,49 @@ def test_refusals(served, monkeypatch):
     assert r.status_code == 403, r.text
 
 
+def test_a_host_outside_the_list_is_named_before_any_work(served, monkeypatch):
+    """Our client from loopback on a test port sends a Host the rendered list does not hold: the
+    preflight's probe says so in one line (``/health`` alone would have passed)."""
+    from orchestrator import tracking
+    from orchestrator.errors import TrackingError
+
+    job_credential(monkeypatch)
+    with pytest.raises(TrackingError, match=r"refused the Host header '127\.0\.0\.1:\d+' .*--allowed-hosts"):
+        tracking.check_reachable(served["base"])
+
+
+def test_the_jobs_credential_comes_from_the_environment(served, tmp_path, monkeypatch):
+    """A server whose list admits our loopback Host: without MLFLOW_TRACKING_USERNAME/PASSWORD the
+    preflight names the two variables; a wrong password is refused without being printed; the
+    right one lets tracking.setup make the experiment."""
+    from orchestrator import tracking
+    from orchestrator.errors import TrackingError
+
+    port = free_port()
+    for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+        monkeypatch.delenv(k, raising=False)
+    log = tmp_path / "serve.log"
+    proc = subprocess.Popen([sys.executable, str(SERVE), "--port", str(port), "--workers", "1",
+                             "--allowed-hosts", f"127.0.0.1:{port}", "--artifacts-destination", str(tmp_path / "a"),
+                             "--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"],
+                            env=served["env"], stdout=open(log, "w"), stderr=subprocess.STDOUT)  # noqa: SIM115
+    try:
+        wait_for_line(log, "jobs user", proc)
+        uri = f"http://127.0.0.1:{port}"
+        with pytest.raises(TrackingError, match="HTTP 401.*set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD"):
+            tracking.setup(uri, "auth-check")
+        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "sieve-jobs")
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "not-the-password")
+        with pytest.raises(TrackingError, match="user 'sieve-jobs' and its password were refused") as err:
+            tracking.setup(uri, "auth-check")
+        assert "not-the-password" not in str(err.value)
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "jobs-password-1")
+        assert tracking.setup(uri, "auth-check")
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
 def test_restart_resets_the_jobs_password_to_the_secret(served):
     """A rotated Kubernetes secret takes effect on the next start; the old password stops working."""
     served["proc"].terminate()
