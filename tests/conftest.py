@@ -197,6 +197,11 @@ def ray_cluster(tmp_path_factory, s3_endpoint):
     endpoint's variables are in the head's environment, as a cluster's pod identity would be.
     """
     port, dashboard = free_port(), free_port()
+    # Every port the head's agents open, chosen free: the defaults (agent HTTP 52365, ...) are fixed, so a
+    # second Ray on the machine (another test run, a user's `ray start`) made this head's job agent fail to
+    # bind, and `ray job submit` answer "No available agent to submit job" for minutes.
+    agent_ports = [f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
+                   f"--runtime-env-agent-port={free_port()}", f"--metrics-export-port={free_port()}"]
     env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(RAY_TOKEN_FILE)}  # set at import (above)
     os.environ.update(env)
     # the venv's bin first on PATH: `ray job submit` entrypoints resolve `python` from ray start's PATH
@@ -209,7 +214,7 @@ def ray_cluster(tmp_path_factory, s3_endpoint):
     try:  # from here on, whatever fails, the cluster's processes are stopped (a leftover head confuses later runs)
         subprocess.run([str(BIN / "ray"), "start", "--head", "--num-cpus=4", f"--port={port}",
                         "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}", f"--temp-dir={temp_dir}",
-                        "--disable-usage-stats"], check=True, capture_output=True, timeout=120, env=start_env)
+                        "--disable-usage-stats", *agent_ports], check=True, capture_output=True, timeout=120, env=start_env)
         os.environ["RAY_ADDRESS"] = f"127.0.0.1:{port}"
         os.environ["SIEVE_TEST_DASHBOARD"] = f"http://127.0.0.1:{dashboard}"
         ray.init()
