@@ -77,7 +77,7 @@ def test_metrics_reach_mlflow_while_the_run_trains(ray_cluster, tiny_bert_dir, m
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "jobs" / "train.py"), "--method", "simcse", "--preset", "smoke", "--no-progress",
          "--no-base", "--storage", str(tmp_path / "store"), "--tracking-uri", mlflow_server, "--name", "live",
-         f"model.name_or_path={tiny_bert_dir}", "model.max_length=16", "train.batch_size=8", "train.max_steps=16",
+         f"model.name_or_path={tiny_bert_dir}", "model.max_length=16", "train.batch_size=8", "train.max_steps=8",
          "train.eval_steps=2", "train.log_steps=1", "train.epochs=6", "data.limit=60", "data.parser_workers=1", "eval.tasks=[stsb]",
          "eval.max_length=32", "tracking.experiment=live"],
         cwd=tmp_path, env={**env, "SIEVE_STEP_DELAY_S": "1.5"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -101,5 +101,5 @@ def test_metrics_reach_mlflow_while_the_run_trains(ray_cluster, tiny_bert_dir, m
     run = client.search_runs([client.get_experiment_by_name("live").experiment_id])
     assert len(run) == 1 and run[0].info.status == "FINISHED"  # the end of the run went into the same run
     final = client.get_metric_history(run[0].info.run_id, "stsb_dev_spearman")
-    assert sorted(m.step for m in final) == [2, 4, 6, 8, 10, 12, 14, 16]  # each evaluation once
+    assert sorted(m.step for m in final) == [2, 4, 6, 8]  # each evaluation once
     assert "samples_per_s" in run[0].data.metrics and "test_sts_stsb_spearman_all" in run[0].data.metrics
