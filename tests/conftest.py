@@ -1,7 +1,10 @@
 """Shared fixtures: real services on loopback, started once per test session.
 
 * ``s3_endpoint``: a real S3-compatible HTTP server (``moto_server``) on 127.0.0.1.
-* ``mlflow_server``: a real ``mlflow server`` on 127.0.0.1 with a SQLite backend.
+* ``postgres_uri``: a real PostgreSQL on 127.0.0.1 (MLflow's backend in the cluster), or None on a
+  machine without PostgreSQL.
+* ``mlflow_server``: a real ``mlflow server`` on 127.0.0.1: on PostgreSQL with 2 workers, as the
+  cluster runs it, where PostgreSQL exists; SQLite with 1 worker otherwise.
 * ``ray_cluster``: a real local Ray head (``ray start --head``) shared by every Ray test.
 Nothing here is mocked.
 """
@@ -98,16 +101,63 @@ def s3_bucket(s3_endpoint, request):
     return f"s3://{name}"
 
 
+def postgres_bin() -> Path | None:
+    """The newest PostgreSQL server binaries on the machine (Debian's layout, else the PATH)."""
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parts[-3]))
+    if found:
+        return found[-1].parent
+    which = shutil.which("initdb")
+    return Path(which).parent if which and shutil.which("pg_ctl") else None
+
+
 @pytest.fixture(scope="session")
-def mlflow_server(tmp_path_factory):
-    """A real MLflow tracking server on 127.0.0.1 with a SQLite store (about 20 s to start)."""
+def postgres_uri():
+    """A throwaway PostgreSQL cluster on 127.0.0.1 (trust auth on loopback: a test database), with an
+    empty ``mlflow`` database; None where the machine has no PostgreSQL. initdb refuses root, so as
+    root the server runs as the ``postgres`` user."""
+    pg = postgres_bin()
+    if pg is None:
+        yield None
+        return
+    import psycopg2
+
+    root = Path(tempfile.mkdtemp(prefix="sieve-pg-", dir="/tmp"))  # not under pytest's 0700 tree
+    as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    if as_user:
+        shutil.chown(root, "postgres")
+    data, port = root / "data", free_port()
+    try:
+        subprocess.run([*as_user, str(pg / "initdb"), "-D", str(data), "-U", "mlflow", "--auth=trust", "-E", "UTF8"],
+                       check=True, capture_output=True, timeout=120)
+        subprocess.run([*as_user, str(pg / "pg_ctl"), "-D", str(data), "-l", str(root / "server.log"), "-w",
+                        "-o", f"-p {port} -k {root} -c listen_addresses=127.0.0.1", "start"],
+                       check=True, capture_output=True, timeout=120)
+        conn = psycopg2.connect(host="127.0.0.1", port=port, user="mlflow", dbname="postgres")
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute("CREATE DATABASE mlflow")  # the mlflow_server fixture's
+            cur.execute("CREATE DATABASE serve")   # infra/mlflow/serve.py's, in tests/infra
+        conn.close()
+        # SQLAlchemy 2.1 maps a bare postgresql:// to psycopg 3; the stack (and the image) has psycopg2
+        yield f"postgresql+psycopg2://mlflow@127.0.0.1:{port}/mlflow"
+    finally:
+        subprocess.run([*as_user, str(pg / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
+                       capture_output=True, timeout=60)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory, postgres_uri):
+    """A real MLflow tracking server on 127.0.0.1 (about 15 s to start): PostgreSQL and 2 workers like
+    the cluster's, where PostgreSQL exists; SQLite and 1 worker otherwise."""
     root = tmp_path_factory.mktemp("mlflow-server")
     port = free_port()
+    backend, workers = (postgres_uri, "2") if postgres_uri else (f"sqlite:///{root / 'db.sqlite'}", "1")
     proc = subprocess.Popen(
-        [str(BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{root / 'db.sqlite'}",
+        [str(BIN / "mlflow"), "server", "--backend-store-uri", backend,
          "--default-artifact-root", str(root / "artifacts"), "--serve-artifacts",
          "--artifacts-destination", str(root / "artifacts"),
-         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+         "--host", "127.0.0.1", "--port", str(port), "--workers", workers],
         stdout=open(root / "server.log", "w"), stderr=subprocess.STDOUT, start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"

@@ -80,7 +80,9 @@ def test_bad_input_catalogue(tmp_path, tiny_bert_dir, s3_endpoint):
 
 
 @pytest.mark.slow
-def test_concurrent_registration_gets_distinct_versions(mlflow_server, tiny_bert_dir, monkeypatch):
+def test_concurrent_registration_gets_distinct_versions(mlflow_server, postgres_uri, tiny_bert_dir, monkeypatch):
+    """Two jobs register under one name at once: distinct versions, one alias. Against PostgreSQL and a
+    2-worker server (the cluster's setup) where the machine has PostgreSQL."""
     import mlflow
 
     from orchestrator import tracking
@@ -100,6 +102,12 @@ def test_concurrent_registration_gets_distinct_versions(mlflow_server, tiny_bert
         versions.append(int(out.strip().splitlines()[-1]))
     assert sorted(versions) == [1, 2]
     assert tracking.alias_version("shared-name", "candidate") in (1, 2)
+    if postgres_uri:  # the versions really live in PostgreSQL
+        import psycopg2
+
+        with psycopg2.connect(postgres_uri.replace("postgresql+psycopg2", "postgresql")) as conn, conn.cursor() as cur:
+            cur.execute("SELECT version FROM model_versions WHERE name = 'shared-name' ORDER BY version")
+            assert [v for (v,) in cur.fetchall()] == [1, 2]
 
 
 def test_tracking_outage_after_training_keeps_the_run_and_sync_logs_it(mlflow_server, tiny_bert_dir, tmp_path,

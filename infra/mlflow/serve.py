@@ -39,7 +39,7 @@ def log(msg: str) -> None:
 
 
 def backend_uri_from_secret(arn: str) -> str:
-    """``postgresql://user:pass@host:port/db?sslmode=require`` from the RDS secret (JSON)."""
+    """``postgresql+psycopg2://user:pass@host:port/db?sslmode=require`` from the RDS secret (JSON)."""
     import boto3  # the image has it (S3 artifacts); lazy so --help works without AWS libraries
 
     raw = boto3.client("secretsmanager").get_secret_value(SecretId=arn)["SecretString"]
@@ -48,7 +48,8 @@ def backend_uri_from_secret(arn: str) -> str:
     if missing:
         raise SystemExit(f"{arn}: the database secret lacks {sorted(missing)}")
     user, pw = urllib.parse.quote(s["username"], safe=""), urllib.parse.quote(s["password"], safe="")
-    return f"postgresql://{user}:{pw}@{s['host']}:{s['port']}/{s['dbname']}?sslmode=require"
+    # the driver named: SQLAlchemy 2.1 maps a bare postgresql:// to psycopg 3, the image has psycopg2
+    return f"postgresql+psycopg2://{user}:{pw}@{s['host']}:{s['port']}/{s['dbname']}?sslmode=require"
 
 
 def write_auth_config(backend_uri: str, directory: Path) -> Path:

@@ -4,8 +4,9 @@
 ``--allowed-hosts`` list read from ``infra/terraform/modules/mlflow/main.tf`` (namespace ``sieve``),
 and a job calls it the way a Ray pod does: Host ``mlflow.sieve.svc:5000`` (what a client dialling
 the module's tracking URI sends) and the credential MLflow resolves from
-``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD``. Only the database differs: SQLite here,
-RDS PostgreSQL in the cluster (the Secrets Manager path is exercised against the moto endpoint).
+``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD``. The database is a PostgreSQL on loopback
+where the machine has one (SQLite otherwise); the Secrets Manager path that gives the cluster its RDS
+URI is exercised against the moto endpoint.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def wait_for_line(path: Path, needle: str, proc: subprocess.Popen, timeout_s: fl
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
+def served(tmp_path_factory, postgres_uri):
     tmp = tmp_path_factory.mktemp("mlflow-auth")
     port = free_port()
     env = {**os.environ, "MLFLOW_AUTH_ADMIN_USERNAME": "admin", "MLFLOW_AUTH_ADMIN_PASSWORD": "admin-password-1",
@@ -95,7 +96,8 @@ def served(tmp_path_factory):
            "SIEVE_JOBS_USERNAME": "sieve-jobs", "SIEVE_JOBS_PASSWORD": "jobs-password-1"}
     for k in ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
         env.pop(k, None)
-    db = f"sqlite:///{tmp / 'mlflow.db'}"
+    # PostgreSQL as in the cluster (tracking and auth tables in one database), where the machine has it
+    db = postgres_uri.rsplit("/", 1)[0] + "/serve" if postgres_uri else f"sqlite:///{tmp / 'mlflow.db'}"
     proc = start(tmp, port, env, "--backend-store-uri", db)
     try:
         text = wait_for_line(tmp / f"serve-{port}.log", "jobs user", proc)
@@ -225,7 +227,7 @@ def test_database_credential_from_secrets_manager(s3_endpoint, tmp_path):
         {"username": "mlflow", "password": "p@ss/w%rd", "host": "db.internal", "port": 5432,
          "dbname": "mlflow"}))["ARN"]
     uri = serve.backend_uri_from_secret(arn)
-    assert uri == "postgresql://mlflow:p%40ss%2Fw%25rd@db.internal:5432/mlflow?sslmode=require"
+    assert uri == "postgresql+psycopg2://mlflow:p%40ss%2Fw%25rd@db.internal:5432/mlflow?sslmode=require"
     ini = serve.write_auth_config(uri, tmp_path)
     assert oct(ini.stat().st_mode & 0o777) == "0o600"
     import configparser
