@@ -37,7 +37,7 @@ def render(template: str, namespace: str = NAMESPACE, port: int | None = None) -
 
 
 def module_locals() -> dict:
-    (locals_,) = parse(MODULE / "main.tf")["locals"]
+    (locals_,) = parse(MODULE / "main.tf")["locals"]  # one locals block
     return locals_
 
 
@@ -245,4 +245,4 @@ def test_no_secret_in_the_rendered_manifest():
     """The Deployment passes the secret ARN, never a credential; credentials come from secretKeyRef."""
     text = (MODULE / "main.tf").read_text()
     assert "--db-secret-arn" in text and "backend-store-uri" not in text
-    assert text.count("secret_key_ref") == 5
+    assert len(module_locals()["secret_env"]) == 5 and text.count("secret_key_ref") == 1  # one dynamic block

@@ -136,10 +136,16 @@ def rule_mlflow_authenticated(repo: Path) -> list[str]:
     container = dep["spec"][0]["template"][0]["spec"][0]["container"][0]
     if "/app/infra/mlflow/serve.py" not in json.dumps(container.get("command")):
         bad.append("MLflow does not start through infra/mlflow/serve.py (the basic-auth entrypoint)")
-    env = {e["name"]: e for e in container.get("env", [])}
+    # the credential variables: a dynamic env block over local.secret_env, each a secret_key_ref
+    from_secrets = [d["env"] for d in container.get("dynamic", []) if "env" in d
+                    and "secret_key_ref" in json.dumps(d["env"]["content"])]
+    secret_env = {} if not from_secrets or from_secrets[0]["for_each"] != "${local.secret_env}" else next(
+        (b["secret_env"] for doc in docs.values() for b in doc.get("locals", []) if "secret_env" in b), {})
+    plain = {e["name"] for e in container.get("env", [])}
     for name in ("MLFLOW_AUTH_ADMIN_USERNAME", "MLFLOW_AUTH_ADMIN_PASSWORD", "MLFLOW_FLASK_SERVER_SECRET_KEY",
                  "SIEVE_JOBS_USERNAME", "SIEVE_JOBS_PASSWORD"):
-        if "secret_key_ref" not in json.dumps(env.get(name, {})):
+        ref = secret_env.get(name, {})
+        if name in plain or not str(ref.get("secret", "")).startswith("${kubernetes_secret_v1."):
             bad.append(f"MLflow's {name} does not come from a Kubernetes secret")
     serve = (repo / "infra" / "mlflow" / "serve.py").read_text()
     if '"basic-auth"' not in serve:
@@ -346,6 +352,8 @@ BREAKS = [
     ("mlflow_authenticated", "infra/terraform/modules/mlflow/main.tf",
      'command = ["python", "/app/infra/mlflow/serve.py",', 'command = ["mlflow", "server",'),
     ("mlflow_authenticated", "infra/mlflow/serve.py", '"basic-auth"', '"no-auth"'),
+    ("mlflow_authenticated", "infra/terraform/modules/mlflow/main.tf",
+     '    MLFLOW_AUTH_ADMIN_PASSWORD     = { secret = kubernetes_secret_v1.admin.metadata[0].name, key = "password" }\n', ""),
     ("mlflow_authenticated", "infra/k8s/raycluster.yaml.tftpl",
      "              - name: MLFLOW_TRACKING_PASSWORD\n                valueFrom:\n                  secretKeyRef:\n"
      "                    name: ${mlflow_secret}\n                    key: password\n", ""),

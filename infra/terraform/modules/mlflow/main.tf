@@ -17,6 +17,14 @@ locals {
     "localhost:5000",
     "127.0.0.1:5000",
   ]
+  # the Deployment's credential variables, each from a Kubernetes secret (names only in the manifest)
+  secret_env = {
+    MLFLOW_AUTH_ADMIN_USERNAME     = { secret = kubernetes_secret_v1.admin.metadata[0].name, key = "username" }
+    MLFLOW_AUTH_ADMIN_PASSWORD     = { secret = kubernetes_secret_v1.admin.metadata[0].name, key = "password" }
+    MLFLOW_FLASK_SERVER_SECRET_KEY = { secret = kubernetes_secret_v1.admin.metadata[0].name, key = "flask_secret_key" }
+    SIEVE_JOBS_USERNAME            = { secret = kubernetes_secret_v1.jobs.metadata[0].name, key = "username" }
+    SIEVE_JOBS_PASSWORD            = { secret = kubernetes_secret_v1.jobs.metadata[0].name, key = "password" }
+  }
 }
 
 resource "random_password" "admin" {
@@ -99,48 +107,17 @@ resource "kubernetes_deployment_v1" "mlflow" {
             name  = "AWS_REGION"
             value = var.region
           }
-          env {
-            name = "MLFLOW_AUTH_ADMIN_USERNAME"
-            value_from {
-              secret_key_ref {
-                name = kubernetes_secret_v1.admin.metadata[0].name
-                key  = "username"
-              }
-            }
-          }
-          env {
-            name = "MLFLOW_AUTH_ADMIN_PASSWORD"
-            value_from {
-              secret_key_ref {
-                name = kubernetes_secret_v1.admin.metadata[0].name
-                key  = "password"
-              }
-            }
-          }
-          env {
-            name = "MLFLOW_FLASK_SERVER_SECRET_KEY" # CSRF protection of the auth app's forms
-            value_from {
-              secret_key_ref {
-                name = kubernetes_secret_v1.admin.metadata[0].name
-                key  = "flask_secret_key"
-              }
-            }
-          }
-          env {
-            name = "SIEVE_JOBS_USERNAME"
-            value_from {
-              secret_key_ref {
-                name = kubernetes_secret_v1.jobs.metadata[0].name
-                key  = "username"
-              }
-            }
-          }
-          env {
-            name = "SIEVE_JOBS_PASSWORD"
-            value_from {
-              secret_key_ref {
-                name = kubernetes_secret_v1.jobs.metadata[0].name
-                key  = "password"
+          # Credentials, each from a Kubernetes secret: the admin's and the CSRF key (MLflow reads them
+          # itself), the jobs user's (serve.py creates it or resets its password at start).
+          dynamic "env" {
+            for_each = local.secret_env
+            content {
+              name = env.key
+              value_from {
+                secret_key_ref {
+                  name = env.value.secret
+                  key  = env.value.key
+                }
               }
             }
           }
