@@ -191,7 +191,7 @@ def register(model_uri: str, name: str, *, alias: str | None = None, description
         if description:
             client.update_model_version(name, mv.version, description=description)
         if alias:
-            client.set_registered_model_alias(name, alias, mv.version)
+            set_alias(name, alias, int(mv.version))
     except Exception as exc:  # noqa: BLE001
         raise TrackingError(f"cannot register {model_uri} as {name!r}: {exc}") from None
     return int(mv.version)
@@ -205,8 +205,19 @@ def alias_version(name: str, alias: str) -> int | None:
         return None
 
 
-def set_alias(name: str, alias: str, version: int) -> None:
-    MlflowClient().set_registered_model_alias(name, alias, str(version))
+def set_alias(name: str, alias: str, version: int, attempts: int = 5) -> None:
+    """Point ``alias`` at ``version``. MLflow's SQL store sets an alias with a read then an insert, so
+    two jobs setting one alias at once on PostgreSQL (the cluster's store, several server workers)
+    can collide on the alias key; the loser retries - setting an alias is idempotent - and the
+    last writer wins, as with one worker."""
+    for attempt in range(attempts):
+        try:
+            MlflowClient().set_registered_model_alias(name, alias, str(version))
+            return
+        except MlflowException as exc:
+            if attempt == attempts - 1 or not re.search(r"UniqueViolation|duplicate key|UNIQUE constraint", str(exc)):
+                raise
+            time.sleep(0.2 * (attempt + 1))
 
 
 def find_run(experiment_id: str, tags: dict[str, str]):

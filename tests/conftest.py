@@ -157,7 +157,10 @@ def mlflow_server(tmp_path_factory, postgres_uri):
         [str(BIN / "mlflow"), "server", "--backend-store-uri", backend,
          "--default-artifact-root", str(root / "artifacts"), "--serve-artifacts",
          "--artifacts-destination", str(root / "artifacts"),
-         "--host", "127.0.0.1", "--port", str(port), "--workers", workers],
+         "--host", "127.0.0.1", "--port", str(port), "--workers", workers,
+         # uvicorn kills a worker that misses a 5 s health ping; on loaded cores importing MLflow takes
+         # longer, and the workers were killed and restarted until the fixture gave up
+         "--uvicorn-opts", "--timeout-worker-healthcheck 120"],
         stdout=open(root / "server.log", "w"), stderr=subprocess.STDOUT, start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"

@@ -128,7 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     cmd = [sys.executable, "-m", "mlflow", "server", "--app-name", "basic-auth",
            "--host", args.host, "--port", str(args.port), "--workers", str(args.workers),
            "--artifacts-destination", args.artifacts_destination, "--serve-artifacts",
-           "--allowed-hosts", args.allowed_hosts]
+           "--allowed-hosts", args.allowed_hosts,
+           # uvicorn kills a worker that misses a 5 s health ping; importing MLflow on a busy node takes
+           # longer, and the workers were killed and restarted in a loop (seen on 2 loaded cores)
+           "--uvicorn-opts", "--timeout-worker-healthcheck 120"]
     log(f"starting MLflow (basic-auth) on {args.host}:{args.port}, artifacts {args.artifacts_destination}, "
         f"allowed hosts {args.allowed_hosts}")
     proc = subprocess.Popen(cmd, env=env)  # noqa: S603 - fixed argv
