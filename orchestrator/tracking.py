@@ -104,6 +104,22 @@ def check_admitted(uri: str, timeout_s: float = 5.0) -> None:
         return  # /health answered; a flaky probe is not worth failing the job for
 
 
+UNREACHABLE = re.compile(r"Max retries exceeded|Connection refused|Failed to establish a new connection|"
+                         r"Connection aborted|RemoteDisconnected|Name or service not known|timed out")
+
+
+def is_unreachable(exc: BaseException) -> bool:
+    """True for a tracking server that is not there (refused, reset, unresolvable, timing out) - after
+    MLflow's own retries - as opposed to a server that answered with an error."""
+    if isinstance(exc, TrackingError):
+        return "unreachable" in str(exc)
+    if isinstance(exc, ConnectionError | TimeoutError | urllib.error.URLError):
+        return True
+    names = {c.__name__ for c in type(exc).__mro__}
+    return bool(names & {"ConnectionError", "MaxRetryError", "NewConnectionError", "ProtocolError"}) or (
+        isinstance(exc, MlflowException) and bool(UNREACHABLE.search(str(exc))))
+
+
 def setup(tracking_uri: str | None = None, experiment: str = "sieve", *, check: bool = True) -> str:
     """Point MLflow at the resolved URI, make sure the experiment exists; return the experiment id."""
     uri = resolve_tracking_uri(tracking_uri)

@@ -67,3 +67,37 @@ def test_redaction_by_key_and_value(monkeypatch):
     assert "SUPERSECRETVALUE123" not in str(params)
     assert params["mlflow.password"] == params["ray.auth_token"] == tracking.REDACTED
     assert params["lr"] == "0.1"
+
+
+def test_a_server_gone_at_publish_ends_the_sweep_with_the_resume_line(monkeypatch):
+    """#18: the tracking server dies after a sweep trained: the job's last line says nothing is lost and
+    gives the command that publishes without training again (the real MLflow client's error against a
+    dead port, also when the parent run's own exit fails on top of it); other errors pass through."""
+    from conftest import free_port
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    from orchestrator.config import load_config
+    from orchestrator.drivers.sweep_job import SweepPlan, publish_outage
+    from trainers.sifter_simcse import ContrastiveConfig
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    dead = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(Exception) as gone:
+        MlflowClient(tracking_uri=dead).search_experiments()
+    assert tracking.is_unreachable(gone.value)
+    cfg = load_config(ContrastiveConfig, "configs/sifter_simcse/smoke.yaml", [f"tracking.tracking_uri={dead}"])
+    plan = SweepPlan("tiny", None, None, cfg, "1", default_dir="sifter_sweep")
+    line = publish_outage(gone.value, plan)
+    assert isinstance(line, TrackingError) and dead in str(line) and cfg.run.storage in str(line)
+    assert "python jobs/sifter_sweep.py --name tiny --resume" in str(line)
+    try:  # the run's exit fails again while the first error is handled: still recognised
+        try:
+            raise gone.value
+        except Exception:
+            raise RuntimeError("end_run failed") from None
+    except RuntimeError as exc:
+        exc.__context__ = gone.value
+        assert publish_outage(exc, plan) is not None
+    assert publish_outage(ValueError("a bug"), plan) is None
+    assert publish_outage(MlflowException("RESOURCE_DOES_NOT_EXIST: no such model"), plan) is None

@@ -36,7 +36,7 @@ from orchestrator.drivers.registry import get_method
 from orchestrator.drivers.report import write_sweep_report
 from orchestrator.drivers.sweep import SweepJobConfig, check_space, run_sweep, trial_config, trial_rows
 from orchestrator.drivers.train import Outcome, checkpoint_at, export_and_test, preflight
-from orchestrator.errors import ConfigError
+from orchestrator.errors import ConfigError, TrackingError
 from orchestrator.evaluation.suite import TestReport, compare_table, headline_metrics
 from orchestrator.export import write_model_card
 from orchestrator.spec import BaseResult, MethodSpec
@@ -59,6 +59,7 @@ class SweepPlan:
     resume: bool = False
     progress: bool = True
     verbose: bool = False
+    default_dir: str = ""  # the job's preset folder = its script's name (jobs/<default_dir>.py)
 
 
 def resolve(args: argparse.Namespace, default_dir: str) -> SweepPlan:
@@ -88,7 +89,7 @@ def resolve(args: argparse.Namespace, default_dir: str) -> SweepPlan:
                          spec, base, "")
     exp_id = preflight(base)  # tracking server, storage, model source: fail before any Ray work
     name = storage.safe_name(args.name or f"{default_dir}-{time.strftime('%Y%m%d-%H%M%S')}", "--name")
-    return SweepPlan(name, job, spec, base, exp_id, args.resume, not args.no_progress, args.verbose)
+    return SweepPlan(name, job, spec, base, exp_id, args.resume, not args.no_progress, args.verbose, default_dir)
 
 
 # ---------------------------------------------------------------- 2. run
@@ -189,6 +190,24 @@ def publish(plan: SweepPlan, result: SweepResult, parent_id: str) -> dict:
                           if uri.startswith("sqlite") else uri), "gate": line}
 
 
+def publish_outage(exc: BaseException, plan: SweepPlan) -> TrackingError | None:
+    """The tracking server went away after training (publishing, or ending the parent run): nothing is
+    lost - every trial's reports and checkpoints are in the sweep's storage and each publish step is
+    idempotent - so the job ends with one line saying how to finish it, instead of a traceback."""
+    seen, chain = set(), []
+    while exc is not None and id(exc) not in seen:  # the run's own exit may fail again on top of it
+        seen.add(id(exc))
+        chain.append(exc)
+        exc = exc.__context__
+    if not any(tracking.is_unreachable(e) for e in chain):
+        return None
+    uri = tracking.resolve_tracking_uri(plan.base.tracking.tracking_uri)
+    return TrackingError(f"MLflow tracking server {uri} went away while sweep {plan.name!r} was being published; "
+                         f"every trial's results and checkpoints are kept in {plan.base.run.storage}. When the "
+                         f"server is back: python jobs/{plan.default_dir}.py --name {plan.name} --resume "
+                         "(publishes without training again)")
+
+
 def main(doc: str, default_dir: str) -> int:
     args = parse_args(doc, default_dir)
     plan = resolve(args, default_dir)
@@ -196,14 +215,18 @@ def main(doc: str, default_dir: str) -> int:
         return print_config(plan.job)
     parent = (tracking.find_run(plan.exp_id, {"sieve.sweep": plan.name, "sieve.role": "sweep"})
               if plan.resume else None)
-    with mlflow.start_run(run_id=parent.info.run_id if parent else None, experiment_id=plan.exp_id,
-                          run_name=None if parent else plan.name) as parent_run:
-        if parent is None:
-            mlflow.set_tags({"sieve.sweep": plan.name, "sieve.role": "sweep", "sieve.method": plan.job.method})
-            tracking.log_params({"base": plan.base.model_dump(mode="json"),
-                                 "space": plan.job.sweep.model_dump(mode="json"), "config_hash": config_hash(plan.base)})
-        result = run(plan, parent_run.info.run_id)
-        summary = publish(plan, result, parent_run.info.run_id)
+    try:
+        with mlflow.start_run(run_id=parent.info.run_id if parent else None, experiment_id=plan.exp_id,
+                              run_name=None if parent else plan.name) as parent_run:
+            if parent is None:
+                mlflow.set_tags({"sieve.sweep": plan.name, "sieve.role": "sweep", "sieve.method": plan.job.method})
+                tracking.log_params({"base": plan.base.model_dump(mode="json"),
+                                     "space": plan.job.sweep.model_dump(mode="json"),
+                                     "config_hash": config_hash(plan.base)})
+            result = run(plan, parent_run.info.run_id)
+            summary = publish(plan, result, parent_run.info.run_id)
+    except Exception as exc:
+        raise publish_outage(exc, plan) or exc  # noqa: B904 - the outage line replaces MLflow's retries' traceback
     shutdown_ray()
     print(result.test.table)
     if result.base is not None:
