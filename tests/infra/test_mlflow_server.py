@@ -163,9 +163,16 @@ def test_the_jobs_credential_comes_from_the_environment(served, tmp_path, monkey
     """A server whose list admits our loopback Host: without MLFLOW_TRACKING_USERNAME/PASSWORD the
     preflight names the two variables; a wrong password is refused without being printed; the
     right one lets tracking.setup make the experiment."""
+    import mlflow
+    from mlflow.tracking import fluent
+    from mlflow.tracking._tracking_service import utils as tracking_utils
+
     from orchestrator import tracking
     from orchestrator.errors import TrackingError
 
+    # tracking.setup points MLflow (and MLFLOW_TRACKING_URI, for subprocesses) at this short-lived server:
+    # put back what was there, or every later job subprocess would aim at a dead port
+    before = (os.environ.get("MLFLOW_TRACKING_URI"), tracking_utils._tracking_uri, fluent._active_experiment_id)
     port = free_port()
     for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
         monkeypatch.delenv(k, raising=False)
@@ -189,6 +196,11 @@ def test_the_jobs_credential_comes_from_the_environment(served, tmp_path, monkey
     finally:
         proc.terminate()
         proc.wait(30)
+        mlflow.set_tracking_uri(before[1])
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+        if before[0] is not None:
+            os.environ["MLFLOW_TRACKING_URI"] = before[0]
+        fluent._active_experiment_id = before[2]
 
 
 def test_restart_resets_the_jobs_password_to_the_secret(served):
