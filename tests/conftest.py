@@ -127,17 +127,24 @@ def postgres_uri():
         shutil.chown(root, "postgres")
     data, port = root / "data", free_port()
     try:
-        subprocess.run([*as_user, str(pg / "initdb"), "-D", str(data), "-U", "mlflow", "--auth=trust", "-E", "UTF8"],
-                       check=True, capture_output=True, timeout=120)
-        subprocess.run([*as_user, str(pg / "pg_ctl"), "-D", str(data), "-l", str(root / "server.log"), "-w",
-                        "-o", f"-p {port} -k {root} -c listen_addresses=127.0.0.1", "start"],
-                       check=True, capture_output=True, timeout=120)
-        conn = psycopg2.connect(host="127.0.0.1", port=port, user="mlflow", dbname="postgres")
-        conn.autocommit = True
-        with conn.cursor() as cur:
-            cur.execute("CREATE DATABASE mlflow")  # the mlflow_server fixture's
-            cur.execute("CREATE DATABASE serve")   # infra/mlflow/serve.py's, in tests/infra
-        conn.close()
+        try:
+            subprocess.run([*as_user, str(pg / "initdb"), "-D", str(data), "-U", "mlflow", "--auth=trust",
+                            "-E", "UTF8"], check=True, capture_output=True, timeout=120)
+            subprocess.run([*as_user, str(pg / "pg_ctl"), "-D", str(data), "-l", str(root / "server.log"), "-w",
+                            "-o", f"-p {port} -k {root} -c listen_addresses=127.0.0.1", "start"],
+                           check=True, capture_output=True, timeout=120)
+            conn = psycopg2.connect(host="127.0.0.1", port=port, user="mlflow", dbname="postgres")
+            conn.autocommit = True
+            with conn.cursor() as cur:
+                cur.execute("CREATE DATABASE mlflow")  # the mlflow_server fixture's
+                cur.execute("CREATE DATABASE serve")   # infra/mlflow/serve.py's, in tests/infra
+            conn.close()
+        except (subprocess.SubprocessError, OSError, psycopg2.Error) as exc:  # a machine whose PostgreSQL cannot start
+            detail = getattr(exc, "stderr", b"") or b""
+            print(f"\nwarning: PostgreSQL at {pg} did not start ({exc}; {detail.decode(errors='replace')[-300:]}); "
+                  "MLflow tests use SQLite", file=sys.stderr)
+            yield None
+            return
         # SQLAlchemy 2.1 maps a bare postgresql:// to psycopg 3; the stack (and the image) has psycopg2
         yield f"postgresql+psycopg2://mlflow@127.0.0.1:{port}/mlflow"
     finally:
