@@ -189,8 +189,9 @@ def logged_models(run_id: str, name: str = "model") -> list[str]:
     """The model ids of the complete (READY) models named ``name`` that ``run_id`` logged. MLflow 3 keeps a
     logged model beside the run, not among its artifacts, so ``list_artifacts`` never shows it; a model
     whose upload was cut short stays PENDING and does not count."""
-    exp = MlflowClient().get_run(run_id).info.experiment_id
-    found = MlflowClient().search_logged_models(
+    client = MlflowClient()
+    exp = client.get_run(run_id).info.experiment_id
+    found = client.search_logged_models(
         experiment_ids=[exp], filter_string=f"source_run_id = '{run_id}' AND name = '{name}'")
     return [m.model_id for m in found if str(m.status).endswith("READY")]
 

@@ -67,10 +67,11 @@ def test_the_old_value_is_caught():
     assert is_allowed_host_header(rendered_allowed_hosts(), in_cluster_host())
 
 
-def start(tmp: Path, port: int, env: dict, *extra: str) -> subprocess.Popen:
+def start(tmp: Path, port: int, env: dict, *extra: str, hosts: list[str] | None = None) -> subprocess.Popen:
+    """serve.py on loopback; ``hosts``: the --allowed-hosts list (default: the one the infra renders)."""
     log = open(tmp / f"serve-{port}.log", "a")  # noqa: SIM115 - closed with the process
     return subprocess.Popen([sys.executable, str(SERVE), "--port", str(port), "--workers", "1",
-                             "--allowed-hosts", ",".join(rendered_allowed_hosts()),
+                             "--allowed-hosts", ",".join(hosts or rendered_allowed_hosts()),
                              "--artifacts-destination", str(tmp / "artifacts"), *extra],
                             env=env, stdout=log, stderr=subprocess.STDOUT)
 
@@ -176,13 +177,10 @@ def test_the_jobs_credential_comes_from_the_environment(served, tmp_path, monkey
     port = free_port()
     for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
         monkeypatch.delenv(k, raising=False)
-    log = tmp_path / "serve.log"
-    proc = subprocess.Popen([sys.executable, str(SERVE), "--port", str(port), "--workers", "1",
-                             "--allowed-hosts", f"127.0.0.1:{port}", "--artifacts-destination", str(tmp_path / "a"),
-                             "--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"],
-                            env=served["env"], stdout=open(log, "w"), stderr=subprocess.STDOUT)  # noqa: SIM115
+    proc = start(tmp_path, port, served["env"], "--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
+                 hosts=[f"127.0.0.1:{port}"])
     try:
-        wait_for_line(log, "jobs user", proc)
+        wait_for_line(tmp_path / f"serve-{port}.log", "jobs user", proc)
         uri = f"http://127.0.0.1:{port}"
         with pytest.raises(TrackingError, match="HTTP 401.*set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD"):
             tracking.setup(uri, "auth-check")
