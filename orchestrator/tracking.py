@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import base64
+import fcntl
 import math
 import os
 import re
@@ -21,6 +22,8 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +123,25 @@ def is_unreachable(exc: BaseException) -> bool:
         isinstance(exc, MlflowException) and bool(UNREACHABLE.search(str(exc))))
 
 
+@contextmanager
+def _first_use_lock(uri: str) -> Iterator[None]:
+    """Two jobs started at once on one embedded store both create (and migrate) the fresh SQLite file and
+    the experiment - seen as "Migration expected to match one row ... in 'alembic_version'". They take
+    turns through a lock file beside the database; a server store needs none."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    db = Path(uri[len("sqlite:///"):])
+    lock = db.with_name(db.name + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def setup(tracking_uri: str | None = None, experiment: str = "sieve", *, check: bool = True) -> str:
     """Point MLflow at the resolved URI, make sure the experiment exists; return the experiment id."""
     uri = resolve_tracking_uri(tracking_uri)
@@ -128,11 +150,12 @@ def setup(tracking_uri: str | None = None, experiment: str = "sieve", *, check: 
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
     try:
-        exp = mlflow.get_experiment_by_name(experiment)
-        if exp is None:
-            exp_id = mlflow.create_experiment(experiment, artifact_location=embedded_artifact_root(uri))
-        else:
-            exp_id = exp.experiment_id
+        with _first_use_lock(uri):
+            exp = mlflow.get_experiment_by_name(experiment)
+            if exp is None:
+                exp_id = mlflow.create_experiment(experiment, artifact_location=embedded_artifact_root(uri))
+            else:
+                exp_id = exp.experiment_id
     except Exception as exc:  # noqa: BLE001
         raise TrackingError(f"MLflow tracking server {uri}: cannot use experiment {experiment!r} ({exc})") from None
     mlflow.set_experiment(experiment_id=exp_id)

@@ -1,4 +1,6 @@
+import os
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -101,3 +103,21 @@ def test_a_server_gone_at_publish_ends_the_sweep_with_the_resume_line(monkeypatc
         assert publish_outage(exc, plan) is not None
     assert publish_outage(ValueError("a bug"), plan) is None
     assert publish_outage(MlflowException("RESOURCE_DOES_NOT_EXIST: no such model"), plan) is None
+
+
+def test_jobs_started_at_once_share_a_fresh_embedded_store(tmp_path):
+    """Two or more jobs started together on a laptop create (and migrate) one fresh embedded SQLite store:
+    without the lock one of them failed ("Migration expected to match one row ... alembic_version", or
+    the experiment created twice)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    code = (f"import sys; sys.path.insert(0, {str(root)!r}); from orchestrator import tracking; "
+            "print(tracking.setup(None, 'sieve'))")
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(4)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, [e[-800:] for _, e in outs]
+    assert len({o.strip().splitlines()[-1] for o, _ in outs}) == 1  # one experiment
