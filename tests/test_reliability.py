@@ -3,6 +3,7 @@ and concurrent registration against a real MLflow server."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +26,8 @@ def catalogue(tmp: Path, tiny: Path) -> list[tuple[str, list[str], str]]:
     gpt = tmp / "gpt"
     gpt.mkdir(exist_ok=True)
     (gpt / "config.json").write_text('{"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 1}')
-    ev, tr, sw, au = (str(JOBS / n) for n in ("evaluate.py", "train.py", "sifter_sweep.py", "augment_corpus.py"))
+    ev, tr, sw, au, ex = (str(JOBS / n) for n in ("evaluate.py", "train.py", "sifter_sweep.py", "augment_corpus.py",
+                                                  "siamese_experiments.py"))
     tsv_missing = write(tmp, "nocol.tsv", "sentence1\tsentence2\na\tb\n")
     tsv_nan = write(tmp, "nan.tsv", "sentence1\tsentence2\tscore\na\tb\thigh\n")
     tsv_empty = write(tmp, "empty.tsv", "")
@@ -42,6 +44,9 @@ def catalogue(tmp: Path, tiny: Path) -> list[tuple[str, list[str], str]]:
         ("config: malformed override", [tr, "--method", "simcse", "train.lr"], "expected key=value"),
         ("sweep: unknown space key", [sw, "sweep.space={nope: {grid: [1]}}"], "sweep.space.nope=1"),
         ("sweep: resume without name", [sw, "--resume"], "--resume needs --name"),
+        ("experiments: resume without name", [ex, "--resume"], "--resume needs --name"),
+        ("experiments: resume of nothing", [ex, "--name", "never", "--resume", "--storage", str(tmp / "st")],
+         "--resume: no experiments 'never' at"),
         ("corpus: missing input", [au, "--input", str(tmp / "none.txt"), "--output", str(tmp / "o")], "none.txt: no such input file or directory"),
         ("corpus: bad parser", [au, "--output", str(tmp / "o"), "parser.kind=udpipe"], "parser.kind: String should match pattern"),
         ("eval: missing column", [ev, "--sts-file", tsv_missing, "--tasks", ""], "nocol.tsv:1: missing column(s) score"),
@@ -62,19 +67,21 @@ def catalogue(tmp: Path, tiny: Path) -> list[tuple[str, list[str], str]]:
 def test_bad_input_catalogue(tmp_path, tiny_bert_dir, s3_endpoint):
     cases = catalogue(tmp_path, tiny_bert_dir)
     assert len(cases) >= 20
-    def check(case) -> str | None:
-        name, cmd, fragment = case
-        res = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, timeout=120, cwd=tmp_path)
-        err = res.stderr.strip().splitlines()
+    # one process imports the jobs' libraries once and forks a real process per case (catalogue_runner.py)
+    spec = tmp_path / "cases.json"
+    spec.write_text(json.dumps([{"name": n, "cmd": cmd, "cwd": str(tmp_path)} for n, cmd, _ in cases]))
+    res = subprocess.run([sys.executable, str(ROOT / "tests" / "catalogue_runner.py"), str(spec),
+                          str(tmp_path / "results.json")], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = {r["name"]: r for r in json.loads((tmp_path / "results.json").read_text())}
+    assert sorted(got) == sorted(n for n, _, _ in cases)
+    failures = []
+    for name, _, fragment in cases:
+        rc, stderr = got[name]["rc"], got[name]["stderr"]
+        err = stderr.strip().splitlines()
         last = err[-1] if err else ""
-        if res.returncode != 2 or "Traceback" in res.stderr or not last.startswith("error: ") or fragment not in last:
-            return f"{name}: rc={res.returncode} last={last!r}"
-        return None
-
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=3) as pool:  # independent processes; mostly import time
-        failures = [f for f in pool.map(check, cases) if f]
+        if rc != 2 or "Traceback" in stderr or not last.startswith("error: ") or fragment not in last:
+            failures.append(f"{name}: rc={rc} last={last!r}")
     assert failures == []
     assert not (tmp_path / "o").exists() and not (tmp_path / "outputs").exists()  # no partial output
 
