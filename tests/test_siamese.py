@@ -179,3 +179,67 @@ def test_results_table_and_chart(tmp_path):
     md = (tmp_path / "r" / "results.md").read_text()
     assert "| sentiment | sentiment140 | 10.00 | 20.00 | 30.00 |" in md and "| ORIG | SIAMESE | ALL |" in md
     assert (tmp_path / "r" / "delta.png").stat().st_size > 1000
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_experiments_job_survives_a_cut_publish_and_resumes_once(ray_cluster, tiny_bert_dir, tmp_path,
+                                                                 embedded_tracking, monkeypatch):
+    """#18: the experiments job trains and tests first (each model committed to its storage as it finishes),
+    then publishes. The tracking server going away mid-publish ends the job with one line and the --resume
+    command; the resume trains nothing again, finishes the publish, and a second resume adds no run and no
+    version. (The outage is injected: the registry call after the first registration raises the error the
+    MLflow client raises for a refused connection - a server killed at that instant is not reproducible.)"""
+    import mlflow
+
+    from orchestrator.drivers import experiments as ex
+    from orchestrator.drivers import publish as pub
+    from orchestrator.errors import ConfigError, TrackingError
+
+    cfg = ex.ExperimentsConfig.model_validate({
+        "base": {"model": {"name_or_path": str(tiny_bert_dir), "max_length": 32, "pooling": "mean"},
+                 "n_pairs": 160, "eval_pairs": 100, "train": {"lr": 1e-3, "batch_size": 16, "max_steps": 4, "eval_steps": 2},
+                 "scaling": {"num_workers": 1, "cpus_per_worker": 1}, "run": {"storage": str(tmp_path / "store")}},
+        "experiments": {"sentiment": {
+            "train": {"name": "sanders", "path": "data/tweets/sanders.tsv", "label_column": "sentiment",
+                      "where": {"sentiment": ["positive", "negative"]}},
+            "test": [{"name": "s140", "path": "data/tweets/sentiment140-test.tsv"}]}},
+        "all_pairs": 160, "models": ["orig", "siamese", "all"]})
+    fits, registrations = [], []
+    real_fit, real_register = ex.fit, pub.register
+    monkeypatch.setattr(ex, "fit", lambda *a, **k: fits.append(1) or real_fit(*a, **k))
+
+    def register_then_gone(*a, **k):
+        if registrations:
+            raise ConnectionError("HTTPConnectionPool: Max retries exceeded (Connection refused)")
+        registrations.append(1)
+        return real_register(*a, **k)
+
+    monkeypatch.setattr(pub, "register", register_then_gone)
+    with pytest.raises(TrackingError) as cut:
+        ex.run_experiments(cfg, "exp", out_root=tmp_path / "outputs")
+    line = str(cut.value)
+    assert "went away while experiments 'exp'" in line and "--name exp --resume" in line
+    assert str(tmp_path / "store") in line and len(fits) == 2
+    with pytest.raises(ConfigError, match="already exist"):  # a new job may not reuse the name
+        ex.run_experiments(cfg, "exp", out_root=tmp_path / "outputs")
+
+    monkeypatch.setattr(pub, "register", real_register)
+    out = ex.run_experiments(cfg, "exp", out_root=tmp_path / "outputs", resume=True)
+    assert len(fits) == 2  # nothing trained again
+    assert out["registered"] == {"siamese-sentiment": 1, "siamese-all": 1}
+    assert "published before" in out["gates"][0] and "published before" not in out["gates"][1]
+    again = ex.run_experiments(cfg, "exp", out_root=tmp_path / "outputs", resume=True)
+    assert len(fits) == 2 and again["registered"] == out["registered"]
+    assert all("published before" in g for g in again["gates"])
+    assert again["results"] == out["results"] and {"orig", "siamese", "all"} <= set(out["results"])
+
+    client = mlflow.MlflowClient()
+    exp_id = mlflow.get_experiment_by_name("sieve").experiment_id
+    runs = client.search_runs([exp_id], "tags.`sieve.sweep` = 'exp'")
+    assert sorted(r.data.tags.get("sieve.trial", "parent") for r in runs) == ["all", "orig", "parent", "siamese-sentiment"]
+    for name in ("siamese-sentiment", "siamese-all"):
+        assert len(client.search_model_versions(f"name = '{name}'")) == 1
+    assert (tmp_path / "outputs" / "reports" / "exp" / "results.md").is_file()
+    with pytest.raises(ConfigError, match="no experiments 'nope'"):
+        ex.run_experiments(cfg, "nope", out_root=tmp_path / "outputs", resume=True)

@@ -14,7 +14,9 @@ ORIG's on the same held-out texts.
 from __future__ import annotations
 
 import json
+import shutil
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,15 +26,17 @@ matplotlib.use("Agg")  # files only: no display on a cluster or a CI machine
 import matplotlib.pyplot as plt  # noqa: E402
 import mlflow  # noqa: E402
 import numpy as np  # noqa: E402
+from mlflow import MlflowClient  # noqa: E402
 from pydantic import Field  # noqa: E402
 
-from orchestrator import tracking  # noqa: E402
+from orchestrator import storage, tracking  # noqa: E402
 from orchestrator.config import MethodConfig, StrictModel, validate  # noqa: E402
 from orchestrator.data.labelled import LabelledSet  # noqa: E402
 from orchestrator.drivers import publish as pub  # noqa: E402
 from orchestrator.drivers.cluster import init_ray  # noqa: E402
 from orchestrator.drivers.registry import get_method  # noqa: E402
 from orchestrator.drivers.train import build_trainer, export_and_test, fit, preflight  # noqa: E402
+from orchestrator.errors import ConfigError  # noqa: E402
 from orchestrator.evaluation.suite import TestReport  # noqa: E402
 from orchestrator.spec import BaseResult  # noqa: E402
 from orchestrator.storage import atomic_dir  # noqa: E402
@@ -66,58 +70,123 @@ class ExperimentsConfig(StrictModel):
         return validate(get_method("siamese").config_cls, data, f"experiment {experiment or 'ALL'} ({mode})")
 
 
-def run_experiments(cfg: ExperimentsConfig, name: str, *, out_root: str | Path = "outputs", verbose: bool = False) -> dict:
+def run_experiments(cfg: ExperimentsConfig, name: str, *, out_root: str | Path = "outputs", verbose: bool = False,
+                    resume: bool = False) -> dict:
+    """Two phases. Train and test: ORIG measured, then every model trained, exported and tested, each
+    result committed to ``<run.storage>/experiments/<name>/`` as it finishes (no tracking server needed).
+    Publish: MLflow runs, registration and the report, every step idempotent. ``resume`` continues a
+    job that was killed or lost its tracking server: finished models are not trained again, and a
+    publish that already happened adds no run and no version."""
     spec = get_method("siamese")
     probe = cfg.run_config(next(iter(cfg.experiments)), "siamese")
     exp_id = preflight(probe)  # tracking server, storage, model source: fail before any Ray work
     for e in cfg.experiments.values():  # every data file readable before anything trains
         for s in (e.train, *e.test):
             s.rows()
-    init_ray(quiet=not verbose)
+    state = storage.join(probe.run.storage, "experiments", name)
+    if resume and not storage.exists(storage.join(state, "config.json")):
+        raise ConfigError(f"--resume: no experiments {name!r} at {state}")
+    if not resume and storage.exists(storage.join(state, "config.json")):
+        raise ConfigError(f"experiments {name!r} already exist at {state}: pass --resume, or another --name")
+    storage.write_bytes(storage.join(state, "config.json"), json.dumps(cfg.model_dump(mode="json")).encode())
     t0 = time.time()
+    runs = [(exp, mode) for exp in cfg.experiments for mode in ("naive", "siamese") if mode in cfg.models]
+    if "all" in cfg.models:
+        runs.append((None, "all"))
+    init_ray(quiet=not verbose)
+    origs = {exp: _measured_orig(spec, cfg, probe, exp, state) for exp in cfg.experiments}
+    origs[None] = _orig_of_all(origs)  # ALL's dev texts and test sets are the union of the experiments'
+    trained = {(exp, mode): _trained(spec, cfg, probe, exp, mode, name, state, Path(out_root) / "models" / name)
+               for exp, mode in runs}
+    try:
+        return _publish(cfg, name, exp_id, origs, trained, Path(out_root), time.time() - t0)
+    except Exception as exc:
+        line = pub.outage(exc, probe.tracking.tracking_uri, f"experiments {name!r}", state,
+                          f"python jobs/siamese_experiments.py --name {name} --resume")
+        raise line or exc  # noqa: B904 - the outage line replaces MLflow's retries' traceback
+
+
+def _label(exp: str | None, mode: str) -> str:
+    return f"{mode}-{exp}" if exp else "all"
+
+
+def _measured_orig(spec, cfg: ExperimentsConfig, probe, exp: str, state: str) -> BaseResult:
+    """ORIG on one experiment's dev texts and test sets; kept in the job's state, so a resume reuses it."""
+    uri = storage.join(state, f"orig-{exp}.json")
+    if storage.exists(uri):
+        d = json.loads(storage.read_bytes(uri))
+        return BaseResult(d["dev"], TestReport(**d["test"]), d["label"])
+    run_cfg = cfg.run_config(exp, "siamese")
+    run_cfg.model.pooling = probe.model.pooling
+    base = spec.evaluate_base(run_cfg)
+    storage.write_bytes(uri, json.dumps({"dev": base.dev, "label": base.label, "test": asdict(base.test)}).encode())
+    return base
+
+
+def _trained(spec, cfg: ExperimentsConfig, probe, exp: str | None, mode: str, name: str, state: str,
+             models_dir: Path) -> dict:
+    """Train, export and test one model - or, when the job's state holds it committed, fetch it back.
+    Returns {"model_dir", "metrics", "headline", "history", "best_dev", "config"}."""
+    label = _label(exp, mode)
+    uri, local = storage.join(state, label), models_dir / label
+    if storage.is_complete(uri):
+        if local.exists():
+            shutil.rmtree(local)
+        storage.get_dir(uri, local, require_complete=True)
+        done = json.loads((local / "sieve_result.json").read_text())
+        return {**done, "model_dir": local}
+    run_cfg = cfg.run_config(exp, "siamese" if mode == "all" else mode)
+    run_cfg.model.pooling = probe.model.pooling
+    shards = spec.prepare_data(run_cfg, progress=False)
+    outcome = fit(build_trainer(spec, run_cfg, shards, name=f"{name}-{label}"), spec, run_cfg)
+    model_dir, report = export_and_test(spec, run_cfg, outcome, local)
+    done = {"metrics": _sets_only(report.metrics), "headline": report.headline_value,
+            "history": [{k: v for k, v in h.items() if isinstance(v, int | float)} for h in outcome.history],
+            "best_dev": outcome.best_metrics.get(spec.metric, float("nan")),
+            "config": run_cfg.model_dump(mode="json")}
+    (model_dir / "sieve_result.json").write_text(json.dumps(done))
+    storage.put_dir(model_dir, uri)  # committed last: a model cut short is trained again on resume
+    return {**done, "model_dir": model_dir}
+
+
+def _publish(cfg: ExperimentsConfig, name: str, exp_id: str, origs: dict, trained: dict, out_root: Path,
+             wall_s: float) -> dict:
+    """MLflow parent and child runs, registration, the report. Idempotent: runs are found by their tags
+    (a child cut short is deleted and made again), versions by their key."""
+    spec = get_method("siamese")
     results: dict[str, dict[str, dict[str, float]]] = {}  # model → test set → metrics
+    for exp in cfg.experiments:
+        results.setdefault("orig", {}).update(_per_set(_sets_only(origs[exp].test.metrics)))
     registered, gates = {}, []
-    with mlflow.start_run(experiment_id=exp_id, run_name=name) as parent:
-        mlflow.set_tags({"sieve.sweep": name, "sieve.role": "experiments", "sieve.method": "siamese"})
-        tracking.log_params({"experiments": cfg.model_dump(mode="json")})
-        runs = [(exp, mode) for exp in cfg.experiments for mode in ("naive", "siamese") if mode in cfg.models]
-        if "all" in cfg.models:
-            runs.append((None, "all"))
-        origs = {}  # ORIG on each experiment's dev texts and test sets: the base every model stands beside
-        for exp in cfg.experiments:
-            run_cfg = cfg.run_config(exp, "siamese")
-            run_cfg.model.pooling = probe.model.pooling
-            origs[exp] = spec.evaluate_base(run_cfg)
-            results.setdefault("orig", {}).update(_per_set(_sets_only(origs[exp].test.metrics)))
-        origs[None] = _orig_of_all(origs)  # ALL's dev texts and test sets are the union of the experiments'
-        _child(exp_id, parent.info.run_id, name, "orig", {}, results.get("orig", {}))
-        for exp, mode in runs:
-            run_cfg = cfg.run_config(exp, "siamese" if mode == "all" else mode)
-            run_cfg.model.pooling = probe.model.pooling
-            label = f"{mode}-{exp}" if exp else "all"
-            shards = spec.prepare_data(run_cfg, progress=False)
-            outcome = fit(build_trainer(spec, run_cfg, shards, name=f"{name}-{label}"), spec, run_cfg)
-            model_dir, report = export_and_test(spec, run_cfg, outcome, Path(out_root) / "models" / name / label)
-            metrics = _sets_only(report.metrics)
-            results.setdefault(mode, {}).update(_per_set(metrics))
-            model_uri = _child(exp_id, parent.info.run_id, name, label, run_cfg.model_dump(mode="json"), _per_set(metrics),
-                               history=outcome.history, model_dir=model_dir if mode in ("siamese", "all") else None)
-            if mode in ("siamese", "all"):
-                best = outcome.best_metrics.get(spec.metric, float("nan"))
-                row = {"trial": label, "params": {}, "best_dev": best, "checkpoint_path": "-", "stopped_early": False}
-                choice = pub.Choice(row, best, origs[exp].dev, origs[exp].label, cfg.candidate_margin)
-                reg = pub.register(
-                    model_uri, "siamese-all" if mode == "all" else f"siamese-{exp}", choice,
-                    key=f"experiments:{name}:{label}",
-                    description=f"{name} {label}: Δ cos distance {report.headline_value * 100:.2f} (×100) on "
-                                f"{', '.join(s.name for s in run_cfg.test_sets)}; ORIG "
-                                f"{origs[exp].test.headline_value * 100:.2f}",
-                    tags={"experiments": name, "test_metric": "delta_mean", "test_score": f"{report.headline_value:.6f}",
-                          "base_test_score": f"{origs[exp].test.headline_value:.6f}"})
-                registered[reg["name"]] = reg["version"]
-                gates.append(pub.gate_line(choice, spec.metric_label, reg))
-        wall_s = time.time() - t0
-        report_dir = Path(out_root) / "reports" / name
+    parent = tracking.find_run(exp_id, {"sieve.sweep": name, "sieve.role": "experiments"})
+    with mlflow.start_run(run_id=parent.info.run_id if parent else None, experiment_id=exp_id,
+                          run_name=None if parent else name) as run:
+        if parent is None:
+            mlflow.set_tags({"sieve.sweep": name, "sieve.role": "experiments", "sieve.method": "siamese"})
+            tracking.log_params({"experiments": cfg.model_dump(mode="json")})
+        _child(exp_id, run.info.run_id, name, "orig", {}, results["orig"])
+        for (exp, mode), done in trained.items():
+            label = _label(exp, mode)
+            results.setdefault(mode, {}).update(_per_set(done["metrics"]))
+            model_uri = _child(exp_id, run.info.run_id, name, label, done["config"], _per_set(done["metrics"]),
+                               history=done["history"], model_dir=done["model_dir"] if mode != "naive" else None)
+            if mode == "naive":
+                continue
+            row = {"trial": label, "params": {}, "best_dev": done["best_dev"], "checkpoint_path": "-",
+                   "stopped_early": False}
+            choice = pub.Choice(row, done["best_dev"], origs[exp].dev, origs[exp].label, cfg.candidate_margin)
+            test_names = sorted({k.rpartition("_")[0] for k in done["metrics"]})
+            reg = pub.register(
+                model_uri, "siamese-all" if mode == "all" else f"siamese-{exp}", choice,
+                key=f"experiments:{name}:{label}",
+                description=f"{name} {label}: Δ cos distance {done['headline'] * 100:.2f} (×100) on "
+                            f"{', '.join(test_names)}; ORIG {origs[exp].test.headline_value * 100:.2f}",
+                tags={"experiments": name, "test_metric": "delta_mean", "test_score": f"{done['headline']:.6f}",
+                      "base_test_score": f"{origs[exp].test.headline_value:.6f}"})
+            registered[reg["name"]] = reg["version"]
+            line = pub.gate_line(choice, spec.metric_label, reg)
+            gates.append(line + ("" if reg["new"] else f" (published before: v{reg['version']} stands)"))
+        report_dir = out_root / "reports" / name
         write_results(report_dir, name, cfg, results, registered, wall_s, gates)
         mlflow.log_artifacts(str(report_dir), "report")
         mlflow.log_metric("wall_s", wall_s)
@@ -149,9 +218,17 @@ def _per_set(metrics: dict[str, float]) -> dict[str, dict[str, float]]:
 
 
 def _child(exp_id, parent_id, name, label, params, per_set, *, history=(), model_dir=None) -> str | None:
-    """One nested MLflow run; returns the logged model's URI (when ``model_dir`` is given)."""
+    """One nested MLflow run; returns the logged model's URI (when ``model_dir`` is given). A finished run
+    of this label (a resumed job's) is reused as it is; one cut short is deleted and made again."""
+    tags = {"sieve.sweep": name, "sieve.trial": label, "sieve.role": "trial"}
+    found = tracking.find_run(exp_id, tags)
+    if found is not None:
+        models = tracking.logged_models(found.info.run_id) if model_dir is not None else []
+        if found.info.status == "FINISHED" and (model_dir is None or models):
+            return f"models:/{models[0]}" if models else None
+        MlflowClient().delete_run(found.info.run_id)
     with mlflow.start_run(experiment_id=exp_id, run_name=label, nested=True, parent_run_id=parent_id):
-        mlflow.set_tags({"sieve.sweep": name, "sieve.trial": label, "sieve.role": "trial"})
+        mlflow.set_tags(tags)
         if params:
             tracking.log_params(params)
         for h in history:

@@ -35,6 +35,7 @@ from orchestrator.tracking import (
     create_child_run,
     find_run,
     find_version,
+    is_unreachable,
     log_metrics,
     log_sentence_encoder,
     logged_models,
@@ -266,3 +267,21 @@ def sync_pending(tracking_uri: str | None, pending: str) -> list[tuple[str, str]
         storage.remove(path)
         done.append((path, run_id))
     return done
+
+
+def outage(exc: BaseException, tracking_uri: str | None, what: str, kept_in: str, resume: str) -> TrackingError | None:
+    """The tracking server went away after training (publishing, or ending the parent run): nothing is
+    lost - results and checkpoints are in ``kept_in`` and each publish step is idempotent - so the job
+    ends with one line saying how to finish it, instead of a traceback. None for any other error."""
+    seen, chain = set(), []
+    while exc is not None and id(exc) not in seen:  # the run's own exit may fail again on top of it
+        seen.add(id(exc))
+        chain.append(exc)
+        exc = exc.__context__
+    if not any(is_unreachable(e) for e in chain):
+        return None
+    uri = resolve_tracking_uri(tracking_uri)
+    return TrackingError(f"MLflow tracking server {uri} went away while {what} was being published; every "
+                         f"result and checkpoint is kept in {kept_in}. When the server is back: {resume} "
+                         "(publishes without training again)")
+

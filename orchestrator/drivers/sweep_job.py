@@ -191,21 +191,9 @@ def publish(plan: SweepPlan, result: SweepResult, parent_id: str) -> dict:
 
 
 def publish_outage(exc: BaseException, plan: SweepPlan) -> TrackingError | None:
-    """The tracking server went away after training (publishing, or ending the parent run): nothing is
-    lost - every trial's reports and checkpoints are in the sweep's storage and each publish step is
-    idempotent - so the job ends with one line saying how to finish it, instead of a traceback."""
-    seen, chain = set(), []
-    while exc is not None and id(exc) not in seen:  # the run's own exit may fail again on top of it
-        seen.add(id(exc))
-        chain.append(exc)
-        exc = exc.__context__
-    if not any(tracking.is_unreachable(e) for e in chain):
-        return None
-    uri = tracking.resolve_tracking_uri(plan.base.tracking.tracking_uri)
-    return TrackingError(f"MLflow tracking server {uri} went away while sweep {plan.name!r} was being published; "
-                         f"every trial's results and checkpoints are kept in {plan.base.run.storage}. When the "
-                         f"server is back: python jobs/{plan.default_dir}.py --name {plan.name} --resume "
-                         "(publishes without training again)")
+    """The outage line (``publish.outage``) for a sweep: its trials are kept in the sweep's storage."""
+    return pub.outage(exc, plan.base.tracking.tracking_uri, f"sweep {plan.name!r}", plan.base.run.storage,
+                      f"python jobs/{plan.default_dir}.py --name {plan.name} --resume")
 
 
 def main(doc: str, default_dir: str) -> int:
