@@ -38,10 +38,17 @@ SIMCSE = {"lambda_xx": 1, "lambda_xy": 0, "lambda_xz": 0, "lambda_yz": 0}
 XY = {"lambda_xx": 0, "lambda_xy": 1, "lambda_xz": 0, "lambda_yz": 0}
 
 
-def run_job(tmp_path, *args, **kw):
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Path:
+    """One run storage for the module's sweeps (each has its own name): the content-addressed corpus of
+    the shared sweep file is built by the first and reused by the others, as on a cluster."""
+    return tmp_path_factory.mktemp("store")
+
+
+def run_job(tmp_path, store, *args, **kw):
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     return subprocess.Popen([sys.executable, str(ROOT / "jobs" / "sifter_sweep.py"), *args, "--no-progress",
-                             "--storage", str(tmp_path / "store")], cwd=tmp_path, env=env,
+                             "--storage", str(store)], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
 
@@ -59,9 +66,9 @@ def mlflow_at(tmp_path):
     return mlflow
 
 
-def test_tiny_sweep_registers_best_and_reports(ray_cluster, tiny_bert_dir, tmp_path):
+def test_tiny_sweep_registers_best_and_reports(ray_cluster, tiny_bert_dir, tmp_path, store):
     cfg = sweep_file(tmp_path, tiny_bert_dir, [SIFTER, SIMCSE])
-    proc = run_job(tmp_path, "--config", str(cfg), "--name", "tiny")
+    proc = run_job(tmp_path, store, "--config", str(cfg), "--name", "tiny")
     out, _ = proc.communicate(timeout=800)
     assert proc.returncode == 0, out[-4000:]
     summary = final_json(out)
@@ -129,7 +136,7 @@ def test_tiny_sweep_registers_best_and_reports(ray_cluster, tiny_bert_dir, tmp_p
     assert (report / "learning_curves.png").stat().st_size > 1000
 
 
-def test_ray_job_submit_runs_the_sweep(ray_cluster, tiny_bert_dir, tmp_path):
+def test_ray_job_submit_runs_the_sweep(ray_cluster, tiny_bert_dir, tmp_path, store):
     """The README's cluster command, against the session's head node: `ray job submit --working-dir .`."""
     cfg = sweep_file(tmp_path, tiny_bert_dir, [SIFTER])
     tracking = f"sqlite:///{tmp_path / 'submitted.db'}"
@@ -140,7 +147,7 @@ def test_ray_job_submit_runs_the_sweep(ray_cluster, tiny_bert_dir, tmp_path):
         res = subprocess.run(
             [str(Path(sys.executable).parent / "ray"), "job", "submit", "--working-dir", str(ROOT), "--",
              "python", "jobs/sifter_sweep.py", "--config", str(cfg), "--name", f"submitted{attempt or ''}",
-             "--no-progress", "--storage", str(tmp_path / "store"), "--tracking-uri", tracking],
+             "--no-progress", "--storage", str(store), "--tracking-uri", tracking],
             capture_output=True, text=True, timeout=800, env=env)
         if "No available agent to submit job" not in res.stderr:
             break
@@ -151,10 +158,10 @@ def test_ray_job_submit_runs_the_sweep(ray_cluster, tiny_bert_dir, tmp_path):
     assert summary["registered"]["version"] == 1 and summary["trials"] == 1
 
 
-def test_killed_driver_resumes_without_rerunning_finished_trials(ray_cluster, tiny_bert_dir, tmp_path):
+def test_killed_driver_resumes_without_rerunning_finished_trials(ray_cluster, tiny_bert_dir, tmp_path, store):
     cfg = sweep_file(tmp_path, tiny_bert_dir, [SIFTER, SIMCSE])  # killed while the 2nd runs
-    proc = run_job(tmp_path, "--config", str(cfg), "--name", "resumable", start_new_session=True)
-    invocations = tmp_path / "store" / "sweeps" / "resumable" / "invocations"
+    proc = run_job(tmp_path, store, "--config", str(cfg), "--name", "resumable", start_new_session=True)
+    invocations = store / "sweeps" / "resumable" / "invocations"
     deadline = time.time() + 600
     while time.time() < deadline:  # one trial at a time: a 2nd start means the 1st has finished
         if invocations.is_dir() and len(list(invocations.iterdir())) >= 2:
@@ -169,7 +176,7 @@ def test_killed_driver_resumes_without_rerunning_finished_trials(ray_cluster, ti
     proc.wait(30)
     first = {p.name.rsplit("-", 1)[0] for p in invocations.iterdir()}
 
-    proc = run_job(tmp_path, "--config", str(cfg), "--name", "resumable", "--resume")
+    proc = run_job(tmp_path, store, "--config", str(cfg), "--name", "resumable", "--resume")
     out, _ = proc.communicate(timeout=800)
     assert proc.returncode == 0, out[-4000:]
     assert final_json(out)["trials"] == 2
@@ -183,7 +190,7 @@ def test_killed_driver_resumes_without_rerunning_finished_trials(ray_cluster, ti
     # Tune snapshots its state every few seconds: a driver killed right after a trial ended brings it
     # back as unfinished. Made certain here: the latest snapshot is edited to say both trials were
     # still RUNNING; resumed, they are called again, replay their reports, and train nothing.
-    sweep_dir = tmp_path / "store" / "sweeps" / "resumable"
+    sweep_dir = store / "sweeps" / "resumable"
     replays = sweep_dir / "replays"  # (the first resume may already have replayed the trial killed at its end)
     replayed = len(list(replays.iterdir())) if replays.is_dir() else 0
     state_file = sorted(sweep_dir.glob("experiment_state-*.json"))[-1]
@@ -194,7 +201,7 @@ def test_killed_driver_resumes_without_rerunning_finished_trials(ray_cluster, ti
         entry[0] = json.dumps({**trial, "status": "RUNNING"})
     assert len(state["trial_data"]) == 2
     state_file.write_text(json.dumps(state))
-    proc = run_job(tmp_path, "--config", str(cfg), "--name", "resumable", "--resume")
+    proc = run_job(tmp_path, store, "--config", str(cfg), "--name", "resumable", "--resume")
     out, _ = proc.communicate(timeout=800)
     assert proc.returncode == 0, out[-4000:]
     assert sorted(p.name.rsplit("-", 1)[0] for p in invocations.iterdir()) == sorted(starts)  # no new training
