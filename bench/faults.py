@@ -8,7 +8,16 @@
 3. S3 endpoint unreachable at start: the same.
 4. Tracking server gone after training: seconds to keep the run in a pending file.
 
+Second pass (#18), ``--second-pass`` (measured on its own, appended to the table):
+5. MLflow killed mid-sweep (a real server, killed while the first of two trials trains): how the job
+   ends, then the server restarted and ``--resume``: its wall time, versions and child runs after it.
+6. Two builds of one corpus at once (two processes, two local Rays, one content address): both end,
+   which build readers get, wall time of the pair against one build alone.
+7. A model download cut halfway (the cache left as a killed download leaves it: weights truncated,
+   no commit marker): the next read fetches it again; its time against a cached read.
+
     python bench/faults.py
+    python bench/faults.py --second-pass
 """
 
 from __future__ import annotations
@@ -56,6 +65,8 @@ def job(args: list[str], cwd: Path, env: dict | None = None) -> tuple[float, int
 
 
 def main() -> None:
+    if "--second-pass" in sys.argv:
+        return second_pass()
     from orchestrator.data.corpus import CorpusConfig, run_pipeline
     from orchestrator.drivers.cluster import init_ray
     from orchestrator.drivers.registry import get_method
@@ -129,6 +140,189 @@ def main() -> None:
            "| bad config / data / model path | one line naming the key, file:line or URI, exit 2, nothing written "
            "(24 cases, `tests/test_reliability.py`) | < 2 s each |"]
     write_results("faults", {"worker_faults": rows, "start_faults": starts, "defer_s": deferred}, "\n".join(md))
+
+
+BIN = Path(sys.executable).parent
+
+
+def wait_http(url: str, timeout_s: float) -> None:
+    import urllib.request
+
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return
+        except OSError:
+            time.sleep(0.5)
+    raise SystemExit(f"{url} did not answer in {timeout_s} s")
+
+
+def mlflow_server(root: Path, port: int) -> subprocess.Popen:
+    proc = subprocess.Popen([str(BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{root / 'db.sqlite'}",
+                             "--default-artifact-root", str(root / "artifacts"), "--serve-artifacts",
+                             "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1",
+                             "--port", str(port), "--workers", "1",
+                             "--uvicorn-opts", "--timeout-worker-healthcheck 120"],
+                            stdout=open(root / "server.log", "a"), stderr=subprocess.STDOUT, start_new_session=True)
+    wait_http(f"http://127.0.0.1:{port}/health", 120)
+    return proc
+
+
+def mlflow_down_mid_sweep(tmp: Path, model: Path) -> dict:
+    import signal
+
+    import yaml
+
+    root = tmp / "mlflow"
+    root.mkdir()
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    server = mlflow_server(root, port)
+    cfg = {"method": "sifter_simcse", "base": str(ROOT / "configs" / "sifter_simcse" / "smoke.yaml"),
+           "base_overrides": {"model.name_or_path": str(model), "model.max_length": 16, "train.batch_size": 8,
+                              "train.max_steps": 4, "train.eval_steps": 2, "data.limit": 120,
+                              "data.parser_workers": 1, "eval.tasks": ["stsb"], "eval.max_length": 32},
+           "sweep": {"num_samples": 1, "scheduler": {"type": "fifo"}, "space": {"lambdas": {"grid": [
+               {"lambda_xx": 0, "lambda_xy": 1, "lambda_xz": 1, "lambda_yz": 1},
+               {"lambda_xx": 1, "lambda_xy": 0, "lambda_xz": 0, "lambda_yz": 0}]}}}}
+    (tmp / "sweep.yaml").write_text(yaml.safe_dump(cfg))
+    cmd = [sys.executable, str(ROOT / "jobs" / "sifter_sweep.py"), "--config", str(tmp / "sweep.yaml"), "--name",
+           "outage", "--no-progress", "--storage", str(tmp / "store"), "--tracking-uri", uri]
+    env = {**os.environ, "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2"}
+    t0 = time.time()
+    job_proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    invocations = tmp / "store" / "sweeps" / "outage" / "invocations"
+    while not (invocations.is_dir() and any(invocations.iterdir())):
+        if job_proc.poll() is not None:
+            raise SystemExit(job_proc.stdout.read()[-3000:])
+        time.sleep(0.5)
+    os.killpg(server.pid, signal.SIGKILL)  # the server dies while trial 1 trains
+    killed_at = time.time() - t0
+    out, _ = job_proc.communicate(timeout=900)
+    first = {"exit": job_proc.returncode, "last_line": out.strip().splitlines()[-1], "wall_s": time.time() - t0,
+             "killed_at_s": killed_at}
+    server = mlflow_server(root, port)  # back, same store
+    t0 = time.time()
+    res = subprocess.run([*cmd, "--resume"], cwd=tmp, env=env, capture_output=True, text=True, timeout=900)
+    resume_s = time.time() - t0
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    exp = client.get_experiment_by_name("sieve")
+    children = client.search_runs([exp.experiment_id], "tags.`sieve.role` = 'trial'")
+    versions = client.search_model_versions("name = 'sifter-simcse'")
+    trained = len({p.name.rsplit("-", 1)[0] for p in invocations.iterdir()})
+    starts = len(list(invocations.iterdir()))
+    os.killpg(server.pid, signal.SIGKILL)
+    return {"fault": "MLflow server killed mid-sweep (while trial 1 of 2 trained)", **first,
+            "resume_exit": res.returncode, "resume_s": resume_s, "resume_last_line": res.stdout.strip().splitlines()[-1],
+            "children": len(children), "versions": len(versions), "trials_trained": trained,
+            "training_starts": starts}
+
+
+def concurrent_corpus_builds(tmp: Path) -> dict:
+    lines = (ROOT / "data" / "corpus" / "wikisplit_sample.txt").read_text().splitlines()[:400]
+    (tmp / "cc.txt").write_text("\n".join(lines) + "\n")
+    code = ("import os, sys, json; os.environ['RAY_ADDRESS'] = 'local'; sys.path.insert(0, sys.argv[1]); "
+            "from orchestrator.drivers.cluster import init_ray; init_ray(quiet=True); "
+            "from orchestrator.data.corpus import CorpusConfig, run_pipeline; from orchestrator import storage; "
+            "cfg = CorpusConfig(input=sys.argv[2], parser={'workers': 1, 'cpus_per_worker': 1}); "
+            "print(storage.build_committed(sys.argv[3], lambda out: run_pipeline(cfg, out, progress=False)))")
+
+    def build(out: str, n: int) -> tuple[float, list]:
+        t0 = time.time()
+        procs = [subprocess.Popen([sys.executable, "-c", code, str(ROOT), str(tmp / "cc.txt"), out],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(n)]
+        res = [(p.communicate(timeout=600), p.returncode) for p in procs]
+        return time.time() - t0, res
+
+    alone_s, _ = build(str(tmp / "alone"), 1)
+    pair_s, res = build(str(tmp / "shared"), 2)
+    from orchestrator import storage
+
+    current = storage.resolve_build(str(tmp / "shared"))
+    got = [out.strip().splitlines()[-1] if rc == 0 else err[-300:] for (out, err), rc in res]
+    import json as _json
+
+    manifest = _json.loads(Path(current, "manifest.json").read_text())
+    return {"fault": "two builds of one corpus at once (400 sentences, 2 processes)", "exits": [rc for _, rc in res],
+            "both_got_current": all(g == current for g in got), "attempts": len(list((tmp / "shared" / "attempts").iterdir())),
+            "rows": manifest["written"], "pair_s": pair_s, "alone_s": alone_s}
+
+
+def cut_download(tmp: Path) -> dict:
+    import boto3
+
+    from orchestrator import models
+
+    port = free_port()
+    moto = subprocess.Popen([str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    os.environ.update(AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}", AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="y",
+                      AWS_DEFAULT_REGION="us-east-1")
+    wait_http(f"http://127.0.0.1:{port}/moto-api/", 30)
+    from orchestrator import storage
+
+    boto3.client("s3").create_bucket(Bucket="models")
+    storage.put_dir(models.resolve_model_source("default"), "s3://models/minilm")
+    t0 = time.time()
+    local = Path(models.resolve_model_source("s3://models/minilm", tmp / "cache"))
+    first_s = time.time() - t0
+    weights = max(local.rglob("*.safetensors"), key=lambda p: p.stat().st_size)
+    size = weights.stat().st_size
+    with open(weights, "r+b") as fh:  # what a download killed halfway leaves
+        fh.truncate(size // 2)
+    (local / storage.COMPLETE_MARKER).unlink()
+    t0 = time.time()
+    again = Path(models.resolve_model_source("s3://models/minilm", tmp / "cache"))
+    refetch_s = time.time() - t0
+    t0 = time.time()
+    models.resolve_model_source("s3://models/minilm", tmp / "cache")
+    cached_s = time.time() - t0
+    ok = max(again.rglob("*.safetensors"), key=lambda p: p.stat().st_size).stat().st_size == size
+    models.load_encoder(str(again))  # it loads
+    moto.terminate()
+    return {"fault": "model download cut halfway (weights truncated, no commit marker)", "refetched_whole": ok,
+            "first_s": first_s, "refetch_s": refetch_s, "cached_s": cached_s, "size_mb": size / 2**20}
+
+
+def second_pass() -> None:
+    import json
+
+    tmp = Path(tempfile.mkdtemp(prefix="sieve-faults2-"))
+    model = tiny_model(tmp / "tiny")
+    rows = [mlflow_down_mid_sweep(tmp, model)]
+    print(rows[-1], flush=True)
+    rows.append(concurrent_corpus_builds(tmp))
+    print(rows[-1], flush=True)
+    rows.append(cut_download(tmp))
+    print(rows[-1], flush=True)
+    m, c, d = rows
+    md = ["", "## Second pass (#18): `python bench/faults.py --second-pass`", "",
+          "| fault | what happened | what was lost | recovery |", "|---|---|---|---|",
+          f"| {m['fault']} | training went on (live logging buffered); the job ended with exit {m['exit']} and one "
+          f"line: `{m['last_line'][:160]}…`; server restarted, `--resume` (exit {m['resume_exit']}): "
+          f"{m['children']} child runs, {m['versions']} version | nothing: {m['trials_trained']} trials trained, "
+          f"{m['training_starts']} training starts in all | resume {m['resume_s']:.0f} s (publishes, trains nothing) |",
+          f"| {c['fault']} | exits {c['exits']}; both returned the build `CURRENT` names: {c['both_got_current']}; "
+          f"{c['attempts']} attempt folders (the later one is left unused), {c['rows']} rows | nothing | pair "
+          f"{c['pair_s']:.0f} s vs one build alone {c['alone_s']:.0f} s |",
+          f"| {d['fault']} | the next read found no commit marker and fetched the model again "
+          f"({d['size_mb']:.0f} MiB weights, whole: {d['refetched_whole']}); it loads | nothing | re-fetch "
+          f"{d['refetch_s']:.1f} s (first fetch {d['first_s']:.1f} s, cached read {d['cached_s']:.2f} s) |",
+          "| a resume after publish was cut (after export, log, register or alias) | completed by the next "
+          "`--resume` without duplicates: tested for sweeps (`tests/e2e/test_sweep.py`, `tests/test_tracking.py`) "
+          "and the experiments job (`tests/test_siamese.py`) | nothing | as the MLflow row's resume |",
+          "| a worker node lost | not measured: no two-node test yet (#18.8) | – | – |"]
+    path = ROOT / "bench" / "results" / "faults.json"
+    data = json.loads(path.read_text())
+    data["second_pass"] = rows
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    md_path = ROOT / "bench" / "results" / "faults.md"
+    text = md_path.read_text().split("\n## Second pass", 1)[0].rstrip("\n")
+    md_path.write_text(text + "\n" + "\n".join(md) + "\n")
+    print("\n".join(md))
 
 
 if __name__ == "__main__":
