@@ -39,6 +39,11 @@ def test_ddp_run_checkpoints_export_and_sts(tiny_bert_dir, tiny_shards, tmp_path
     assert steps == [2, 4, 6]
     assert all(-1 <= r["stsb_dev_spearman"] <= 1 for r in outcome.history)
     assert outcome.best_metrics["stsb_dev_spearman"] == max(r["stsb_dev_spearman"] for r in outcome.history)
+    # #22: the step profile travels with every report: its parts add up to no more than the loop's time
+    last = outcome.history[-1]
+    parts = [last[k] for k in ("time_ingest_s", "time_forward_s", "time_backward_step_s", "time_eval_report_s")]
+    assert all(p >= 0 for p in parts) and parts[1] > 0 and parts[2] > 0 and parts[3] > 0  # 2 evals before the last
+    assert sum(parts) <= last["train_s"] + 1e-6
     out, test = export_and_test(method, cfg, outcome, tmp_path / "model", tasks=["stsb"])
     assert test.detail["sts"]["tasks"]["stsb"]["n"] == 1379 and test.headline == "sts_avg_spearman_all"
     assert AutoModel.from_pretrained(out).config.hidden_size == 32

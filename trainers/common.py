@@ -309,18 +309,31 @@ def train_loop(cfg, stepper: Stepper, *, rows_per_worker: int, loss_fn, dev_fn, 
     stepper.module.train()
     t_start, logs = time.perf_counter(), {}
     t_window, window_start = time.perf_counter(), state["step"]
+    # where this worker's time goes (seconds since this start, reported with every evaluation): waiting for
+    # the next batch (Ray Data ingest), the method's loss (tokenization + forward), backward + optimizer step
+    # (DDP's all-reduce inside), evaluation + report + checkpoint - bench/train_throughput.py sets them
+    # against the bare loop's
+    spent = {"time_ingest_s": 0.0, "time_forward_s": 0.0, "time_backward_step_s": 0.0, "time_eval_report_s": 0.0}
     skip = state["step"] - state["epoch"] * steps_per_epoch  # batches of this epoch trained before a restart
     while state["step"] < total_steps and state["epoch"] < cfg.train.epochs:
+        t_wait = time.perf_counter()
         for batch in batches(state["epoch"]):
+            t0 = time.perf_counter()
+            spent["time_ingest_s"] += t0 - t_wait
             if skip > 0:
                 skip -= 1
+                t_wait = time.perf_counter()
                 continue
             maybe_inject_failure(state["step"] + 1)
             with autocast(cfg):
                 loss, logs = loss_fn(batch, state)
+            t1 = time.perf_counter()
             stepper.step(loss)
+            t2 = time.perf_counter()
+            spent["time_forward_s"] += t1 - t0
+            spent["time_backward_step_s"] += t2 - t1
             state["step"] += 1
-            logs.update(lr=stepper.optimizer.param_groups[0]["lr"], train_s=time.perf_counter() - t_start)
+            logs.update(lr=stepper.optimizer.param_groups[0]["lr"], train_s=t2 - t_start, **spent)
             if live is not None and state["step"] % cfg.train.log_steps == 0:
                 elapsed = time.perf_counter() - t_window
                 rate = (state["step"] - window_start) * cfg.train.batch_size * world_size() / max(elapsed, 1e-9)
@@ -328,8 +341,10 @@ def train_loop(cfg, stepper: Stepper, *, rows_per_worker: int, loss_fn, dev_fn, 
                 t_window, window_start = time.perf_counter(), state["step"]
             if state["step"] % cfg.train.eval_steps == 0 or state["step"] >= total_steps:
                 evaluate_and_report(logs)
+                spent["time_eval_report_s"] += time.perf_counter() - t2
             if state["step"] >= total_steps:
                 break
+            t_wait = time.perf_counter()
         else:  # the epoch's data ran out
             state["epoch"] += 1
             skip = 0
