@@ -54,6 +54,10 @@ def export_encoder(model, tokenizer, out: str | Path, *, pooling: str, max_seq_l
         model.save_pretrained(hf)
         tokenizer.save_pretrained(hf)
         word = Transformer(hf, max_seq_length=max_seq_length)
+        if getattr(model, "pooler", "n/a") is None and getattr(word.auto_model, "pooler", None) is not None:
+            # the trained encoder has no pooler (the trainers drop it); loading it made a random one -
+            # not saved, so that `cls` pooling (which reads the pooler) is refused instead of random
+            word.auto_model.pooler = None
         pool = Pooling(model.config.hidden_size, pooling_mode=ST_POOLING_MODE[pooling])
         card = SentenceTransformerModelCardData(language="en", model_name=card_name, local_files_only=True)
         SentenceTransformer(modules=[word, pool], device="cpu", model_card_data=card).save(str(tmp))

@@ -127,3 +127,63 @@ def test_two_workers_with_gathered_negatives_equal_one_worker_with_double_batch(
     assert abs(local[0]["loss"] - logs["loss"]) > 1e-3  # without gathering each worker sees only b negatives
     diffs = [float((local[0]["grads"][n] - g).abs().max()) for n, g in ref.items()]
     assert max(diffs) > 1e-4
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls", "cls_before_pooler"])
+def test_export_gives_the_embeddings_the_trainer_scored(pooling, tiny_bert_dir, tmp_path):
+    """#16: per pooling mode, a trained model (one step, so the weights and SimCSE's MLP head moved)
+    exported like a run's checkpoint and loaded with plain ``SentenceTransformer(folder)`` gives the
+    embeddings the trainer's dev scoring computed, to 1e-5 - what a user gets is what was measured."""
+    from sentence_transformers import SentenceTransformer
+
+    from orchestrator.evaluation.encode import HFEncoder, test_time_pooling
+    from trainers.sifter_simcse import export_model
+
+    cfg = cfg_for(tiny_bert_dir, pooling=pooling, eval={"max_length": 32})
+    torch.manual_seed(0)
+    module, tok = build_model(cfg)
+    opt = torch.optim.AdamW(module.parameters(), lr=1e-2)
+    loss, _ = compute_loss(module, tok, BATCH, cfg)
+    loss.backward()
+    opt.step()
+    module.eval()
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    torch.save({"model": module.state_dict()}, ckpt / "model.pt")
+    # the dev scorer's encoder (dev_score): the test-time pooling over the trained encoder
+    scored = HFEncoder(module.encoder, tok, pooling=test_time_pooling(pooling), batch_size=8,
+                       max_length=cfg.eval.max_length).encode(X)
+    out = export_model(cfg, ckpt, tmp_path / "export")
+    got = SentenceTransformer(str(out), device="cpu").encode(X, convert_to_numpy=True)
+    assert got.shape == scored.shape
+    assert abs(got - scored).max() < 1e-5
+    if pooling == "cls":  # SimCSE's MLP head is training-only: the export is the raw [CLS] state
+        with torch.no_grad():
+            enc = tok(X, padding=True, return_tensors="pt")
+            headed = module(enc["input_ids"], enc["attention_mask"]).numpy()
+        assert abs(got - headed).max() > 1e-3
+
+
+def test_backbone_view_keeps_its_backbone_under_the_length_limit():
+    """#16: Y = X + backbone; when both do not fit ``max_length``, the sentence part is cut and the
+    appended backbone kept whole, so no Y that the augmentation made different from X tokenizes to X."""
+    from orchestrator.models import load_tokenizer
+    from trainers.sifter_simcse import backbone_view_ids, tokenize_views
+
+    tok = load_tokenizer("default")
+    long_x = ("the committee that was appointed by the regional council last spring finally published its long "
+              "awaited report on the state of the old bridges across the river after months of delays")
+    backbone = "committee published report"
+    y = f"{long_x} {backbone}"
+    ids = backbone_view_ids(tok, long_x, y, 32)
+    x_ids = tok(long_x, truncation=True, max_length=32)["input_ids"]
+    b_ids = tok(backbone, add_special_tokens=False)["input_ids"]
+    assert len(ids) == 32 and ids[0] == tok.cls_token_id and ids[-1] == tok.sep_token_id
+    assert ids[-1 - len(b_ids):-1] == b_ids and ids != x_ids
+    assert tok(y, truncation=True, max_length=32)["input_ids"] == x_ids  # what plain truncation did before
+    cfg = ContrastiveConfig.model_validate({"model": {"name_or_path": "default", "max_length": 32}})
+    batch = {"text": [long_x, X[0]], "backbone_view": [y, Y[0]], "deletion_view": ["committee published", Z[0]]}
+    _, views, identical = tokenize_views(tok, batch, cfg)
+    assert "y" in views and identical["y"] == 0
+    # a short sentence keeps sentence and backbone both
+    assert backbone_view_ids(tok, X[0], Y[0], 32) == tok(Y[0], truncation=True, max_length=32)["input_ids"]

@@ -152,3 +152,28 @@ def test_same_seed_same_numbers(tiny_bert_dir):
                                  num_attention_heads=2, intermediate_size=32))
     assert sts.evaluate_data(HFEncoder(other, tok, pooling="mean"), data)["spearman"] != results[0]["spearman"]
     torch.use_deterministic_algorithms(False)
+
+
+def test_cli_defaults_to_the_folders_saved_pooling_and_refuses_a_new_pooler(tmp_path, tiny_bert_dir):
+    """#16: evaluate.py scores a model the way it was saved (a sentence-transformers folder records its
+    pooling) unless told otherwise, and refuses ``--pooling cls`` over pooler weights that would be
+    freshly initialised - one line, no number from a random layer."""
+    from transformers import AutoTokenizer, BertModel
+
+    from orchestrator.export import export_encoder
+
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("sentence1\tsentence2\tscore\n" + "".join(f"a cat sat {i}\ta dog ran {i % 3}\t{i % 5}\n"
+                                                                for i in range(12)))
+    encoder = BertModel.from_pretrained(str(tiny_bert_dir), add_pooling_layer=False)  # as the trainers save it
+    folder = export_encoder(encoder, AutoTokenizer.from_pretrained(str(tiny_bert_dir)), tmp_path / "cls-model",
+                            pooling="cls_before_pooler")
+    for model, expected in ((folder, "cls_before_pooler"), (tiny_bert_dir, "mean")):
+        out = tmp_path / f"{expected}.json"
+        res = run_cli("--model", str(model), "--tasks", "", "--sts-file", str(pairs), "--json", str(out), "--no-progress")
+        assert res.returncode == 0, res.stderr[-2000:]
+        assert json.loads(out.read_text())["pooling"] == expected
+    res = run_cli("--model", str(folder), "--pooling", "cls", "--tasks", "", "--sts-file", str(pairs))
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "pooler" in last
