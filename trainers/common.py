@@ -93,8 +93,8 @@ class Stepper:
 
     def __init__(self, module: torch.nn.Module, param_groups, *, lr: float, schedule: str, total_steps: int,
                  grad_clip: float | None, deepspeed_cfg=None, warmup_steps: int = 0, fused: bool = False,
-                 compile_backend: str | None = None,
-                 extra_optimizers: dict | None = None, extra_modules: dict | None = None):
+                 compile_backend: str | None = None, extra_optimizers: dict | None = None,
+                 extra_modules: dict | None = None):
         self.module = module
         self.grad_clip = grad_clip
         # saved and restored with the checkpoint: small modules trained beside the main one (ParaBART's
@@ -111,10 +111,7 @@ class Stepper:
             self.model, self.optimizer, _, self.scheduler = deepspeed.initialize(
                 model=module, optimizer=self.optimizer, lr_scheduler=self.scheduler, config=ds_config)
         else:
-            if world_size() > 1:
-                self.model = ray.train.torch.prepare_model(module)
-            else:
-                self.model = module
+            self.model = ray.train.torch.prepare_model(module) if world_size() > 1 else module
             if compile_backend:  # the forward the loss calls; ``module`` stays the plain one for eval and export
                 self.model = torch.compile(self.model, backend=compile_backend)
             self.optimizer = torch.optim.AdamW(param_groups, lr=lr, fused=fused or None)
@@ -134,9 +131,7 @@ class Stepper:
 
     @contextmanager
     def eval_module(self, build_plain):
-        """Yield a module rank 0 can evaluate alone, without collectives.
-
-        Plain/DDP and ZeRO-1/2 keep full parameters on every rank: the module itself. ZeRO-3's
+        """Yield a module rank 0 can evaluate alone, without collectives. Plain/DDP and ZeRO-1/2 keep full parameters on every rank: the module itself. ZeRO-3's
         forward hooks all-gather parameters (a collective every rank would have to join), so
         all ranks gather once and rank 0 copies the full weights into a plain module built by
         ``build_plain()`` (kept for the next evaluation).
@@ -309,11 +304,9 @@ def train_loop(cfg, stepper: Stepper, *, rows_per_worker: int, loss_fn, dev_fn, 
     stepper.module.train()
     t_start, logs = time.perf_counter(), {}
     t_window, window_start = time.perf_counter(), state["step"]
-    # where this worker's time goes (seconds since this start, reported with every evaluation): waiting for
-    # the next batch (Ray Data ingest), the method's loss (tokenization + forward), backward + optimizer step
-    # (DDP's all-reduce inside), evaluation + report + checkpoint - bench/train_throughput.py sets them
-    # against the bare loop's
-    spent = {"time_ingest_s": 0.0, "time_forward_s": 0.0, "time_backward_step_s": 0.0, "time_eval_report_s": 0.0}
+    # where the worker's time goes (s, with every report): the next batch (ingest), the loss (tokenize + forward),
+    # backward + step (DDP's all-reduce), evaluation + report + checkpoint; bench/train_throughput.py uses them
+    spent = dict.fromkeys(("time_ingest_s", "time_forward_s", "time_backward_step_s", "time_eval_report_s"), 0.0)
     skip = state["step"] - state["epoch"] * steps_per_epoch  # batches of this epoch trained before a restart
     while state["step"] < total_steps and state["epoch"] < cfg.train.epochs:
         t_wait = time.perf_counter()
@@ -321,8 +314,7 @@ def train_loop(cfg, stepper: Stepper, *, rows_per_worker: int, loss_fn, dev_fn, 
             t0 = time.perf_counter()
             spent["time_ingest_s"] += t0 - t_wait
             if skip > 0:
-                skip -= 1
-                t_wait = time.perf_counter()
+                skip, t_wait = skip - 1, time.perf_counter()
                 continue
             maybe_inject_failure(state["step"] + 1)
             with autocast(cfg):
@@ -402,8 +394,7 @@ def maybe_inject_failure(step: int) -> None:
     at = os.environ.get("SIEVE_FAIL_AT_STEP")
     if not at or step != int(at) or rank() != int(os.environ.get("SIEVE_FAIL_RANK", "1")) % max(world_size(), 1):
         return
-    marker = Path(os.environ.get("SIEVE_FAIL_MARKER", "/tmp/sieve-fail-marker"))
-    if marker.exists():
+    if (marker := Path(os.environ.get("SIEVE_FAIL_MARKER", "/tmp/sieve-fail-marker"))).exists():
         return
     marker.write_text(str(step))
     # let the controller collect the previous report first (Ray Train polls workers): a crash right
@@ -419,10 +410,8 @@ def report(metrics: dict, stepper: Stepper | None = None, state: dict | None = N
         ray.train.report(metrics)
         return
     with tempfile.TemporaryDirectory() as tmp:
-        stepper.save(Path(tmp), state or {})
-        has_files = any(Path(tmp).iterdir())
-        checkpoint = ray.train.Checkpoint.from_directory(tmp) if has_files else None
-        ray.train.report(metrics, checkpoint=checkpoint)
+        stepper.save(Path(tmp), state or {})  # a rank with no share of the state reports no checkpoint
+        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp) if any(Path(tmp).iterdir()) else None)
 
 
 @contextmanager

@@ -79,8 +79,9 @@ def _x100(v: float | None) -> str:
 def write_sweep_report(out_dir: str | Path, *, name: str, method: str, spec: MethodSpec, rows: list[dict],
                        group_out: list[str], choice: Choice, base: BaseResult | None, test: TestReport,
                        best_config: dict, registered: dict, gate: str, wall_s: float,
-                       champion: dict | None = None) -> Path:
-    """``champion``: the tags of the version ``@champion`` pointed at before this sweep (its test scores)."""
+                       champion: dict | None = None, other_bases: list[BaseResult] = ()) -> Path:
+    """``champion``: the tags of the version ``@champion`` pointed at before this sweep (its test scores).
+    ``other_bases``: the base model measured with other poolings (``base`` is the strongest)."""
     metric, label, best = spec.metric, spec.metric_label, choice.best
     step = common_step(rows)
     with atomic_dir(out_dir) as tmp:
@@ -92,7 +93,9 @@ def write_sweep_report(out_dir: str | Path, *, name: str, method: str, spec: Met
                  "## Against the base model (measured in this run, same pooling and tasks)", "",
                  f"| model | {label} | test {test.headline} |", "|---|---:|---:|"]
         if base is not None:
-            lines.append(f"| {base.label} | {_x100(base.dev)} | {_x100(base.test.metrics.get(test.headline))} |")
+            lines.append(f"| {base.label}{' (the strongest: the gate compares with it)' if other_bases else ''} | "
+                         f"{_x100(base.dev)} | {_x100(base.test.metrics.get(test.headline))} |")
+            lines += [f"| {b.label} | {_x100(b.dev)} | {_x100(b.test.metrics.get(test.headline))} |" for b in other_bases]
         elif choice.base_dev is not None:
             lines.append(f"| {choice.base_label} | {_x100(choice.base_dev)} | – |")
         lines += [f"| best setting: {params_label(best['params'])} (trial {best['trial']}; setting mean "
@@ -126,8 +129,9 @@ def write_sweep_report(out_dir: str | Path, *, name: str, method: str, spec: Met
         (tmp / "summary.md").write_text("\n".join(lines))
         (tmp / "trials.json").write_text(json.dumps(rows, indent=2, default=str))
         if base is not None:
-            (tmp / "base.json").write_text(json.dumps({"label": base.label, "dev": base.dev,
-                                                       "test": base.test.metrics}, indent=2))
+            (tmp / "base.json").write_text(json.dumps({"label": base.label, "dev": base.dev, "test": base.test.metrics,
+                                                       "others": [{"label": b.label, "dev": b.dev, "test": b.test.metrics}
+                                                                  for b in other_bases]}, indent=2))
     return Path(out_dir)
 
 

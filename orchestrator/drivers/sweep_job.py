@@ -37,8 +37,10 @@ from orchestrator.drivers.report import write_sweep_report
 from orchestrator.drivers.sweep import SweepJobConfig, check_space, run_sweep, trial_config, trial_rows
 from orchestrator.drivers.train import Outcome, checkpoint_at, export_and_test, preflight
 from orchestrator.errors import ConfigError, TrackingError
+from orchestrator.evaluation.encode import test_time_pooling
 from orchestrator.evaluation.suite import TestReport, compare_table, headline_metrics
 from orchestrator.export import write_model_card
+from orchestrator.models import pooling_for, resolve_model_source, saved_pooling
 from orchestrator.spec import BaseResult, MethodSpec
 
 
@@ -100,9 +102,37 @@ class SweepResult:
     choice: pub.Choice
     test: TestReport  # the chosen trial's test report
     model_dir: Path
-    base: BaseResult | None
+    base: BaseResult | None  # the yardstick: the strongest of ``bases`` on the dev metric
     wall_s: float
     extra: dict = field(default_factory=dict)
+    bases: list[BaseResult] = field(default_factory=list)  # every pooling the base was measured with
+
+
+def measure_bases(plan: SweepPlan) -> list[BaseResult]:
+    """The untouched model, measured with every pooling this sweep's results are read with: the config's,
+    each one the sweep space tries (``model.pooling``), and the folder's own saved pooling (how the user
+    uses it today). A candidate is set against the strongest of them - never against a weaker way of
+    using the same model (e.g. MiniLM with CLS where it was trained for mean)."""
+    spec, cfg = plan.spec, plan.base
+    if spec.evaluate_base is None:
+        return []
+    model = getattr(cfg, "model", None)
+    if model is None or not hasattr(model, "pooling"):
+        return [spec.evaluate_base(cfg)]
+    dim = plan.job.sweep.space.get("model.pooling")
+    tried = list(dim.candidates()) if dim is not None else []
+    saved = saved_pooling(resolve_model_source(model.name_or_path))
+    poolings, seen = [], set()
+    for p in [pooling_for(cfg), *tried, *([saved] if saved else [])]:
+        if test_time_pooling(p) not in seen:  # `cls` trains an MLP head and is read as the raw [CLS] at test
+            seen.add(test_time_pooling(p))
+            poolings.append(p)
+    out = []
+    for p in poolings:
+        variant = cfg.model_copy(deep=True)
+        variant.model.pooling = p
+        out.append(spec.evaluate_base(variant))
+    return out
 
 
 def run(plan: SweepPlan, parent_id: str | None = None) -> SweepResult:
@@ -112,7 +142,8 @@ def run(plan: SweepPlan, parent_id: str | None = None) -> SweepResult:
     t0 = time.time()
     spec, job = plan.spec, plan.job
     shards = spec.prepare_data(plan.base, progress=plan.progress)
-    base = spec.evaluate_base(plan.base) if spec.evaluate_base else None
+    bases = measure_bases(plan)
+    base = max(bases, key=lambda b: b.dev) if bases else None
     if base is not None and parent_id:  # on the parent run at once: the yardstick of every trial curve
         tracking.log_metrics({"base_dev": base.dev})
     live = {"uri": tracking.resolve_tracking_uri(plan.base.tracking.tracking_uri), "experiment_id": plan.exp_id,
@@ -130,7 +161,7 @@ def run(plan: SweepPlan, parent_id: str | None = None) -> SweepResult:
                         margin=job.candidate_margin)
     model_dir, test = _export(plan, choice.best, Path("outputs") / "models" / plan.name)
     choice.best["test"] = test.metrics
-    return SweepResult(shards, rows, choice, test, model_dir, base, time.time() - t0)
+    return SweepResult(shards, rows, choice, test, model_dir, base, time.time() - t0, bases=bases)
 
 
 def _export(plan: SweepPlan, row: dict, out: Path):
@@ -176,6 +207,7 @@ def publish(plan: SweepPlan, result: SweepResult, parent_id: str) -> dict:
     report_dir = Path("outputs") / "reports" / plan.name
     write_sweep_report(report_dir, name=plan.name, method=plan.job.method, spec=spec, rows=result.rows,
                        group_out=plan.job.group_out, choice=choice, base=result.base, test=test,
+                       other_bases=[b for b in result.bases if b is not result.base],
                        best_config=best_cfg.model_dump(mode="json"), registered=registered, gate=line,
                        wall_s=result.wall_s, champion=champion)
     mlflow.log_artifacts(str(report_dir), "report")
