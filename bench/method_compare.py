@@ -53,10 +53,22 @@ def fmt(values) -> str:
     return f"{v.mean():.2f} ± {v.std(ddof=1):.2f}" if len(v) > 1 else f"{v.mean():.2f}"
 
 
-def summarise(name: str, outputs: Path, group_out: list[str]) -> tuple[dict, str]:
+def pooling_of(base_label: str) -> str:
+    """``base (default, mean)`` → ``mean``."""
+    return base_label.rsplit(", ", 1)[-1].rstrip(")")
+
+
+def summarise(name: str, outputs: Path, group_out: list[str], extra_bases: list[dict] = ()) -> tuple[dict, str]:
+    """Every setting against the base measured with the same pooling (the strongest base where the setting
+    does not choose a pooling), and against a reference setting, per seed."""
     report = outputs / "reports" / name
     rows = [r for r in json.loads((report / "trials.json").read_text()) if r.get("test")]
-    base = json.loads((report / "base.json").read_text())
+    measured = json.loads((report / "base.json").read_text())
+    bases = [measured, *measured.get("others", []), *extra_bases]
+    strongest = max(bases, key=lambda b: b["dev"])
+    by_pooling = {pooling_of(b["label"]): b for b in bases}
+    base_for = lambda r: by_pooling.get(r["params"].get("model.pooling"), strongest)  # noqa: E731
+    base = strongest
     settings: dict[str, list[dict]] = {}
     for r in rows:
         settings.setdefault(label_of(r["params"], group_out), []).append(r)
@@ -64,10 +76,11 @@ def summarise(name: str, outputs: Path, group_out: list[str]) -> tuple[dict, str
     seed_key = group_out[0] if group_out else None
     seed_of = lambda r: r["params"].get(seed_key)  # noqa: E731
     lines = ["| setting | n | dev ×100 | " + " | ".join(short(k) for k in keys) + " |",
-             "|---|---:|---:|" + "---:|" * len(keys),
-             f"| **{base['label']}** (untouched, this run) | – | {base['dev'] * 100:.2f} | "
-             + " | ".join(f"{base['test'][k] * 100:.2f}" for k in keys) + " |"]
-    data = {"base": base, "settings": {}}
+             "|---|---:|---:|" + "---:|" * len(keys)]
+    lines += [f"| **{b['label']}** (untouched, this run{'; the strongest' if b is strongest and len(bases) > 1 else ''})"
+              f" | – | {b['dev'] * 100:.2f} | " + " | ".join(f"{b['test'][k] * 100:.2f}" for k in keys) + " |"
+              for b in sorted(bases, key=lambda b: -b["dev"])]
+    data = {"base": base, "bases": bases, "settings": {}}
     for label, rs in sorted(settings.items(), key=lambda kv: -np.mean([r["test"][keys[-1]] for r in kv[1]])):
         data["settings"][label] = {"trials": [{"trial": r["trial"], "seed": seed_of(r), "dev": r["best_dev"],
                                                "test": {k: r["test"][k] for k in keys}} for r in rs]}
@@ -75,7 +88,8 @@ def summarise(name: str, outputs: Path, group_out: list[str]) -> tuple[dict, str
                      + " | ".join(fmt([r["test"][k] for r in rs]) for k in keys) + " |")
     # paired differences: each setting − base (per seed), and every setting − the reference setting (same seed),
     # on the dev score and each headline test metric (the domain headline, if any, and the STS average)
-    heads = [k for k in keys if not k.startswith("sts_")][:1] + [k for k in keys if k == "sts_avg_spearman_all"]
+    domain = [k for k in keys if not k.startswith("sts_")]
+    heads = ([k for k in domain if k == "twitterpara_ap"] or domain)[:1] + [k for k in keys if k == "sts_avg_spearman_all"]
     diff_lines = ["| comparison | pairs | Δ dev ×100 | " + " | ".join(f"Δ {short(h)} ×100" for h in heads)
                   + " | seeds better (last column) |", "|---|---:|---:|" + "---:|" * len(heads) + "---:|"]
     data["paired"] = {}
@@ -85,9 +99,10 @@ def summarise(name: str, outputs: Path, group_out: list[str]) -> tuple[dict, str
     for a, b in pairs:
         ra = {seed_of(r): r for r in settings[a]}
         if b is None:
-            rb, common, name_ab = None, list(ra), f"{a} − base"
-            dev = [ra[s]["best_dev"] - base["dev"] for s in common]
-            tests = {h: [ra[s]["test"][h] - base["test"][h] for s in common] for h in heads}
+            bs = base_for(settings[a][0])
+            rb, common, name_ab = None, list(ra), f"{a} − {bs['label']}"
+            dev = [ra[s]["best_dev"] - bs["dev"] for s in common]
+            tests = {h: [ra[s]["test"][h] - bs["test"][h] for s in common] for h in heads}
         else:
             rb = {seed_of(r): r for r in settings[b]}
             common, name_ab = sorted(set(ra) & set(rb), key=str), f"{a} − {b}"
@@ -119,6 +134,8 @@ def main() -> None:
     ap.add_argument("--name", help="an existing sweep: summarise its outputs, run nothing")
     ap.add_argument("--result", default="method_compare_cpu")
     ap.add_argument("--extra-base-pooling", help="also measure the base model with this pooling")
+    ap.add_argument("--reuse-extra", action="store_true",
+                    help="take that measurement from the previous result file of the same sweep (no re-run)")
     ap.add_argument("--outputs", default=str(ROOT / "outputs"))
     args = ap.parse_args()
     name, t0, wall = args.name, time.time(), None
@@ -129,19 +146,23 @@ def main() -> None:
                         "--no-progress"], check=True, cwd=Path(args.outputs).parent)
         wall = (time.time() - t0) / 60
     outputs = Path(args.outputs)
-    best = json.loads((outputs / "reports" / name / "trials.json").read_text())
     summary_md = (outputs / "reports" / name / "summary.md").read_text()
     group_out = ["train.seed"]
-    data, table = summarise(name, outputs, group_out)
-    if args.extra_base_pooling:
-        config = json.loads(summary_md.split("```json\n", 1)[1].split("\n```", 1)[0])["config"]
-        extra = extra_base(config["model"]["name_or_path"], args.extra_base_pooling,
-                           {"method": config["method"], "config": config}, [])
-        data["extra_base"] = extra
-        keys = metric_keys(best[0]["test"])
-        table += ("\n\nThe untouched model with the other pooling (measured by this script, same tasks):\n\n"
-                  f"| {extra['label']} | dev {extra['dev'] * 100:.2f} | "
-                  + " | ".join(f"{short(k)} {extra['test'][k] * 100:.2f}" for k in keys) + " |")
+    extras = []
+    if args.extra_base_pooling:  # sweeps now measure every pooling themselves; kept for older sweeps' outputs
+        previous = ROOT / "bench" / "results" / f"{args.result}.json"
+        old = json.loads(previous.read_text()) if args.reuse_extra and previous.is_file() else {}
+        if old.get("sweep") == name and old.get("extra_base"):
+            extras, wall = [{**old["extra_base"], "sweep": name}], wall or old.get("wall_min")
+        else:
+            config = json.loads(summary_md.split("```json\n", 1)[1].split("\n```", 1)[0])["config"]
+            extras = [{**extra_base(config["model"]["name_or_path"], args.extra_base_pooling,
+                                    {"method": config["method"], "config": config}, []), "sweep": name}]
+    data, table = summarise(name, outputs, group_out, extras)
+    if extras:
+        data["extra_base"] = extras[0]
+        table += ("\n\nThe base with the other pooling was measured by this script right after the sweep (same model, "
+                  "tasks and code); the sweep itself measured the other.")
     lines = [f"# Seeded comparison `{name}` (2-core CPU)", "",
              f"Command: `{command} --name {name}` then `python bench/method_compare.py --name {name}"
              f" --result {args.result}` (or both at once: `python bench/method_compare.py --job {args.job} "
