@@ -36,51 +36,22 @@ def test_unreachable_tracking_server_fails_fast(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_train_job_tracks_and_exports(ray_cluster, tiny_bert_dir, tmp_path):
-    db = tmp_path / "t.db"
-    res = train(tmp_path, "--storage", str(tmp_path / "store"), "--tracking-uri", f"sqlite:///{db}", "--name", "tiny",
-                f"model.name_or_path={tiny_bert_dir}", "model.max_length=16", "train.batch_size=8",
-                "train.max_steps=2", "train.eval_steps=2", "data.limit=60", "data.parser_workers=1",
-                "eval.tasks=[stsb]", "eval.max_length=32", extra_env={"MLFLOW_TRACKING_PASSWORD": FAKE_MLFLOW_PASSWORD})
-    assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
-
-    # secrets in the environment (AWS key from the S3 fixture, MLflow password, the Ray token) never
-    # reach params, metrics, artifacts, exports, checkpoints or the job's output
-    secrets = [os.environ["AWS_SECRET_ACCESS_KEY"], FAKE_MLFLOW_PASSWORD,
-               Path(os.environ["RAY_AUTH_TOKEN_PATH"]).read_text().strip()]
-    written = [p for p in tmp_path.rglob("*") if p.is_file()]
-    assert len(written) > 20
-    for secret in secrets:
-        assert secret not in res.stdout + res.stderr
-        leaked = [str(p) for p in written if secret.encode() in p.read_bytes()]
-        assert leaked == [], f"secret found in {leaked}"
-    start = res.stdout.rindex('{\n  "run_id"')
-    out = json.loads(res.stdout[start:res.stdout.index("\n}", start) + 2])
-    import mlflow
-
-    mlflow.set_tracking_uri(f"sqlite:///{db}")
-    run = mlflow.get_run(out["run_id"])
-    assert "test_sts_stsb_spearman_all" in run.data.metrics and "stsb_dev_spearman" in run.data.metrics
-    assert run.data.params["method"] == "simcse" and run.data.params["lambda_xx"] == "1.0"
-    assert (tmp_path / "outputs" / "models" / "tiny" / "test.json").is_file()
-    assert mlflow.pyfunc.load_model(f"runs:/{out['run_id']}/model").predict(["a b c"]).shape == (1, 32)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_metrics_reach_mlflow_while_the_run_trains(ray_cluster, tiny_bert_dir, mlflow_server, tmp_path):
-    """#20: the run exists from the start and rank 0 logs into it as it trains - a dev evaluation is read
-    from the real MLflow server while the job is still running (each step slowed by a test hook)."""
+def test_train_job_tracks_live_exports_and_keeps_secrets(ray_cluster, tiny_bert_dir, mlflow_server, tmp_path):
+    """The train job against the real MLflow server. #20: the run exists from the start and rank 0 logs into
+    it as it trains - a dev evaluation is read from the server while the job is still running (each step
+    slowed by a test hook). Then: the run's numbers and the logged model (it loads through pyfunc), the
+    export, and no secret anywhere it wrote or logged."""
     import mlflow
 
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "jobs" / "train.py"), "--method", "simcse", "--preset", "smoke", "--no-progress",
-         "--no-base", "--storage", str(tmp_path / "store"), "--tracking-uri", mlflow_server, "--name", "live",
+         "--storage", str(tmp_path / "store"), "--tracking-uri", mlflow_server, "--name", "live",
          f"model.name_or_path={tiny_bert_dir}", "model.max_length=16", "train.batch_size=8", "train.max_steps=8",
          "train.eval_steps=2", "train.log_steps=1", "train.epochs=6", "data.limit=60", "data.parser_workers=1", "eval.tasks=[stsb]",
          "eval.max_length=32", "tracking.experiment=live"],
-        cwd=tmp_path, env={**env, "SIEVE_STEP_DELAY_S": "1.5"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        cwd=tmp_path, env={**env, "SIEVE_STEP_DELAY_S": "1.5", "MLFLOW_TRACKING_PASSWORD": FAKE_MLFLOW_PASSWORD},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     client = mlflow.MlflowClient(tracking_uri=mlflow_server)
     seen_running = None
     deadline = time.time() + 400
@@ -103,3 +74,25 @@ def test_metrics_reach_mlflow_while_the_run_trains(ray_cluster, tiny_bert_dir, m
     final = client.get_metric_history(run[0].info.run_id, "stsb_dev_spearman")
     assert sorted(m.step for m in final) == [2, 4, 6, 8]  # each evaluation once
     assert "samples_per_s" in run[0].data.metrics and "test_sts_stsb_spearman_all" in run[0].data.metrics
+    run_id = run[0].info.run_id
+    assert run[0].data.params["method"] == "simcse" and run[0].data.params["lambda_xx"] == "1.0"
+    assert "base_dev" in run[0].data.metrics  # the base model was measured in the same run
+    assert (tmp_path / "outputs" / "models" / "live" / "test.json").is_file()
+    mlflow.set_tracking_uri(mlflow_server)
+    assert mlflow.pyfunc.load_model(f"runs:/{run_id}/model").predict(["a b c"]).shape == (1, 32)
+
+    # secrets in the environment (AWS key from the S3 fixture, MLflow password, the Ray token) never reach
+    # params, tags, metrics, artifacts, the logged model, exports, checkpoints or the job's output
+    secrets = [os.environ["AWS_SECRET_ACCESS_KEY"], FAKE_MLFLOW_PASSWORD,
+               Path(os.environ["RAY_AUTH_TOKEN_PATH"]).read_text().strip()]
+    logged = tmp_path / "logged"
+    mlflow.artifacts.download_artifacts(run_id=run_id, dst_path=str(logged / "run"))
+    mlflow.artifacts.download_artifacts(f"runs:/{run_id}/model", dst_path=str(logged / "model"))
+    recorded = json.dumps([run[0].data.params, run[0].data.tags, list(run[0].data.metrics)])
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert len(written) > 20 and any(p.is_relative_to(logged / "model") for p in written)
+    for secret in secrets:
+        assert secret not in out and secret not in recorded
+        leaked = [str(p) for p in written if secret.encode() in p.read_bytes()]
+        assert leaked == [], f"secret found in {leaked}"
+
