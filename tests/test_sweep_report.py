@@ -180,15 +180,14 @@ def test_the_base_is_measured_with_every_pooling_and_the_strongest_is_the_yardst
     measures the untouched model each way; the gate's base is the strongest. (A TSDAE sweep over CLS and
     mean once registered a mean-pooled candidate for beating MiniLM-with-CLS, 83.42 vs 79.73 STS-B dev,
     while MiniLM as the user has it - mean - scores 86.72.)"""
-    from orchestrator.drivers.sweep_job import SweepPlan, measure_bases
+    from orchestrator.drivers.train import measure_bases
 
     job = SweepJobConfig.model_validate({
         "method": "sifter_simcse", "base": "configs/sifter_simcse/smoke.yaml",
         "base_overrides": {"model.name_or_path": str(tiny_bert_dir), "model.pooling": "cls", "eval.tasks": ["stsb"],
                            "eval.max_length": 32},
         "sweep": {"space": {"model.pooling": {"grid": ["cls", "cls_before_pooler"]}}}})
-    plan = SweepPlan("p", job, get_method("sifter_simcse"), base_of(job), "0")
-    bases = measure_bases(plan)
+    bases = measure_bases(get_method("sifter_simcse"), base_of(job), tried=job.sweep.space["model.pooling"].candidates())
     # cls and cls_before_pooler are read alike at test time (the raw [CLS]); the folder's own mean is added
     assert [b.label.rsplit(", ", 1)[1].rstrip(")") for b in bases] == ["cls", "mean"]
     assert bases[0].dev != bases[1].dev
@@ -196,3 +195,5 @@ def test_the_base_is_measured_with_every_pooling_and_the_strongest_is_the_yardst
     rows = [{"trial": "t", "params": {}, "best_dev": min(b.dev for b in bases) + 1e-4, "checkpoint_path": "c",
              "stopped_early": False}]
     assert not choose(rows, group_out=[], base=strongest, baseline_params={}).beats_base
+    # a config that reads the model as it was saved measures that one way only
+    assert len(measure_bases(get_method("sifter_simcse"), trial_config(base_of(job), {"model.pooling": "mean"}, "t"))) == 1

@@ -35,12 +35,10 @@ from orchestrator.drivers.cluster import init_ray, shutdown_ray
 from orchestrator.drivers.registry import get_method
 from orchestrator.drivers.report import write_sweep_report
 from orchestrator.drivers.sweep import SweepJobConfig, check_space, run_sweep, trial_config, trial_rows
-from orchestrator.drivers.train import Outcome, checkpoint_at, export_and_test, preflight
+from orchestrator.drivers.train import Outcome, checkpoint_at, export_and_test, measure_bases, preflight
 from orchestrator.errors import ConfigError, TrackingError
-from orchestrator.evaluation.encode import test_time_pooling
 from orchestrator.evaluation.suite import TestReport, compare_table, headline_metrics
 from orchestrator.export import write_model_card
-from orchestrator.models import pooling_for, resolve_model_source, saved_pooling
 from orchestrator.spec import BaseResult, MethodSpec
 
 
@@ -108,33 +106,6 @@ class SweepResult:
     bases: list[BaseResult] = field(default_factory=list)  # every pooling the base was measured with
 
 
-def measure_bases(plan: SweepPlan) -> list[BaseResult]:
-    """The untouched model, measured with every pooling this sweep's results are read with: the config's,
-    each one the sweep space tries (``model.pooling``), and the folder's own saved pooling (how the user
-    uses it today). A candidate is set against the strongest of them - never against a weaker way of
-    using the same model (e.g. MiniLM with CLS where it was trained for mean)."""
-    spec, cfg = plan.spec, plan.base
-    if spec.evaluate_base is None:
-        return []
-    model = getattr(cfg, "model", None)
-    if model is None or not hasattr(model, "pooling"):
-        return [spec.evaluate_base(cfg)]
-    dim = plan.job.sweep.space.get("model.pooling")
-    tried = list(dim.candidates()) if dim is not None else []
-    saved = saved_pooling(resolve_model_source(model.name_or_path))
-    poolings, seen = [], set()
-    for p in [pooling_for(cfg), *tried, *([saved] if saved else [])]:
-        if test_time_pooling(p) not in seen:  # `cls` trains an MLP head and is read as the raw [CLS] at test
-            seen.add(test_time_pooling(p))
-            poolings.append(p)
-    out = []
-    for p in poolings:
-        variant = cfg.model_copy(deep=True)
-        variant.model.pooling = p
-        out.append(spec.evaluate_base(variant))
-    return out
-
-
 def run(plan: SweepPlan, parent_id: str | None = None) -> SweepResult:
     """The data, the base model measured, the sweep (each trial logging into its own nested MLflow run
     while it trains), and the chosen trial exported and tested."""
@@ -142,7 +113,8 @@ def run(plan: SweepPlan, parent_id: str | None = None) -> SweepResult:
     t0 = time.time()
     spec, job = plan.spec, plan.job
     shards = spec.prepare_data(plan.base, progress=plan.progress)
-    bases = measure_bases(plan)
+    dim = job.sweep.space.get("model.pooling")
+    bases = measure_bases(spec, plan.base, tried=dim.candidates() if dim is not None else ())
     base = max(bases, key=lambda b: b.dev) if bases else None
     if base is not None and parent_id:  # on the parent run at once: the yardstick of every trial curve
         tracking.log_metrics({"base_dev": base.dev})

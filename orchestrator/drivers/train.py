@@ -24,8 +24,9 @@ from ray.train.torch import TorchConfig, TorchTrainer  # noqa: E402
 from orchestrator import storage, tracking  # noqa: E402
 from orchestrator.config import EncoderMethodConfig, MethodConfig  # noqa: E402
 from orchestrator.errors import ConfigError, SieveError  # noqa: E402
-from orchestrator.models import pooling_for, resolve_model_source  # noqa: E402
-from orchestrator.spec import MethodSpec  # noqa: E402
+from orchestrator.evaluation.encode import test_time_pooling  # noqa: E402
+from orchestrator.models import pooling_for, resolve_model_source, saved_pooling  # noqa: E402
+from orchestrator.spec import BaseResult, MethodSpec  # noqa: E402
 
 
 # ---------------------------------------------------------------- before any Ray work
@@ -127,3 +128,28 @@ def export_and_test(spec: MethodSpec, cfg: MethodConfig, outcome: Outcome, out_d
     report = spec.evaluate(cfg, Path(out_dir), tasks=tasks)
     report.write(Path(out_dir) / "test.json")
     return Path(out_dir), report
+
+
+def measure_bases(spec: MethodSpec, cfg: MethodConfig, tried=()) -> list[BaseResult]:
+    """The untouched model, measured with every pooling results are read with: the config's, each one in
+    ``tried`` (a sweep's ``model.pooling`` values), and the folder's own saved pooling (how the user uses it
+    today). A job sets its model against the strongest - never against a weaker way of reading the same
+    model (e.g. MiniLM with CLS where it was trained for mean)."""
+    if spec.evaluate_base is None:
+        return []
+    model = getattr(cfg, "model", None)
+    if model is None or not hasattr(model, "pooling"):
+        return [spec.evaluate_base(cfg)]
+    saved = saved_pooling(resolve_model_source(model.name_or_path))
+    poolings, seen = [], set()
+    for p in [pooling_for(cfg), *tried, *([saved] if saved else [])]:
+        if test_time_pooling(p) not in seen:  # `cls` trains an MLP head and is read as the raw [CLS] at test
+            seen.add(test_time_pooling(p))
+            poolings.append(p)
+    out = []
+    for p in poolings:
+        variant = cfg.model_copy(deep=True)
+        variant.model.pooling = p
+        out.append(spec.evaluate_base(variant))
+    return out
+

@@ -17,7 +17,7 @@ from orchestrator.drivers import publish as pub
 from orchestrator.drivers.cli import job_parser, location_overrides, print_config
 from orchestrator.drivers.cluster import init_ray, shutdown_ray
 from orchestrator.drivers.registry import get_method, method_names
-from orchestrator.drivers.train import build_trainer, export_and_test, fit, preflight
+from orchestrator.drivers.train import build_trainer, export_and_test, fit, measure_bases, preflight
 from orchestrator.evaluation.suite import compare_table
 
 
@@ -48,7 +48,8 @@ def main(doc: str) -> int:
     init_ray(quiet=not args.verbose)
     t0 = time.time()
     shards = spec.prepare_data(cfg, progress=not args.no_progress)
-    base = spec.evaluate_base(cfg) if spec.evaluate_base and not args.no_base else None
+    bases = measure_bases(spec, cfg) if not args.no_base else []  # the config's pooling and the folder's own
+    base = max(bases, key=lambda b: b.dev) if bases else None
     outcome = fit(build_trainer(spec, cfg, shards, name=name, mlflow_run=(run_id, uri)), spec, cfg)
     model_dir, test = export_and_test(spec, cfg, outcome, f"outputs/models/{name}")
     model_ref = str(model_dir)
