@@ -35,7 +35,7 @@ from orchestrator.data.labelled import LabelledSet  # noqa: E402
 from orchestrator.drivers import publish as pub  # noqa: E402
 from orchestrator.drivers.cluster import init_ray  # noqa: E402
 from orchestrator.drivers.registry import get_method  # noqa: E402
-from orchestrator.drivers.train import build_trainer, export_and_test, fit, preflight  # noqa: E402
+from orchestrator.drivers.train import build_trainer, export_and_test, fit, measure_bases, preflight  # noqa: E402
 from orchestrator.errors import ConfigError  # noqa: E402
 from orchestrator.evaluation.suite import TestReport  # noqa: E402
 from orchestrator.spec import BaseResult  # noqa: E402
@@ -118,7 +118,7 @@ def _measured_orig(spec, cfg: ExperimentsConfig, probe, exp: str, state: str) ->
         return BaseResult(d["dev"], TestReport(**d["test"]), d["label"])
     run_cfg = cfg.run_config(exp, "siamese")
     run_cfg.model.pooling = probe.model.pooling
-    base = spec.evaluate_base(run_cfg)
+    base = max(measure_bases(spec, run_cfg), key=lambda b: b.dev)  # the run's pooling and the folder's own
     storage.write_bytes(uri, json.dumps({"dev": base.dev, "label": base.label, "test": asdict(base.test)}).encode())
     return base
 
