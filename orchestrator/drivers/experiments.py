@@ -128,13 +128,12 @@ def _trained(spec, cfg: ExperimentsConfig, probe, exp: str | None, mode: str, na
     """Train, export and test one model - or, when the job's state holds it committed, fetch it back.
     Returns {"model_dir", "metrics", "headline", "history", "best_dev", "config"}."""
     label = _label(exp, mode)
-    uri, local = storage.join(state, label), models_dir / label
-    if storage.is_complete(uri):
+    uri, result_uri, local = storage.join(state, label), storage.join(state, f"{label}.json"), models_dir / label
+    if storage.exists(result_uri) and storage.is_complete(uri):
         if local.exists():
             shutil.rmtree(local)
         storage.get_dir(uri, local, require_complete=True)
-        done = json.loads((local / "sieve_result.json").read_text())
-        return {**done, "model_dir": local}
+        return {**json.loads(storage.read_bytes(result_uri)), "model_dir": local}
     run_cfg = cfg.run_config(exp, "siamese" if mode == "all" else mode)
     run_cfg.model.pooling = probe.model.pooling
     shards = spec.prepare_data(run_cfg, progress=False)
@@ -144,8 +143,8 @@ def _trained(spec, cfg: ExperimentsConfig, probe, exp: str | None, mode: str, na
             "history": [{k: v for k, v in h.items() if isinstance(v, int | float)} for h in outcome.history],
             "best_dev": outcome.best_metrics.get(spec.metric, float("nan")),
             "config": run_cfg.model_dump(mode="json")}
-    (model_dir / "sieve_result.json").write_text(json.dumps(done))
-    storage.put_dir(model_dir, uri)  # committed last: a model cut short is trained again on resume
+    storage.put_dir(model_dir, uri)
+    storage.write_bytes(result_uri, json.dumps(done).encode())  # last: a model cut short is trained again on resume
     return {**done, "model_dir": model_dir}
 
 
