@@ -4,6 +4,7 @@ and concurrent registration against a real MLflow server."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -159,6 +160,65 @@ def test_tracking_outage_after_training_keeps_the_run_and_sync_logs_it(mlflow_se
     steps = mlflow.MlflowClient().get_metric_history(run.info.run_id, "stsb_dev_spearman")
     assert [(m.step, m.value) for m in steps] == [(2, 0.5), (4, 0.6)]
     assert len(logged_models(run.info.run_id, "model")) == 1  # the model once, not once per replay
+
+
+@pytest.mark.slow
+def test_server_killed_mid_replay_then_the_replay_completes_once(tiny_bert_dir, tmp_path, monkeypatch):
+    """#18.9: a real MLflow server is killed while a pending record is being replayed (after the run was
+    made and its params logged, at the first metrics): the replay fails with one line naming the URI;
+    the server restarted on the same store, the next replay finishes that same run - every evaluation
+    once, the model once, no second run."""
+    import signal
+
+    import mlflow
+    from conftest import BIN, free_port, wait_http
+
+    from orchestrator.drivers import publish
+    from orchestrator.errors import TrackingError
+    from orchestrator.tracking import logged_models
+
+    port, root = free_port(), tmp_path / "server"
+    root.mkdir()
+    uri = f"http://127.0.0.1:{port}"
+
+    def serve() -> subprocess.Popen:
+        proc = subprocess.Popen([str(BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{root / 'db'}",
+                                 "--default-artifact-root", str(root / "a"), "--serve-artifacts",
+                                 "--artifacts-destination", str(root / "a"), "--host", "127.0.0.1", "--port", str(port),
+                                 "--workers", "1", "--uvicorn-opts", "--timeout-worker-healthcheck 120"],
+                                stdout=open(root / "log", "a"), stderr=subprocess.STDOUT, start_new_session=True)
+        wait_http(uri + "/health", 120, proc)
+        return proc
+
+    history = [{"step": 2, "stsb_dev_spearman": 0.5}, {"step": 4, "stsb_dev_spearman": 0.6}]
+    record = publish.run_record(experiment="midway", run_name="cut", method="sifter_simcse", params={"a": 1},
+                                 history=history, metrics={"test_sts_avg": 0.7}, model_dir=str(tiny_bert_dir))
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    server = serve()
+    real_log_metrics = publish.log_metrics
+
+    def kill_then_log(*a, **k):  # the server dies at this instant, for real
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait(30)
+        return real_log_metrics(*a, **k)
+
+    monkeypatch.setattr(publish, "log_metrics", kill_then_log)
+    with pytest.raises(TrackingError, match=f"MLflow tracking server {uri}: logging run 'cut' failed"):
+        publish.replay(record, uri)
+    monkeypatch.setattr(publish, "log_metrics", real_log_metrics)
+    server = serve()
+    try:
+        run_id = publish.replay(record, uri)
+        client = mlflow.MlflowClient(tracking_uri=uri)
+        runs = client.search_runs([client.get_experiment_by_name("midway").experiment_id])
+        assert [r.info.run_id for r in runs] == [run_id]  # the run the cut replay made, finished
+        assert [(m.step, m.value) for m in client.get_metric_history(run_id, "stsb_dev_spearman")] == [(2, 0.5), (4, 0.6)]
+        assert runs[0].data.params["a"] == "1" and runs[0].data.metrics["test_sts_avg"] == 0.7
+        mlflow.set_tracking_uri(uri)
+        assert len(logged_models(run_id, "model")) == 1
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait(30)
 
 
 class _Payload:
