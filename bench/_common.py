@@ -11,7 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-SHARED = ROOT.parent / "shared" / "data"
+SHARED = Path(os.environ.get("SIEVE_SHARED_DATA", ROOT.parent / "shared" / "data"))  # the data beside the repo
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
