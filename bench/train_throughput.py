@@ -47,7 +47,7 @@ def ours(texts, steps, batch, max_len, seed):
     from trainers.sifter_simcse import ContrastiveConfig, build_model, compute_loss
 
     cfg = ContrastiveConfig(method="simcse", dropout=0.1, lambda_xx=1, lambda_xy=0, lambda_xz=0, lambda_yz=0,
-                            model={"name_or_path": "default", "max_length": max_len})
+                            model={"name_or_path": "default", "max_length": max_len, "pooling": "cls"})
     torch.manual_seed(seed)
     model, tok = build_model(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-5)
@@ -113,7 +113,7 @@ def ray_train_one_worker(steps, batch, max_len, seed, tmp):
     run_pipeline(CorpusConfig(input=str(ROOT / "data" / "corpus" / "wikisplit_sample.txt"), limit=steps * batch + batch,
                               parser={"workers": 1, "cpus_per_worker": 0.5}), shards, progress=False)
     cfg = ContrastiveConfig(method="simcse", dropout=0.1, lambda_xx=1, lambda_xy=0, lambda_xz=0, lambda_yz=0,
-                            model={"name_or_path": "default", "max_length": max_len},
+                            model={"name_or_path": "default", "max_length": max_len, "pooling": "cls"},
                             train={"lr": 3e-5, "batch_size": batch, "max_steps": steps, "eval_steps": steps, "seed": seed},
                             scaling={"num_workers": 1, "cpus_per_worker": 2}, run={"storage": f"{tmp}/runs"})
     method = get_method("simcse")
