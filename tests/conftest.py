@@ -153,26 +153,37 @@ def postgres_uri():
         shutil.rmtree(root, ignore_errors=True)
 
 
+def start_mlflow_server(root: Path, port: int, backend: str, workers: int = 1) -> subprocess.Popen:
+    """``mlflow server`` on 127.0.0.1:``port`` (artifacts and log under ``root``), answering /health; a
+    process group of its own, so that a test can kill it (and start it again on the same store)."""
+    proc = subprocess.Popen(
+        [str(BIN / "mlflow"), "server", "--backend-store-uri", backend,
+         "--default-artifact-root", str(root / "artifacts"), "--serve-artifacts",
+         "--artifacts-destination", str(root / "artifacts"),
+         "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers),
+         # uvicorn kills a worker that misses a 5 s health ping; on loaded cores importing MLflow takes
+         # longer, and the workers were killed and restarted until the fixture gave up
+         "--uvicorn-opts", "--timeout-worker-healthcheck 120"],
+        stdout=open(root / "server.log", "a"), stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", 120, proc)
+    except BaseException:
+        os.killpg(proc.pid, 9)  # a server that never answered is not left behind
+        raise
+    return proc
+
+
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory, postgres_uri):
     """A real MLflow tracking server on 127.0.0.1 (about 15 s to start): PostgreSQL and 2 workers like
     the cluster's, where PostgreSQL exists; SQLite and 1 worker otherwise."""
     root = tmp_path_factory.mktemp("mlflow-server")
     port = free_port()
-    backend, workers = (postgres_uri, "2") if postgres_uri else (f"sqlite:///{root / 'db.sqlite'}", "1")
-    proc = subprocess.Popen(
-        [str(BIN / "mlflow"), "server", "--backend-store-uri", backend,
-         "--default-artifact-root", str(root / "artifacts"), "--serve-artifacts",
-         "--artifacts-destination", str(root / "artifacts"),
-         "--host", "127.0.0.1", "--port", str(port), "--workers", workers,
-         # uvicorn kills a worker that misses a 5 s health ping; on loaded cores importing MLflow takes
-         # longer, and the workers were killed and restarted until the fixture gave up
-         "--uvicorn-opts", "--timeout-worker-healthcheck 120"],
-        stdout=open(root / "server.log", "w"), stderr=subprocess.STDOUT, start_new_session=True,
-    )
+    backend, workers = (postgres_uri, 2) if postgres_uri else (f"sqlite:///{root / 'db.sqlite'}", 1)
+    proc = start_mlflow_server(root, port, backend, workers)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_http(url + "/health", 120, proc)
         yield url
     finally:
         os.killpg(proc.pid, 15)

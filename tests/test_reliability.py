@@ -171,7 +171,7 @@ def test_server_killed_mid_replay_then_the_replay_completes_once(tiny_bert_dir, 
     import signal
 
     import mlflow
-    from conftest import BIN, free_port, wait_http
+    from conftest import free_port, start_mlflow_server
 
     from orchestrator.drivers import publish
     from orchestrator.errors import TrackingError
@@ -182,13 +182,7 @@ def test_server_killed_mid_replay_then_the_replay_completes_once(tiny_bert_dir, 
     uri = f"http://127.0.0.1:{port}"
 
     def serve() -> subprocess.Popen:
-        proc = subprocess.Popen([str(BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{root / 'db'}",
-                                 "--default-artifact-root", str(root / "a"), "--serve-artifacts",
-                                 "--artifacts-destination", str(root / "a"), "--host", "127.0.0.1", "--port", str(port),
-                                 "--workers", "1", "--uvicorn-opts", "--timeout-worker-healthcheck 120"],
-                                stdout=open(root / "log", "a"), stderr=subprocess.STDOUT, start_new_session=True)
-        wait_http(uri + "/health", 120, proc)
-        return proc
+        return start_mlflow_server(root, port, f"sqlite:///{root / 'db'}")
 
     history = [{"step": 2, "stsb_dev_spearman": 0.5}, {"step": 4, "stsb_dev_spearman": 0.6}]
     record = publish.run_record(experiment="midway", run_name="cut", method="sifter_simcse", params={"a": 1},
