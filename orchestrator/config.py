@@ -275,6 +275,11 @@ class PerformanceBlock(StrictModel):
     compile: bool = Field(False, description="torch.compile the model (plain / DDP path)")
     compile_backend: str = "inductor"
     pin_memory: Literal["auto", "on", "off"] = Field("auto", description="pinned host memory for batches sent to a GPU")
+    ingest_prefetch: int = Field(4, ge=0, description="batches of the worker's shard read ahead on a thread, "
+                                 "from the start of the train function (0: read when the loop asks)")
+    ingest_materialize_mb: int = Field(256, ge=0, description="a training corpus whose shard files total at "
+                                       "most this many MiB is read into Ray's object store once, before the "
+                                       "workers start; a larger one streams (0: always stream)")
 
     def on(self, switch: str, gpu: bool) -> bool:
         value = getattr(self, switch)

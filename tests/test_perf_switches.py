@@ -72,3 +72,62 @@ def test_torch_compile_gives_the_same_loss(tiny_bert_dir):
     compiled_loss, _ = compute_loss(stepper.model, tok, BATCH, cfg)
     assert compiled_loss.item() == pytest.approx(eager_loss.item(), abs=1e-5)
     stepper.step(compiled_loss)  # and it trains
+
+
+# ---------------------------------------------------------------- the ingest (#22.1)
+def texts_of(ingest, epoch) -> list[str]:
+    return [t for batch in ingest(epoch) for t in batch["text"]]
+
+
+def test_read_ahead_ingest_gives_the_batches_of_reading_when_asked_in_order(ray_cluster):
+    """The worker's read-ahead thread is an optimisation only: every epoch yields the batches a
+    plain ``iter_batches`` gives, in the same order; and it really reads before it is asked."""
+    import time
+
+    import ray.data
+
+    ds = ray.data.from_items([{"text": f"s{i}"} for i in range(50)])
+    plain = common.Ingest(8, epochs=2, depth=0, shard=ds.iterator())
+    ahead = common.Ingest(8, epochs=2, depth=3, shard=ds.iterator())
+    deadline = time.monotonic() + 60
+    while ahead.ahead[1].qsize() < 3 and time.monotonic() < deadline:  # nothing asked yet
+        time.sleep(0.05)
+    assert ahead.ahead[1].qsize() == 3  # `depth` batches ready before the loop asks for one
+    for epoch in range(2):
+        want = texts_of(plain, epoch)
+        assert want == [f"s{i}" for i in range(48)]  # 6 whole batches of 8; the last 2 rows dropped
+        assert texts_of(ahead, epoch) == want
+    assert ahead.ahead is None  # the last epoch reads nothing further
+
+
+def test_a_reader_error_surfaces_on_the_training_thread(ray_cluster):
+    import ray.data
+
+    def broken(row):
+        raise ValueError("bad row in shard 3")
+
+    ingest = common.Ingest(4, epochs=1, depth=2, shard=ray.data.from_items([{"text": "x"}] * 8).map(broken).iterator())
+    with pytest.raises(Exception, match="bad row in shard 3"):
+        texts_of(ingest, 0)
+
+
+def test_a_small_corpus_is_read_once_before_the_workers_and_a_large_one_streams(ray_cluster, tiny_shards,
+                                                                                tiny_bert_dir, tmp_path):
+    from ray.data.dataset import MaterializedDataset
+
+    from orchestrator.drivers.registry import get_method
+    from orchestrator.drivers.train import build_trainer
+
+    def trainer(workers, **perf):
+        cfg = ContrastiveConfig.model_validate({
+            "model": {"name_or_path": str(tiny_bert_dir), "max_length": 16, "pooling": "cls"},
+            "train": {"batch_size": 8}, "scaling": {"num_workers": workers, "cpus_per_worker": 1},
+            "run": {"storage": str(tmp_path / "store")}, "perf": perf})
+        return build_trainer(get_method("sifter_simcse"), cfg, tiny_shards, name="ingest")
+
+    one = trainer(1)
+    assert isinstance(one.datasets["train"], MaterializedDataset)
+    assert one.data_config._datasets_to_split == []  # one worker reads it whole: no split coordinator
+    streamed = trainer(2, ingest_materialize_mb=0)  # 0 MiB: every corpus is "large"
+    assert not isinstance(streamed.datasets["train"], MaterializedDataset)
+    assert streamed.data_config._datasets_to_split == "all"

@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import queue
 import random
 import tempfile
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -61,15 +63,75 @@ def average_gradients(params) -> None:
             p.grad /= n
 
 
-def setup_worker(seed: int, threads: int = 1) -> None:
-    """On CPU as many torch threads as the worker has CPUs; every RNG seeded (rank-offset, so
-    dropout masks differ between workers)."""
+_WORKER_START: list[float] = []  # when this worker process's train function began (perf_counter)
+
+
+def setup_worker(cfg) -> Ingest:
+    """Start of every method's train function: this worker's shard starts reading ahead (while the
+    model loads), torch gets as many threads as the worker has CPUs on CPU, and every RNG is seeded
+    (rank-offset, so dropout masks differ between workers). Returns the shard's batches for
+    :func:`train_loop`."""
+    _WORKER_START[:] = [time.perf_counter()]
+    ingest = Ingest(cfg.train.batch_size, epochs=cfg.train.epochs, depth=cfg.perf.ingest_prefetch)
     if not torch.cuda.is_available():
-        torch.set_num_threads(max(1, threads))
-    s = seed + rank()
+        torch.set_num_threads(max(1, int(cfg.scaling.cpus_per_worker)))
+    s = cfg.train.seed + rank()
     random.seed(s)
     np.random.seed(s)
     torch.manual_seed(s)
+    return ingest
+
+
+_END = object()
+
+
+class Ingest:
+    """This worker's Ray Data shard ``train`` in batches, read ahead on a thread.
+
+    Ray Data starts its executor (the split coordinator, the read tasks) when the first batch is
+    asked for: about 7 s on 2 cores, which a loop that asks only when it needs the batch spends
+    waiting (``bench/results/train_throughput.md``). Made at the top of the train function, the
+    reader starts while the model loads and then keeps ``depth`` batches ready while the loop
+    computes; the next epoch starts reading as this one ends. ``depth=0``: read when asked.
+    Iterating ``ingest(epoch)`` yields the same batches in the same order either way.
+    """
+
+    def __init__(self, batch_size: int, *, epochs: int, depth: int, shard=None):
+        self.shard = shard if shard is not None else ray.train.get_dataset_shard("train")
+        self.batch_size, self.epochs, self.depth = batch_size, epochs, depth
+        self.ahead = self._read_ahead(0) if depth > 0 else None
+
+    def _batches(self):
+        return self.shard.iter_batches(batch_size=self.batch_size, drop_last=True, batch_format="numpy")
+
+    def _read_ahead(self, epoch: int) -> tuple[int, queue.Queue]:
+        ready: queue.Queue = queue.Queue(maxsize=self.depth)
+
+        def read() -> None:
+            try:
+                for batch in self._batches():
+                    ready.put(batch)
+                ready.put(_END)
+            except BaseException as exc:  # noqa: BLE001 - raised again on the training thread
+                ready.put(exc)
+
+        threading.Thread(target=read, name=f"sieve-ingest-epoch-{epoch}", daemon=True).start()
+        return epoch, ready
+
+    def __call__(self, epoch: int):
+        if self.depth == 0:
+            yield from self._batches()
+            return
+        started, ready = self.ahead if self.ahead is not None else (None, None)
+        if started != epoch:  # not the epoch read ahead (cannot happen in train_loop's order)
+            _, ready = self._read_ahead(epoch)
+        self.ahead = None
+        while (item := ready.get()) is not _END:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+        if epoch + 1 < self.epochs:
+            self.ahead = self._read_ahead(epoch + 1)
 
 
 def lr_scheduler(optimizer, schedule: str, warmup_steps: int, total_steps: int):
@@ -261,25 +323,19 @@ def make_stepper(module: torch.nn.Module, cfg, rows_per_worker: int, groups: lis
 
 
 def train_loop(cfg, stepper: Stepper, *, rows_per_worker: int, loss_fn, dev_fn, build_plain, metric: str,
-               batches=None) -> list[dict]:
+               batches) -> list[dict]:
     """Train ``cfg.train`` steps/epochs: resume, step, evaluate every ``eval_steps``, report + checkpoint.
 
     ``loss_fn(batch, state) -> (loss, logs)``: the method's loss on one batch (``state`` has
     ``step`` and ``epoch``, e.g. to seed per-epoch noise). ``dev_fn(module)``: the dev score
     ``metric`` (a float), or a dict of dev metrics that includes ``metric`` - run on rank 0 only,
     higher is better. ``build_plain()``: a fresh module for ZeRO-3
-    evaluation. ``batches(epoch)``: an iterator of batches (default: this worker's Ray Data
-    shard ``train``). Returns every evaluation's metrics; the list travels in the checkpoint
+    evaluation. ``batches(epoch)``: an iterator of batches (the :class:`Ingest` that
+    :func:`setup_worker` returned). Returns every evaluation's metrics; the list travels in the checkpoint
     state, so it survives a restart.
     """
     steps_per_epoch = max(1, rows_per_worker // cfg.train.batch_size)
     total_steps = cfg.train.max_steps or steps_per_epoch * cfg.train.epochs
-    if batches is None:
-        shard = ray.train.get_dataset_shard("train")
-
-        def batches(epoch):
-            return shard.iter_batches(batch_size=cfg.train.batch_size, drop_last=True, batch_format="numpy")
-
     state = {"step": 0, "epoch": 0, "best_dev": -math.inf, "restarts": 0, "history": []}
     with resumed_checkpoint() as ckpt_dir:
         if ckpt_dir is not None:
@@ -303,16 +359,21 @@ def train_loop(cfg, stepper: Stepper, *, rows_per_worker: int, loss_fn, dev_fn, 
 
     stepper.module.train()
     t_start, logs = time.perf_counter(), {}
+    # before the loop: the model built, the checkpoint resumed (since the train function began)
+    setup_s = t_start - _WORKER_START[0] if _WORKER_START else 0.0
     t_window, window_start = time.perf_counter(), state["step"]
     # where the worker's time goes (s, with every report): the next batch (ingest), the loss (tokenize + forward),
     # backward + step (DDP's all-reduce), evaluation + report + checkpoint; bench/train_throughput.py uses them
     spent = dict.fromkeys(("time_ingest_s", "time_forward_s", "time_backward_step_s", "time_eval_report_s"), 0.0)
+    first_wait = None  # of which: the wait for this run's first batch (the ingest's start-up)
     skip = state["step"] - state["epoch"] * steps_per_epoch  # batches of this epoch trained before a restart
     while state["step"] < total_steps and state["epoch"] < cfg.train.epochs:
         t_wait = time.perf_counter()
         for batch in batches(state["epoch"]):
             t0 = time.perf_counter()
             spent["time_ingest_s"] += t0 - t_wait
+            if first_wait is None:
+                first_wait = spent["time_ingest_first_s"] = t0 - t_wait
             if skip > 0:
                 skip, t_wait = skip - 1, time.perf_counter()
                 continue
@@ -325,7 +386,7 @@ def train_loop(cfg, stepper: Stepper, *, rows_per_worker: int, loss_fn, dev_fn, 
             spent["time_forward_s"] += t1 - t0
             spent["time_backward_step_s"] += t2 - t1
             state["step"] += 1
-            logs.update(lr=stepper.optimizer.param_groups[0]["lr"], train_s=t2 - t_start, **spent)
+            logs.update(lr=stepper.optimizer.param_groups[0]["lr"], train_s=t2 - t_start, time_setup_s=setup_s, **spent)
             if live is not None and state["step"] % cfg.train.log_steps == 0:
                 elapsed = time.perf_counter() - t_window
                 rate = (state["step"] - window_start) * cfg.train.batch_size * world_size() / max(elapsed, 1e-9)

@@ -328,7 +328,7 @@ def generate(model: ParaBART, batcher: Batch, sources: list[str], parses: list[s
 # ---------------------------------------------------------------- the per-worker loop (Ray Train)
 def train_func(config: dict) -> list[dict]:
     cfg = ParaBARTConfig.model_validate(config["method_config"])
-    common.setup_worker(cfg.train.seed, threads=int(cfg.scaling.cpus_per_worker))
+    ingest = common.setup_worker(cfg)
     device = common.device_for(cfg)
     syntax, tags = load_vocabs(config["shards"])
     model, tokenizer = build_model(cfg, syntax, tags)
@@ -350,7 +350,8 @@ def train_func(config: dict) -> list[dict]:
         return {"stsb_dev_spearman": dev_score(m.sem, tokenizer, cfg),
                 **validation_loss(m, dis, batcher, valid, cfg, adversary_on=adversary["on"], device=device)}
 
-    return common.train_loop(cfg, stepper, rows_per_worker=int(config["rows_per_worker"]), metric=SPEC.metric,
+    return common.train_loop(cfg, stepper, rows_per_worker=int(config["rows_per_worker"]), batches=ingest,
+                             metric=SPEC.metric,
                              loss_fn=loss_fn, dev_fn=dev_fn, build_plain=lambda: build_model(cfg, syntax, tags)[0].to(device))
 
 

@@ -196,7 +196,7 @@ def evaluate_base(cfg: SiameseConfig) -> BaseResult:
 # ---------------------------------------------------------------- the per-worker loop (Ray Train)
 def train_func(config: dict) -> list[dict]:
     cfg = SiameseConfig.model_validate(config["method_config"])
-    common.setup_worker(cfg.train.seed, threads=int(cfg.scaling.cpus_per_worker))
+    ingest = common.setup_worker(cfg)
     device = common.device_for(cfg)
     classes = classes_of(cfg) if cfg.mode == "naive" else None
     module, tokenizer = build_model(cfg, len(classes or []))
@@ -204,7 +204,7 @@ def train_func(config: dict) -> list[dict]:
     stepper = common.make_stepper(module, cfg, int(config["rows_per_worker"]))
     dev = dev_sets(cfg)
     return common.train_loop(
-        cfg, stepper, rows_per_worker=int(config["rows_per_worker"]), metric=SPEC.metric,
+        cfg, stepper, rows_per_worker=int(config["rows_per_worker"]), batches=ingest, metric=SPEC.metric,
         loss_fn=lambda batch, state: compute_loss(stepper.model, tokenizer, batch, cfg, classes, device),
         dev_fn=lambda m: dev_delta(m.encoder, tokenizer, cfg, dev),
         build_plain=lambda: build_model(cfg, len(classes or []))[0].to(device))

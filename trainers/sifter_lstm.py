@@ -301,14 +301,14 @@ def prepare_data(cfg: SifterLSTMConfig, progress: bool = True) -> str:
 # ---------------------------------------------------------------- the per-worker loop (Ray Train)
 def train_func(config: dict) -> list[dict]:
     cfg = SifterLSTMConfig.model_validate(config["method_config"])
-    common.setup_worker(cfg.train.seed, threads=int(cfg.scaling.cpus_per_worker))
+    ingest = common.setup_worker(cfg)
     device = common.device_for(cfg)
     model, batcher, word_set = build_model(cfg)
     model.to(device)
     dev_rows = _rows(cfg, "dev")
     stepper = common.make_stepper(model, cfg, int(config["rows_per_worker"]))
     return common.train_loop(
-        cfg, stepper, rows_per_worker=int(config["rows_per_worker"]), metric=SPEC.metric,
+        cfg, stepper, rows_per_worker=int(config["rows_per_worker"]), batches=ingest, metric=SPEC.metric,
         loss_fn=lambda batch, state: compute_loss(stepper.model, batcher, batch["text"], batch["label"], cfg, device),
         dev_fn=lambda m: accuracy(m, batcher, dev_rows),
         build_plain=lambda: build_model(cfg, word_set)[0].to(device))

@@ -233,7 +233,7 @@ def train_func(config: dict) -> list[dict]:
     """Runs on every Ray Train worker: build, (resume,) train, evaluate on STS-B dev, report +
     checkpoint (the shared loop in :func:`trainers.common.train_loop`)."""
     cfg = ContrastiveConfig.model_validate(config["method_config"])
-    common.setup_worker(cfg.train.seed, threads=int(cfg.scaling.cpus_per_worker))
+    ingest = common.setup_worker(cfg)
     device = common.device_for(cfg)
     module, tokenizer = build_model(cfg)
     module.to(device)
@@ -246,7 +246,8 @@ def train_func(config: dict) -> list[dict]:
         return loss, {**logs, **{f"views_{k}": float(v) for k, v in seen.items()}}
 
     return common.train_loop(
-        cfg, stepper, rows_per_worker=int(config["rows_per_worker"]), metric=SPECS[0].metric, loss_fn=loss_fn,
+        cfg, stepper, rows_per_worker=int(config["rows_per_worker"]), batches=ingest, metric=SPECS[0].metric,
+        loss_fn=loss_fn,
         dev_fn=lambda m: dev_score(m.encoder, tokenizer, cfg), build_plain=lambda: build_model(cfg)[0].to(device))
 
 

@@ -225,7 +225,7 @@ def evaluate_base(cfg: TSDAEConfig) -> BaseResult:
 # ---------------------------------------------------------------- the per-worker loop (Ray Train)
 def train_func(config: dict) -> list[dict]:
     cfg = TSDAEConfig.model_validate(config["method_config"])
-    common.setup_worker(cfg.train.seed, threads=int(cfg.scaling.cpus_per_worker))
+    ingest = common.setup_worker(cfg)
     device = common.device_for(cfg)
     module, tokenizer = build_model(cfg)
     module.to(device)
@@ -238,7 +238,8 @@ def train_func(config: dict) -> list[dict]:
     def dev_fn(m):  # nothing labelled is read when no dev set is configured (the paper's protocol)
         return {SPEC.metric: dev_score(m.encoder, tokenizer, cfg)} if cfg.eval.dev else {}
 
-    return common.train_loop(cfg, stepper, rows_per_worker=int(config["rows_per_worker"]), metric=SPEC.metric,
+    return common.train_loop(cfg, stepper, rows_per_worker=int(config["rows_per_worker"]), batches=ingest,
+                             metric=SPEC.metric,
                              loss_fn=loss_fn, dev_fn=dev_fn,
                              build_plain=lambda: build_model(cfg)[0].to(device))
 
