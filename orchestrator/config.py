@@ -252,6 +252,8 @@ class ScalingBlock(StrictModel):
     use_gpu: bool = False
     cpus_per_worker: float = Field(1.0, gt=0)
     resources_per_worker: dict[str, float] = {}
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        "PACK", description="how the workers' bundles are placed on nodes (STRICT_SPREAD: one worker per node)")
 
 
 class DeepSpeedBlock(StrictModel):

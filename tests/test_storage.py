@@ -1,5 +1,6 @@
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -138,3 +139,24 @@ def test_interrupted_upload_is_never_complete_and_resume_takes_the_last_complete
     if where == "s3":
         assert storage.list_files(interrupted)  # half an upload really is there
     assert storage.latest_complete(parent) == storage.join(parent, "step-000004")
+
+
+def test_a_checkpoint_on_s3_is_recorded_with_its_scheme_and_read_back(s3_bucket, tmp_path):
+    """Ray keeps an S3 checkpoint's path as ``bucket/key``: recorded as such, a sweep's export read it as a
+    local folder ("URI has empty scheme"; found by the two-node test, #18.8)."""
+    import pyarrow.fs as pafs
+    from ray.train import Checkpoint
+
+    from orchestrator.drivers.train import checkpoint_at, checkpoint_uri
+
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "state.json").write_text("{}")
+    storage.put_dir(tmp_path / "ckpt", f"{s3_bucket}/runs/checkpoint_1")
+    fs, path = storage.pyarrow_filesystem(f"{s3_bucket}/runs/checkpoint_1")
+    uri = checkpoint_uri(Checkpoint(path, filesystem=fs))
+    assert uri == f"{s3_bucket}/runs/checkpoint_1"
+    again = checkpoint_at(uri)
+    assert isinstance(again.filesystem, pafs.S3FileSystem) and again.path == path
+    with again.as_directory() as local:
+        assert (Path(local) / "state.json").read_text() == "{}"
+    assert checkpoint_uri(Checkpoint(str(tmp_path / "ckpt"))) == str(tmp_path / "ckpt")  # local: unchanged

@@ -45,7 +45,7 @@ from orchestrator import storage
 from orchestrator.config import MethodConfig, StrictModel, with_params
 from orchestrator.drivers.registry import get_method
 from orchestrator.drivers.report import params_label
-from orchestrator.drivers.train import build_trainer, fit
+from orchestrator.drivers.train import build_trainer, checkpoint_uri, fit, uri_on
 from orchestrator.errors import ConfigError
 from orchestrator.tracking import create_child_run
 
@@ -176,7 +176,7 @@ def _recording_callback(reports_uri: str):
 
         def after_report(self, run_context, metrics, checkpoint):
             super().after_report(run_context, metrics, checkpoint)
-            record = {**metrics[0], **({"checkpoint_path": checkpoint.path} if checkpoint else {})}
+            record = {**metrics[0], **({"checkpoint_path": checkpoint_uri(checkpoint)} if checkpoint else {})}
             self.by_step[str(record.get("step"))] = record
             storage.write_bytes(reports_uri, json.dumps(list(self.by_step.values()), default=str).encode())
 
@@ -340,7 +340,9 @@ def trial_rows(result_grid, metric: str, select: str | None = "") -> list[dict]:
             "history": evals,
             "best": best,
             "best_dev": best[metric] if best else float("nan"),
-            "checkpoint_path": best.get("checkpoint_path") if best else None,
+            # Tune records the path on the sweep's storage (the run's storage is below it): as a URI
+            "checkpoint_path": uri_on(r.filesystem, best["checkpoint_path"]) if best and best.get("checkpoint_path")
+            else None,
             "error": str(r.error).splitlines()[0][:300] if r.error else None,
         })
     most = max((len(x["history"]) for x in rows), default=0)

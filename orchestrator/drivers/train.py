@@ -73,7 +73,8 @@ def build_trainer(spec: MethodSpec, cfg: MethodConfig, shards: str, *, name: str
     resources = {"CPU": cfg.scaling.cpus_per_worker, **cfg.scaling.resources_per_worker}
     if cfg.scaling.use_gpu:
         resources.setdefault("GPU", 1)
-    scaling = ScalingConfig(num_workers=workers, use_gpu=cfg.scaling.use_gpu, resources_per_worker=resources)
+    scaling = ScalingConfig(num_workers=workers, use_gpu=cfg.scaling.use_gpu, resources_per_worker=resources,
+                            placement_strategy=cfg.scaling.placement_strategy)
     env = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "RAY_DATA_DISABLE_PROGRESS_BARS": "1"}  # the ingest's bars would drown Tune's table
     if not cfg.scaling.use_gpu:
@@ -123,6 +124,19 @@ def fit(trainer: TorchTrainer, spec: MethodSpec, cfg: MethodConfig) -> Outcome:
     # Every evaluation, in order: the train function returns them (metrics_dataframe only keeps
     # the reports whose checkpoints were kept).
     return Outcome(best, best_metrics, list(result.return_value or []))
+
+
+def checkpoint_uri(checkpoint: Checkpoint) -> str:
+    """Where a reported checkpoint lives, as :func:`checkpoint_at` reads it back."""
+    return uri_on(checkpoint.filesystem, checkpoint.path)
+
+
+def uri_on(filesystem, path: str) -> str:
+    """A path on a Ray storage filesystem as a URI: Ray keeps S3 paths without their scheme
+    (``bucket/key``), which would name a local folder once recorded."""
+    if "://" not in path and isinstance(filesystem, pafs.S3FileSystem):
+        return "s3://" + path.lstrip("/")
+    return path
 
 
 def checkpoint_at(path: str) -> Checkpoint:
