@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from trainers import common
+from trainers.ingest import Ingest
 from trainers.sifter_simcse import ContrastiveConfig, build_model, compute_loss
 
 X = ["a man is playing a guitar .", "the cat sat on the mat .", "she reads a long book .", "dogs run in the park ."]
@@ -87,8 +88,8 @@ def test_read_ahead_ingest_gives_the_batches_of_reading_when_asked_in_order(ray_
     import ray.data
 
     ds = ray.data.from_items([{"text": f"s{i}"} for i in range(50)])
-    plain = common.Ingest(8, epochs=2, depth=0, shard=ds.iterator())
-    ahead = common.Ingest(8, epochs=2, depth=3, shard=ds.iterator())
+    plain = Ingest(8, epochs=2, depth=0, shard=ds.iterator())
+    ahead = Ingest(8, epochs=2, depth=3, shard=ds.iterator())
     deadline = time.monotonic() + 60
     while ahead.ahead[1].qsize() < 3 and time.monotonic() < deadline:  # nothing asked yet
         time.sleep(0.05)
@@ -106,7 +107,7 @@ def test_a_reader_error_surfaces_on_the_training_thread(ray_cluster):
     def broken(row):
         raise ValueError("bad row in shard 3")
 
-    ingest = common.Ingest(4, epochs=1, depth=2, shard=ray.data.from_items([{"text": "x"}] * 8).map(broken).iterator())
+    ingest = Ingest(4, epochs=1, depth=2, shard=ray.data.from_items([{"text": "x"}] * 8).map(broken).iterator())
     with pytest.raises(Exception, match="bad row in shard 3"):
         texts_of(ingest, 0)
 
@@ -131,3 +132,4 @@ def test_a_small_corpus_is_read_once_before_the_workers_and_a_large_one_streams(
     streamed = trainer(2, ingest_materialize_mb=0)  # 0 MiB: every corpus is "large"
     assert not isinstance(streamed.datasets["train"], MaterializedDataset)
     assert streamed.data_config._datasets_to_split == "all"
+

@@ -11,10 +11,8 @@ from __future__ import annotations
 import json
 import math
 import os
-import queue
 import random
 import tempfile
-import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,6 +26,8 @@ import torch.distributed.nn.functional as dist_nn
 from transformers import get_scheduler
 
 from orchestrator import tracking
+from trainers.fault_injection import maybe_inject_failure
+from trainers.ingest import Ingest
 
 
 # ---------------------------------------------------------------- process group helpers
@@ -80,58 +80,6 @@ def setup_worker(cfg) -> Ingest:
     np.random.seed(s)
     torch.manual_seed(s)
     return ingest
-
-
-_END = object()
-
-
-class Ingest:
-    """This worker's Ray Data shard ``train`` in batches, read ahead on a thread.
-
-    Ray Data starts its executor (the split coordinator, the read tasks) when the first batch is
-    asked for: about 7 s on 2 cores, which a loop that asks only when it needs the batch spends
-    waiting (``bench/results/train_throughput.md``). Made at the top of the train function, the
-    reader starts while the model loads and then keeps ``depth`` batches ready while the loop
-    computes; the next epoch starts reading as this one ends. ``depth=0``: read when asked.
-    Iterating ``ingest(epoch)`` yields the same batches in the same order either way.
-    """
-
-    def __init__(self, batch_size: int, *, epochs: int, depth: int, shard=None):
-        self.shard = shard if shard is not None else ray.train.get_dataset_shard("train")
-        self.batch_size, self.epochs, self.depth = batch_size, epochs, depth
-        self.ahead = self._read_ahead(0) if depth > 0 else None
-
-    def _batches(self):
-        return self.shard.iter_batches(batch_size=self.batch_size, drop_last=True, batch_format="numpy")
-
-    def _read_ahead(self, epoch: int) -> tuple[int, queue.Queue]:
-        ready: queue.Queue = queue.Queue(maxsize=self.depth)
-
-        def read() -> None:
-            try:
-                for batch in self._batches():
-                    ready.put(batch)
-                ready.put(_END)
-            except BaseException as exc:  # noqa: BLE001 - raised again on the training thread
-                ready.put(exc)
-
-        threading.Thread(target=read, name=f"sieve-ingest-epoch-{epoch}", daemon=True).start()
-        return epoch, ready
-
-    def __call__(self, epoch: int):
-        if self.depth == 0:
-            yield from self._batches()
-            return
-        started, ready = self.ahead if self.ahead is not None else (None, None)
-        if started != epoch:  # not the epoch read ahead (cannot happen in train_loop's order)
-            _, ready = self._read_ahead(epoch)
-        self.ahead = None
-        while (item := ready.get()) is not _END:
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-        if epoch + 1 < self.epochs:
-            self.ahead = self._read_ahead(epoch + 1)
 
 
 def lr_scheduler(optimizer, schedule: str, warmup_steps: int, total_steps: int):
@@ -441,27 +389,6 @@ def live_run():
     """The MLflow run to log into while training (named by the driver in the workers' environment)."""
     run_id, uri = os.environ.get("SIEVE_MLFLOW_RUN_ID"), os.environ.get("SIEVE_MLFLOW_TRACKING_URI")
     return tracking.LiveRun(run_id, uri) if run_id and uri else None
-
-
-# ---------------------------------------------------------------- fault injection (tests only)
-def maybe_inject_failure(step: int) -> None:
-    """Crash this worker once at ``SIEVE_FAIL_AT_STEP`` (rank ``SIEVE_FAIL_RANK``, default 1).
-
-    Used by the fault-injection tests to prove that a run resumes from its last checkpoint; the
-    marker file ``SIEVE_FAIL_MARKER`` makes it fire only once across restarts. Unset in real runs.
-    """
-    if delay := os.environ.get("SIEVE_STEP_DELAY_S"):  # tests: keep a run going while they watch MLflow
-        time.sleep(float(delay))
-    at = os.environ.get("SIEVE_FAIL_AT_STEP")
-    if not at or step != int(at) or rank() != int(os.environ.get("SIEVE_FAIL_RANK", "1")) % max(world_size(), 1):
-        return
-    if (marker := Path(os.environ.get("SIEVE_FAIL_MARKER", "/tmp/sieve-fail-marker"))).exists():
-        return
-    marker.write_text(str(step))
-    # let the controller collect the previous report first (Ray Train polls workers): a crash right
-    # after a report may otherwise lose it, and the run would restart from the checkpoint before
-    time.sleep(float(os.environ.get("SIEVE_FAIL_DELAY_S", "5")))
-    os._exit(1)  # a hard crash, like a killed worker process
 
 
 # ---------------------------------------------------------------- reporting to Ray Train
