@@ -45,7 +45,7 @@ from orchestrator import storage
 from orchestrator.config import MethodConfig, StrictModel, with_params
 from orchestrator.drivers.registry import get_method
 from orchestrator.drivers.report import params_label
-from orchestrator.drivers.train import build_trainer, checkpoint_uri, fit, uri_on
+from orchestrator.drivers.train import build_trainer, checkpoint_uri, fit, materializes, uri_on
 from orchestrator.errors import ConfigError
 from orchestrator.tracking import create_child_run
 
@@ -149,15 +149,18 @@ def check_space(base: MethodConfig, space: dict[str, Dimension], source: str, ma
             raise ConfigError(f"{source}: sweep grid point {shown}: {str(exc).split(': ', 1)[-1]}") from None
 
 
-def concurrent_trials(cfg, requested: int | None) -> int:
-    """How many trials fit at once: each needs its workers plus 1 CPU for the trial's driver, and
-    1 CPU stays free for Ray Data's read/split tasks (with every CPU held by trials, the workers'
-    ingest waits forever - a silent hang seen with 1-worker trials on 4 logical CPUs)."""
+def concurrent_trials(cfg, requested: int | None, streams: bool = True) -> int:
+    """How many trials fit at once: each needs its workers plus 1 CPU for the trial's driver, and, when
+    the corpus ``streams`` during training, 1 CPU stays free for Ray Data's read tasks (with every CPU
+    held by trials, the workers' ingest waits forever - a silent hang seen with 1-worker trials on 4
+    logical CPUs). A corpus read before the workers start needs no CPU while they train: on 4 logical
+    CPUs, two 1-worker trials run at once instead of one (the sentiment sweep's LSTM trains on 1
+    thread: the second core was idle)."""
     if requested:
         return requested
     res = ray.cluster_resources()
     per_trial_cpu = cfg.scaling.num_workers * cfg.scaling.cpus_per_worker + 1
-    fits = int(max(0.0, res.get("CPU", 1) - 1) // per_trial_cpu)
+    fits = int(max(0.0, res.get("CPU", 1) - (1 if streams else 0)) // per_trial_cpu)
     if cfg.scaling.use_gpu:
         fits = min(fits, int(res.get("GPU", 0) // cfg.scaling.num_workers))
     return max(1, fits)
@@ -254,7 +257,8 @@ def run_sweep(job: SweepJobConfig, base: MethodConfig, shards: str, *, name: str
     scheduler = (ASHAScheduler(time_attr="training_iteration", max_t=max_evals, grace_period=sc.grace_period,
                                reduction_factor=sc.reduction_factor)
                  if sc.type == "asha" else FIFOScheduler())
-    search, space = make_search(job, spec.metric, concurrent_trials(base, job.sweep.max_concurrent_trials))
+    search, space = make_search(job, spec.metric, concurrent_trials(base, job.sweep.max_concurrent_trials,
+                                                                    streams=not materializes(base, shards)))
     tuner = tune.Tuner(
         trainable,
         param_space={"params": space},

@@ -45,10 +45,14 @@ def preflight(cfg: MethodConfig) -> str:
 
 
 # ---------------------------------------------------------------- the trainer
-def shard_bytes(fs, path: str) -> int:
-    """Total size of the files below ``path`` (from the listing, nothing read)."""
-    return sum(info.size or 0 for info in fs.get_file_info(pafs.FileSelector(path, recursive=True))
+def materializes(cfg: MethodConfig, shards: str) -> bool:
+    """True when :func:`build_trainer` reads the corpus into the object store before the workers start
+    (its shard files total at most ``perf.ingest_materialize_mb``): then nothing reads during training."""
+    shards = storage.resolve_build(shards) or shards
+    fs, path = storage.pyarrow_filesystem(storage.join(shards, "shards"))
+    size = sum(info.size or 0 for info in fs.get_file_info(pafs.FileSelector(path, recursive=True))
                if info.type == pafs.FileType.File)
+    return size <= cfg.perf.ingest_materialize_mb * 2**20
 
 
 def build_trainer(spec: MethodSpec, cfg: MethodConfig, shards: str, *, name: str | None = None, callbacks=None,
@@ -59,7 +63,7 @@ def build_trainer(spec: MethodSpec, cfg: MethodConfig, shards: str, *, name: str
     ds = ray.data.read_parquet(path, filesystem=fs)
     if spec.columns:
         ds = ds.select_columns(list(spec.columns))
-    if shard_bytes(fs, path) <= cfg.perf.ingest_materialize_mb * 2**20:
+    if materializes(cfg, shards):
         # read once, here, into Ray's object store: the workers' first batch then waits for no read task
         # to start (7 of a 40 s smoke loop on 2 cores, bench/results/train_throughput.md), and epochs
         # after the first read nothing again; a larger corpus streams
