@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One prepared GPU run (under 8 minutes on an H100/H200): SimCSE/SIFTER step throughput and MFU in
+# One prepared GPU run (under 8 minutes on an H100/H200): every method's training step (samples/s, tokens/s,
+# peak memory, BERT-base size); SimCSE/SIFTER step throughput and MFU in
 # bf16 at batch 64 and 512 for BERT-base/large (random init: the machine has no internet), the same
 # for sentence-transformers' MNRL, and peak memory under ZeRO 0/2/3. Results: bench/results/gpu.{json,md}.
 # On the device machine the results are also copied to $OUT when it is set.

@@ -1,6 +1,8 @@
 """GPU measurements for a lent machine (no internet: models are random-init from config).
 
-For BERT-base and BERT-large configs: SimCSE and SIFTER step throughput and model FLOPs
+Every method's own training step (SIFTER-SimCSE, TSDAE, Siamese, SIFTER-LSTM, ParaBART: each recipe's
+loss, tokenisation and extra modules) at BERT-base size: samples/s, tokens/s, peak memory. For
+BERT-base and BERT-large configs: SimCSE and SIFTER step throughput and model FLOPs
 utilisation in bf16 at batch 64 and 512 (max length 32), the same for sentence-transformers'
 MNRL SimCSE, and peak GPU memory of a large variant under DeepSpeed ZeRO 0 / 2 / 3 (with
 optimizer offload for 2 and 3, since a single GPU has no peers to partition across).
@@ -148,6 +150,111 @@ def zero_memory(cfg, stage: int, batch: int, seq: int, device) -> dict:
     return res
 
 
+# ---------------------------------------------------------------- every method's own training step (#22.3)
+def random_encoder_folder(cfg) -> str:
+    """A random-init BERT of ``cfg``'s size with MiniLM's vocabulary, saved as a model folder: what each
+    recipe's ``build_model`` loads (no weights of that size exist offline)."""
+    import tempfile
+
+    from transformers import BertModel
+
+    from orchestrator.models import load_tokenizer
+
+    d = tempfile.mkdtemp(prefix="sieve-gpu-bench-")
+    BertModel(cfg, add_pooling_layer=False).save_pretrained(d)
+    load_tokenizer("default").save_pretrained(d)
+    return d
+
+
+def method_steps(folder: str, batch: int, heads: int, device) -> dict:
+    """{method: (module to optimise, one-step loss closure, texts encoded per step)}, each built by its
+    recipe (``trainers/<method>.py``) with its own loss, on the same real sentences."""
+    import json
+    import random
+    from pathlib import Path
+
+    from orchestrator.data.paraphrase import Vocab, parse_tokens
+    from trainers import parabart, siamese, sifter_lstm, sifter_simcse, tsdae
+
+    lines = (Path(__file__).resolve().parents[1] / "data" / "corpus" / "wikisplit_sample.txt").read_text().splitlines()
+    texts = lines[:batch]
+    enc = {"name_or_path": folder, "max_length": 64}
+    out = {}
+
+    cfg = sifter_simcse.ContrastiveConfig.model_validate({"model": {**enc, "pooling": "cls"}})
+    model, tok = sifter_simcse.build_model(cfg)
+    views = {"text": texts, "backbone_view": [t + " " + " ".join(t.split()[:4]) for t in texts],
+             "deletion_view": [" ".join(w for w in t.split() if w.lower() not in ("a", "an", "the", "and")) for t in texts]}
+    out["sifter-simcse (3 views)"] = (model, lambda m=model, c=cfg, t=tok: sifter_simcse.compute_loss(m, t, views, c, device)[0],
+                                      views["text"] + views["backbone_view"] + views["deletion_view"], tok)
+
+    cfg = tsdae.TSDAEConfig.model_validate({"model": {**enc, "pooling": "cls"}})
+    model, tok = tsdae.build_model(cfg)
+    rng = random.Random(0)
+    out["tsdae (encoder + tied decoder)"] = (model, lambda m=model, c=cfg, t=tok: tsdae.compute_loss(m, t, texts, c, rng, device)[0],
+                                             texts * 2, tok)
+
+    cfg = siamese.SiameseConfig.model_validate({"model": {**enc, "pooling": "mean"},
+                                                "train_sets": [{"name": "x", "path": "data/tweets/sanders.tsv"}]})
+    model, tok = siamese.build_model(cfg)
+    pairs = {"text_a": texts, "text_b": texts[1:] + texts[:1], "label": [float(i % 2) for i in range(len(texts))]}
+    out["siamese (pairs, cosine MSE)"] = (model, lambda m=model, c=cfg, t=tok: siamese.compute_loss(m, t, pairs, c, None, device)[0],
+                                          pairs["text_a"] + pairs["text_b"], tok)
+
+    cfg = sifter_lstm.SifterLSTMConfig.model_validate({"embeddings_from": folder})
+    model, batcher, _ = sifter_lstm.build_model(cfg, word_set={"good", "bad", "great", "poor"})
+    labels = [i % 2 for i in range(len(texts))]
+    out["sifter-lstm (384-d, BERT-size embeddings)"] = (
+        model, lambda m=model, c=cfg, b=batcher: sifter_lstm.compute_loss(m, b, texts, labels, c, device)[0], texts,
+        batcher.tokenizer)
+
+    parse = "(S (NP (DT) (NN)) (VP (VBD) (PP (IN) (NP (DT) (NN)))) (.))"
+    rows = {"src": texts, "tgt": texts[1:] + texts[:1], "tgt_parse": [parse] * len(texts),
+            "src_bag": [json.dumps({"S": 0.2, "NP": 0.4, "VP": 0.2, "PP": 0.2})] * len(texts)}
+    cfg = parabart.ParaBARTConfig.model_validate({"model": {**enc, "pooling": "mean"}, "syntax_heads": heads})
+    syntax, tags = Vocab.build([parse_tokens(parse)]), Vocab.build([["S", "NP", "VP", "PP"]])
+    model, tok = parabart.build_model(cfg, syntax, tags)
+    dis = parabart.discriminator(model).to(device)
+    opt_dis = parabart.discriminator_optimizer(dis, cfg)
+    batcher = parabart.Batch(tok, syntax, tags, cfg)
+    out["parabart (E_sem + E_syn + decoder, adversary on)"] = (
+        model, lambda m=model, c=cfg: parabart.main_loss(m, dis, batcher(rows, train=True, device=device), c,
+                                                          adversary_on=True, opt_dis=opt_dis)[0],
+        rows["src"] + rows["tgt"], tok)
+    return out
+
+
+def every_method(cfg, batch: int, steps: int, device) -> list[dict]:
+    """Each recipe's own training step (its loss, its tokenisation, its extra modules): samples/s,
+    tokens/s (the non-padding tokens it encodes per step), peak memory; bf16 autocast on a GPU."""
+    results = []
+    folder = random_encoder_folder(cfg)
+    for name, (model, loss_of, encoded, tok) in method_steps(folder, batch, cfg.num_attention_heads, device).items():
+        model.to(device).train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device.type == "cuda")
+        tokens = sum(min(len(ids), 64) for ids in tok([str(t) for t in encoded])["input_ids"])
+
+        def one(model=model, loss_of=loss_of, opt=opt):
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+                loss = loss_of()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+
+        try:
+            dt = time_steps(one, steps, device)
+            results.append({"method": name, "batch": batch, "step_s": dt, "samples_per_s": batch / dt,
+                            "tokens_per_s": tokens / dt,
+                            "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None})
+        except Exception as exc:  # noqa: BLE001 - a method that fails is a result too
+            results.append({"method": name, "batch": batch, "error": f"{type(exc).__name__}: {exc}"[:200]})
+        model.to("cpu")
+        del opt
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return results
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="tiny config on whatever device: checks the script")
@@ -171,6 +278,14 @@ def main() -> None:
             r = st_mnrl(cfg, b, seq, args.steps, device)
             results["throughput"].append({"model": size, "batch": b, "impl": "st-mnrl", **r})
             rows.append(f"| {size} | {b} | ST MNRL simcse | {r['sentences_per_s']:.0f} | {r['tflops']:.1f} | {r['mfu'] * 100:.1f}% |")
+    mrows = []
+    cfg = bert_config(sizes[0])
+    for b in batches[:1]:
+        for r in every_method(cfg, b, max(3, args.steps // 2), device):
+            results.setdefault("methods", []).append({"model": sizes[0], **r})
+            mrows.append(f"| {r['method']} | {b} | " + (f"{r['samples_per_s']:.0f} | {r['tokens_per_s']:.0f} | "
+                         f"{r['peak_mem_gb'] if r['peak_mem_gb'] is None else round(r['peak_mem_gb'], 2)} |"
+                         if "error" not in r else f"– | – | {r['error']} |"))
     zrows = []
     if device.type == "cuda" or args.quick:
         cfg = bert_config(sizes[-1])
@@ -186,6 +301,9 @@ def main() -> None:
         "Command: `bash bench/gpu.sh` (random-init BERT configs; MFU against "
         f"{PEAK_BF16_TFLOPS:.0f} TFLOP/s dense bf16)", "",
         "| model | batch | implementation | sentences/s | TFLOP/s | MFU |", "|---|---:|---|---:|---:|---:|", *rows, "",
+        f"Every method's own training step (its recipe's loss and tokenisation), BERT-{sizes[0]} size, "
+        "random weights, real sentences, max length 64:", "",
+        "| method | batch | samples/s | tokens/s | peak GB |", "|---|---:|---:|---:|---:|", *mrows, "",
         f"Peak memory of a SIFTER step, BERT-{sizes[-1]}, batch {batches[0]} (ZeRO 2/3 with optimizer offload):", "",
         "| ZeRO stage | peak GB | step s | note |", "|---:|---:|---:|---|", *zrows,
     ])
