@@ -18,14 +18,14 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
-def sweep_file(tmp_path: Path, model_dir: Path, grid: list[dict], scheduler: str = "fifo") -> Path:
+def sweep_file(tmp_path: Path, model_dir: Path, grid: list[dict], scheduler: str = "fifo", workers: int = 2) -> Path:
     cfg = {
         "method": "sifter_simcse",
         "base": str(ROOT / "configs" / "sifter_simcse" / "smoke.yaml"),
         "base_overrides": {"model.name_or_path": str(model_dir), "model.max_length": 16,
                            "train.batch_size": 8, "train.max_steps": 4, "train.eval_steps": 2,
                            "data.limit": 120, "data.parser_workers": 1, "eval.tasks": ["stsb"],
-                           "eval.max_length": 32},
+                           "eval.max_length": 32, "scaling.num_workers": workers},
         "sweep": {"num_samples": 1, "scheduler": {"type": scheduler}, "space": {"lambdas": {"grid": grid}}},
     }
     p = tmp_path / "sweep.yaml"
@@ -67,7 +67,8 @@ def mlflow_at(tmp_path):
 
 
 def test_tiny_sweep_registers_best_and_reports(ray_cluster, tiny_bert_dir, tmp_path, store):
-    cfg = sweep_file(tmp_path, tiny_bert_dir, [SIFTER, SIMCSE])
+    # 1-worker trials on a corpus read before the workers start: both trials run at once (#22.4)
+    cfg = sweep_file(tmp_path, tiny_bert_dir, [SIFTER, SIMCSE], workers=1)
     proc = run_job(tmp_path, store, "--config", str(cfg), "--name", "tiny")
     out, _ = proc.communicate(timeout=800)
     assert proc.returncode == 0, out[-4000:]
