@@ -118,7 +118,9 @@ def _measured_orig(spec, cfg: ExperimentsConfig, probe, exp: str, state: str) ->
         return BaseResult(d["dev"], TestReport(**d["test"]), d["label"])
     run_cfg = cfg.run_config(exp, "siamese")
     run_cfg.model.pooling = probe.model.pooling
+    t0 = time.perf_counter()
     base = max(measure_bases(spec, run_cfg), key=lambda b: b.dev)  # the run's pooling and the folder's own
+    print(f"[orig-{exp}] measured in {time.perf_counter() - t0:.0f} s", flush=True)
     storage.write_bytes(uri, json.dumps({"dev": base.dev, "label": base.label, "test": asdict(base.test)}).encode())
     return base
 
@@ -136,9 +138,14 @@ def _trained(spec, cfg: ExperimentsConfig, probe, exp: str | None, mode: str, na
         return {**json.loads(storage.read_bytes(result_uri)), "model_dir": local}
     run_cfg = cfg.run_config(exp, "siamese" if mode == "all" else mode)
     run_cfg.model.pooling = probe.model.pooling
+    t0 = time.perf_counter()
     shards = spec.prepare_data(run_cfg, progress=False)
+    t1 = time.perf_counter()
     outcome = fit(build_trainer(spec, run_cfg, shards, name=f"{name}-{label}"), spec, run_cfg)
+    t2 = time.perf_counter()
     model_dir, report = export_and_test(spec, run_cfg, outcome, local)
+    print(f"[{label}] pairs {t1 - t0:.0f} s, training (Ray Train, start to end) {t2 - t1:.0f} s, export + test "
+          f"{time.perf_counter() - t2:.0f} s", flush=True)  # where a smoke run's minutes go (#22.4)
     done = {"metrics": _sets_only(report.metrics), "headline": report.headline_value,
             "history": [{k: v for k, v in h.items() if isinstance(v, int | float)} for h in outcome.history],
             "best_dev": outcome.best_metrics.get(spec.metric, float("nan")),
