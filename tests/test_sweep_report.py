@@ -150,6 +150,15 @@ def test_sweep_job_resolves_without_ray(embedded_tracking):
     args.overrides = ["sweep.space={lambdas: {grid: [{lambda_xx: 0, lambda_xy: 0, lambda_xz: 0, lambda_yz: 0}]}}"]
     with pytest.raises(ConfigError, match="at least one of lambda_xx"):
         resolve(args, "sifter_sweep")
+    # a name already taken is refused here, before the corpus is built (it was refused minutes later, after
+    # the parse); --resume of it is not
+    args.overrides = []
+    (embedded_tracking / "outputs" / "sweeps" / "x").mkdir(parents=True)
+    (embedded_tracking / "outputs" / "sweeps" / "x" / "experiment_state.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"^sweep 'x' already exists at .*: pass --resume, or another --name"):
+        resolve(args, "sifter_sweep")
+    args.resume = True
+    assert resolve(args, "sifter_sweep").name == "x"
 
 
 def test_optuna_search_is_seeded_and_refuses_bundles():

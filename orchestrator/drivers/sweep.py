@@ -235,13 +235,24 @@ def _child_run(tracking: dict, trial: str, params: dict, cfg: MethodConfig) -> s
         return None
 
 
+def sweep_dir(storage_root: str, name: str) -> str:
+    """Where sweep ``name`` keeps its Tune state, trials and reports."""
+    return storage.join(storage.absolute(storage_root), "sweeps", name)
+
+
+def refuse_existing(storage_root: str, name: str) -> None:
+    """A new sweep may not reuse a name (its state would be mixed with the old one's)."""
+    if storage.exists(path := sweep_dir(storage_root, name)):
+        raise ConfigError(f"sweep {name!r} already exists at {path}: pass --resume, or another --name")
+
+
 def run_sweep(job: SweepJobConfig, base: MethodConfig, shards: str, *, name: str, storage_root: str, resume: bool,
               verbose: bool = False, tracking: dict | None = None):
     """Run (or resume) the Tune experiment; returns the ``ResultGrid``. Quiet by default: one line per
     evaluation; ``verbose`` gives Tune's own status table."""
     spec = get_method(job.method)
     root = storage.join(storage.absolute(storage_root), "sweeps")
-    path = storage.join(root, name)
+    path = sweep_dir(storage_root, name)
     trainable = tune.with_resources(
         tune.with_parameters(trial_fn, method=job.method, base=base, shards=shards, sweep_dir=path, tracking=tracking),
         {"CPU": 1})
@@ -250,8 +261,7 @@ def run_sweep(job: SweepJobConfig, base: MethodConfig, shards: str, *, name: str
             raise ConfigError(f"--resume: no sweep to resume at {path}")
         tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=True)
         return tuner.fit()
-    if storage.exists(path):
-        raise ConfigError(f"sweep {name!r} already exists at {path}: pass --resume, or another --name")
+    refuse_existing(storage_root, name)
     max_evals = max(1, math.ceil((base.train.max_steps or 10**6) / base.train.eval_steps))
     sc = job.sweep.scheduler
     scheduler = (ASHAScheduler(time_attr="training_iteration", max_t=max_evals, grace_period=sc.grace_period,

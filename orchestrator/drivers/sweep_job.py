@@ -34,7 +34,14 @@ from orchestrator.drivers.cli import job_parser, location_overrides, print_confi
 from orchestrator.drivers.cluster import init_ray, shutdown_ray
 from orchestrator.drivers.registry import get_method
 from orchestrator.drivers.report import write_sweep_report
-from orchestrator.drivers.sweep import SweepJobConfig, check_space, run_sweep, trial_config, trial_rows
+from orchestrator.drivers.sweep import (
+    SweepJobConfig,
+    check_space,
+    refuse_existing,
+    run_sweep,
+    trial_config,
+    trial_rows,
+)
 from orchestrator.drivers.train import Outcome, checkpoint_at, export_and_test, measure_bases, preflight
 from orchestrator.errors import ConfigError, TrackingError
 from orchestrator.evaluation.suite import TestReport, compare_table, headline_metrics
@@ -89,6 +96,8 @@ def resolve(args: argparse.Namespace, default_dir: str) -> SweepPlan:
                          spec, base, "")
     exp_id = preflight(base)  # tracking server, storage, model source: fail before any Ray work
     name = storage.safe_name(args.name or f"{default_dir}-{time.strftime('%Y%m%d-%H%M%S')}", "--name")
+    if not args.resume:  # before the corpus is built and the base measured, not minutes later
+        refuse_existing(base.run.storage, name)
     return SweepPlan(name, job, spec, base, exp_id, args.resume, not args.no_progress, args.verbose, default_dir)
 
 
