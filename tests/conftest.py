@@ -227,8 +227,9 @@ def tiny_bert_dir(tmp_path_factory):
     return out
 
 
-def stop_ray_processes(temp_dir: str, timeout_s: float = 5) -> None:
-    """SIGTERM, then SIGKILL, every process whose command line names ``temp_dir``.
+def stop_ray_processes(temp_dir: str, timeout_s: float = 5, graceful: bool = True) -> None:
+    """SIGTERM, then SIGKILL, every process whose command line names ``temp_dir`` (``graceful=False``:
+    SIGKILL only, as a lost machine says no goodbye).
 
     gcs_server and raylet do not exit on SIGTERM within 30 s (measured); the test cluster holds
     nothing worth a graceful drain, so they get ``timeout_s`` before SIGKILL."""
@@ -243,7 +244,7 @@ def stop_ray_processes(temp_dir: str, timeout_s: float = 5) -> None:
             continue
     for proc in mine:
         with contextlib.suppress(psutil.NoSuchProcess):
-            proc.terminate()
+            proc.terminate() if graceful else proc.kill()
 
     def gone(proc) -> bool:  # a zombie (its parent, also ours, died first) is gone for our purposes
         try:

@@ -313,15 +313,13 @@ def train_loop(cfg, stepper: Stepper, *, rows_per_worker: int, loss_fn, dev_fn, 
     # where the worker's time goes (s, with every report): the next batch (ingest), the loss (tokenize + forward),
     # backward + step (DDP's all-reduce), evaluation + report + checkpoint; bench/train_throughput.py uses them
     spent = dict.fromkeys(("time_ingest_s", "time_forward_s", "time_backward_step_s", "time_eval_report_s"), 0.0)
-    first_wait = None  # of which: the wait for this run's first batch (the ingest's start-up)
     skip = state["step"] - state["epoch"] * steps_per_epoch  # batches of this epoch trained before a restart
     while state["step"] < total_steps and state["epoch"] < cfg.train.epochs:
         t_wait = time.perf_counter()
         for batch in batches(state["epoch"]):
             t0 = time.perf_counter()
             spent["time_ingest_s"] += t0 - t_wait
-            if first_wait is None:
-                first_wait = spent["time_ingest_first_s"] = t0 - t_wait
+            spent.setdefault("time_ingest_first_s", t0 - t_wait)  # of which: the first batch (the ingest's start-up)
             if skip > 0:
                 skip, t_wait = skip - 1, time.perf_counter()
                 continue

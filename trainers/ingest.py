@@ -47,10 +47,8 @@ class Ingest:
         if self.depth == 0:
             yield from self._batches()
             return
-        started, ready = self.ahead if self.ahead is not None else (None, None)
-        if started != epoch:  # not the epoch read ahead (cannot happen in train_loop's order)
-            _, ready = self._read_ahead(epoch)
-        self.ahead = None
+        ahead, self.ahead = self.ahead, None
+        _, ready = ahead if ahead is not None and ahead[0] == epoch else self._read_ahead(epoch)
         while (item := ready.get()) is not _END:
             if isinstance(item, BaseException):
                 raise item

@@ -48,8 +48,10 @@ def preflight(cfg: MethodConfig) -> str:
 def materializes(cfg: MethodConfig, shards: str) -> bool:
     """True when :func:`build_trainer` reads the corpus into the object store before the workers start
     (its shard files total at most ``perf.ingest_materialize_mb``): then nothing reads during training."""
-    shards = storage.resolve_build(shards) or shards
-    fs, path = storage.pyarrow_filesystem(storage.join(shards, "shards"))
+    return _fits(cfg, *storage.pyarrow_filesystem(storage.join(storage.resolve_build(shards) or shards, "shards")))
+
+
+def _fits(cfg: MethodConfig, fs, path: str) -> bool:
     size = sum(info.size or 0 for info in fs.get_file_info(pafs.FileSelector(path, recursive=True))
                if info.type == pafs.FileType.File)
     return size <= cfg.perf.ingest_materialize_mb * 2**20
@@ -63,7 +65,7 @@ def build_trainer(spec: MethodSpec, cfg: MethodConfig, shards: str, *, name: str
     ds = ray.data.read_parquet(path, filesystem=fs)
     if spec.columns:
         ds = ds.select_columns(list(spec.columns))
-    if materializes(cfg, shards):
+    if _fits(cfg, fs, path):  # materializes(), on the build already resolved and listed above
         # read once, here, into Ray's object store: the workers' first batch then waits for no read task
         # to start (7 of a 40 s smoke loop on 2 cores, bench/results/train_throughput.md), and epochs
         # after the first read nothing again; a larger corpus streams

@@ -13,7 +13,6 @@ cluster's image provides it.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -67,14 +66,8 @@ class WorkerNode:
         raise AssertionError(f"the node started in {self.temp_dir} never joined")
 
     def kill(self) -> None:
-        """SIGKILL, no SIGTERM first: a lost machine says no goodbye (its Ray workers, whose command lines
-        Ray rewrites, die with their raylet)."""
-        import psutil
-
-        for proc in psutil.process_iter(["cmdline"]):
-            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-                if any(self.temp_dir in part for part in proc.info["cmdline"] or []):
-                    proc.kill()
+        """SIGKILL, no SIGTERM first (its Ray workers, whose command lines Ray rewrites, die with their raylet)."""
+        stop_ray_processes(self.temp_dir, timeout_s=0, graceful=False)
 
     def stop(self) -> None:
         stop_ray_processes(self.temp_dir)
