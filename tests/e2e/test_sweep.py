@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
-def sweep_file(tmp_path: Path, model_dir: Path, grid: list[dict], scheduler: str = "fifo", workers: int = 2) -> Path:
+def sweep_file(tmp_path: Path, model_dir: Path, grid: list[dict], scheduler: str = "fifo", workers: int = 2,
+               concurrent: int | None = None) -> Path:
     cfg = {
         "method": "sifter_simcse",
         "base": str(ROOT / "configs" / "sifter_simcse" / "smoke.yaml"),
@@ -26,7 +27,8 @@ def sweep_file(tmp_path: Path, model_dir: Path, grid: list[dict], scheduler: str
                            "train.batch_size": 8, "train.max_steps": 4, "train.eval_steps": 2,
                            "data.limit": 120, "data.parser_workers": 1, "eval.tasks": ["stsb"],
                            "eval.max_length": 32, "scaling.num_workers": workers},
-        "sweep": {"num_samples": 1, "scheduler": {"type": scheduler}, "space": {"lambdas": {"grid": grid}}},
+        "sweep": {"num_samples": 1, "scheduler": {"type": scheduler}, "space": {"lambdas": {"grid": grid}},
+                  **({"max_concurrent_trials": concurrent} if concurrent else {})},
     }
     p = tmp_path / "sweep.yaml"
     p.write_text(yaml.safe_dump(cfg))
@@ -160,7 +162,8 @@ def test_ray_job_submit_runs_the_sweep(ray_cluster, tiny_bert_dir, tmp_path, sto
 
 
 def test_killed_driver_resumes_without_rerunning_finished_trials(ray_cluster, tiny_bert_dir, tmp_path, store):
-    cfg = sweep_file(tmp_path, tiny_bert_dir, [SIFTER, SIMCSE])  # killed while the 2nd runs
+    # killed while the 2nd runs; 1-worker trials (quicker to start than 2), one at a time
+    cfg = sweep_file(tmp_path, tiny_bert_dir, [SIFTER, SIMCSE], workers=1, concurrent=1)
     proc = run_job(tmp_path, store, "--config", str(cfg), "--name", "resumable", start_new_session=True)
     invocations = store / "sweeps" / "resumable" / "invocations"
     deadline = time.time() + 600
