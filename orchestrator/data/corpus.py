@@ -1,5 +1,5 @@
-"""The corpus pipeline on Ray Data: read → clean → dedup + seeded shuffle → parse (actor pool)
-→ augment → parquet shards + ``manifest.json``.
+"""The corpus pipeline on Ray Data, one streaming execution: read → clean → sort by a seeded hash
+→ dedup + limit → parse (actor pool) → augment → parquet shards, then ``manifest.json``.
 
 Stages
 1. **read + clean** (one task per input file, because cleaning looks at neighbouring lines):
@@ -7,14 +7,16 @@ Stages
    normalised, overlong lines truncated to ``max_words``, sentences with fewer than
    ``min_words`` words dropped, and - as the SIFTER paper does for sentence-split errors - a
    sentence whose last word is capitalised is dropped together with the sentence after it.
-   Every dropped line is a row with a ``skip`` reason, so the manifest can count it.
-2. **dedup + shuffle**: rows are sorted by a seeded hash of their text. Equal texts have equal
-   keys and a range-partitioned sort keeps equal keys in one block, so exact duplicates are
-   adjacent and dropped block-locally; the order is a deterministic function of (seed, texts),
-   whatever the block layout.
+   What a stage drops it counts in *tally* rows that travel with the data (``tally.py``).
+2. **sort + dedup + limit**: rows are sorted by a seeded hash of their text (the one barrier: an
+   exact global dedup and a seeded shuffle need it). Equal texts have equal keys, so a repeat
+   follows its first; one actor reads the sorted stream in order, drops repeats and keeps the
+   first ``limit``. The order is a deterministic function of (seed, texts), whatever the blocks.
 3. **parse + augment**: ``map_batches`` over a fixed pool of parser actors (one parser loaded
-   per actor); the SIFTER views, linearized parse and constituent bag are computed there.
-4. **write**: parquet shards of about ``shard_rows`` rows, then ``manifest.json`` last.
+   per actor, while stages 1-2 run); the SIFTER views, linearized parse and constituent bag.
+4. **write**: parquet shards of at most ``shard_rows`` rows; each write task reports its tallies,
+   the driver adds them up into ``manifest.json``, written last. Nothing is materialized or
+   counted in the driver: its memory does not grow with the corpus.
 """
 
 from __future__ import annotations
@@ -37,12 +39,12 @@ import pyarrow.parquet as pq
 import ray
 import ray.data
 from pydantic import Field
-from ray.data.expressions import col
 
 from orchestrator import storage
 from orchestrator.config import StrictModel, repo_path
 from orchestrator.data import augment as A
 from orchestrator.data.parsing import make_parser
+from orchestrator.data.tally import ShardSink, tallies, with_tallies
 from orchestrator.errors import DataError
 
 _WS = re.compile(r"\s+")
@@ -163,14 +165,19 @@ def _ends_capitalised(words: list[str]) -> bool:
 
 
 def read_and_clean(paths: list[str], cfg: CorpusConfig):
-    """Ray Data: one task per file; output rows ``{text, skip, truncated}``."""
+    """Ray Data: one task per file; output rows ``{key, text, skip, n, error}``: each kept sentence
+    with its shuffle key, then the file's tallies (lines kept, truncated, and dropped per reason)."""
     fs, _ = storage.pyarrow_filesystem(paths[0])
     resolved = [storage.pyarrow_filesystem(p)[1] for p in paths]
     ds = ray.data.read_binary_files(resolved, filesystem=fs, include_paths=True)
 
     def explode(row: dict) -> list[dict]:
-        records = _decode_lines(row["path"], row["bytes"], cfg.format, cfg.column)
-        return clean_records(records, cfg)
+        rows = clean_records(_decode_lines(row["path"], row["bytes"], cfg.format, cfg.column), cfg)
+        counts = Counter(r["skip"] or "kept" for r in rows)
+        counts["truncated"] = sum(r["truncated"] for r in rows)
+        kept = [{"key": shuffle_key(r["text"], cfg.seed), "text": r["text"], "skip": "", "n": 1, "error": ""}
+                for r in rows if not r["skip"]]
+        return kept + tallies(counts)
 
     return ds.flat_map(explode)
 
@@ -200,19 +207,27 @@ def shuffle_key(text: str, seed: int) -> str:
     return hashlib.sha256(f"{seed}\x00{text}".encode()).hexdigest()
 
 
-def dedup_and_shuffle(ds, seed: int):
-    def add_key(batch: dict) -> dict:
-        batch["key"] = np.array([shuffle_key(t, seed) for t in batch["text"]], dtype=object)
-        return batch
+class DedupAndLimit:
+    """One actor reads the key-sorted stream in order (one actor, sequential calls): equal texts have
+    equal keys, so a repeat follows its first; the first ``limit`` unique sentences are kept. The
+    order is a deterministic function of (seed, texts), whatever the block layout."""
 
-    def drop_adjacent_duplicates(batch: dict) -> dict:
-        keys = batch["key"]
-        keep = np.ones(len(keys), dtype=bool)
-        keep[1:] = keys[1:] != keys[:-1]
-        return {k: v[keep] for k, v in batch.items()}
+    def __init__(self, limit: int | None):
+        self.limit, self.last, self.kept = limit, None, 0
 
-    ds = ds.map_batches(add_key, batch_format="numpy").sort("key")
-    return ds.map_batches(drop_adjacent_duplicates, batch_format="numpy", batch_size=None)
+    def __call__(self, batch: dict) -> dict:
+        keep = np.ones(len(batch["key"]), dtype=bool)
+        dropped = Counter()
+        for i in np.flatnonzero(batch["skip"] == ""):
+            key = batch["key"][i]
+            if key == self.last:
+                keep[i], dropped["duplicate"] = False, dropped["duplicate"] + 1
+            elif self.limit is not None and self.kept >= self.limit:
+                keep[i], dropped["over_limit"] = False, dropped["over_limit"] + 1
+            else:
+                self.kept += 1
+            self.last = key
+        return with_tallies(batch, keep, dropped)
 
 
 # ---------------------------------------------------------------- stage 3: parse + augment
@@ -226,12 +241,28 @@ class ParseAugment:
         self.parser = make_parser(p.kind, spacy_model=p.spacy_model, stanza_dir=p.stanza_dir, batch_size=p.batch_size)
 
     def __call__(self, batch: dict) -> dict:
+        """Real rows are parsed; those that fail leave as tallies (the first of each reason as its
+        example); tallies from upstream pass through. Every row carries when its batch ran (wall
+        clock), so the manifest reports the parse window without actor start-up."""
         t0 = time.time()
-        out = augment_rows(list(batch["text"]), list(batch["key"]), self.parser, self.cfg)
-        n = len(out["text"])
-        # when this batch ran (wall clock): the manifest reports the parse window without actor start-up
-        out["_t0"], out["_t1"] = np.full(n, t0), np.full(n, time.time())
-        return out
+        real = batch["skip"] == ""
+        out = augment_rows(list(batch["text"][real]), list(batch["key"][real]), self.parser, self.cfg) if real.any() \
+            else {c: np.array([], dtype=object) for c in COLUMNS}
+        good = out["skip"] == ""
+        failed: Counter = Counter()
+        examples: dict[str, tuple[str, str]] = {}
+        for i in np.flatnonzero(~good):
+            failed[out["skip"][i]] += 1
+            examples.setdefault(out["skip"][i], (out["text"][i], out["error"][i]))
+        rows = [{c: out[c][i] for c in COLUMNS} | {"n": 1} for i in np.flatnonzero(good)]
+        rows += [{**dict.fromkeys(COLUMNS, ""), "words": [], "text": batch["text"][i], "skip": batch["skip"][i],
+                  "n": int(batch["n"][i]), "error": batch["error"][i]} for i in np.flatnonzero(~real)]
+        rows += [{**dict.fromkeys(COLUMNS, ""), "words": [], **r} for r in tallies(failed, examples)]
+        t1 = time.time()
+        result = {c: _objects([r[c] for r in rows]) for c in COLUMNS}
+        result["n"] = np.array([r["n"] for r in rows], dtype=np.int64)
+        result["_t0"], result["_t1"] = np.full(len(rows), t0), np.full(len(rows), t1)
+        return result
 
 
 COLUMNS = ("text", "words", "backbone_view", "deletion_view", "linearized_parse", "constituent_bag", "skip", "error")
@@ -271,7 +302,14 @@ def augment_rows(texts: list[str], keys: list[str], parser, cfg: CorpusConfig) -
                 )
         for c in COLUMNS:
             out[c].append(row[c])
-    return {c: (np.array(v, dtype=object)) for c, v in out.items()}
+    return {c: _objects(v) for c, v in out.items()}
+
+
+def _objects(values: list) -> np.ndarray:
+    """One object per row (``np.array`` would make equal-length word lists a 2-D array)."""
+    arr = np.empty(len(values), dtype=object)
+    arr[:] = values
+    return arr
 
 
 def too_many_failures(failures: int, total: int, limit: float) -> bool:
@@ -283,11 +321,18 @@ def parse_failure_message(source: str, failures: int, total: int, limit: float, 
             f"first: {first['text'][:80]!r}: {first['error']}")
 
 
+# ---------------------------------------------------------------- stage 4: write, and count
+SHARD_COLUMNS = [c for c in COLUMNS if c not in ("skip", "error")]
+
+
 # ---------------------------------------------------------------- the whole pipeline
 def run_pipeline(cfg: CorpusConfig, output: str, *, progress: bool = True) -> dict:
-    """Run every stage; write shards and ``manifest.json`` to ``output``; return the manifest.
+    """Run every stage as one streaming execution; write shards and ``manifest.json`` to ``output``;
+    return the manifest.
 
-    The manifest is written last: a directory without one is an incomplete run.
+    Nothing is materialized between stages: the only barrier is the sort, which an exact global
+    dedup and a seeded shuffle need. The parser actors start (load their parser) while the input
+    is read and sorted. The manifest is written last: a directory without one is an incomplete run.
     """
     files = input_files(cfg.input)
     storage.check_access(output)
@@ -296,66 +341,44 @@ def run_pipeline(cfg: CorpusConfig, output: str, *, progress: bool = True) -> di
     ctx.enable_progress_bars = progress and sys.stdout.isatty()
     logging.getLogger("ray.data").setLevel(logging.INFO if ctx.enable_progress_bars else logging.WARNING)
     ctx.execution_options.preserve_order = True
-
-    timings: dict[str, float] = {}
-    t0 = time.perf_counter()
     if storage.exists(storage.join(output, "manifest.json")):
         raise DataError(f"{output}: already holds a corpus; a new build goes to a new folder (jobs commit each "
                         "build to a fresh attempt folder and switch a pointer to it)")
-    cleaned = read_and_clean(files, cfg).materialize()
-    # counts are aggregated by Ray Data: the driver holds a few numbers, whatever the corpus size
-    counts = Counter({r["skip"] or "kept": int(r["count()"]) for r in cleaned.groupby("skip").count().take_all()})
-    counts["truncated"] = int(cleaned.sum("truncated") or 0)
-    read = sum(v for k, v in counts.items() if k != "truncated")
-    kept = cleaned.filter(expr=col("skip") == "").select_columns(["text"])
-    unique = dedup_and_shuffle(kept, cfg.seed).materialize()
-    n_unique = unique.count()
-    skipped = {k: v for k, v in counts.items() if k not in ("kept", "truncated") and v}
-    if counts["kept"] - n_unique:
-        skipped["duplicate"] = counts["kept"] - n_unique
-    if cfg.limit is not None and n_unique > cfg.limit:
-        unique = unique.limit(cfg.limit).materialize()
-        skipped["over_limit"] = n_unique - cfg.limit
-    timings["read_clean_dedup_s"] = time.perf_counter() - t0
-    say = print if progress else (lambda *a, **k: None)
-    say(f"corpus: read {read} lines, {min(n_unique, cfg.limit or n_unique)} unique sentences kept "
-        f"({timings['read_clean_dedup_s']:.1f} s)", flush=True)
-    if unique.count() == 0:
-        raise DataError(f"{cfg.input}: no usable sentences (read {read}, skipped {skipped})")
 
     p = cfg.parser
-    t0 = time.perf_counter()
-    parsed = unique.repartition(max(p.workers * 4, 1)).map_batches(
-        ParseAugment, fn_constructor_args=(cfg.model_dump(),), batch_size=p.batch_size, batch_format="numpy",
-        compute=ray.data.ActorPoolStrategy(size=p.workers), num_cpus=p.cpus_per_worker,
-    ).materialize()
-    timings["parse_augment_s"] = time.perf_counter() - t0
-    timings["parse_window_s"] = float(parsed.max("_t1") - parsed.min("_t0"))  # first batch start → last end
-    parsed = parsed.drop_columns(["_t0", "_t1"])
-    bad = Counter({r["skip"]: int(r["count()"]) for r in parsed.groupby("skip").count().take_all() if r["skip"]})
-    for k, v in bad.items():
-        skipped[k] = skipped.get(k, 0) + v
-    failures = bad["parse_error"]
-    if too_many_failures(failures, min(n_unique, cfg.limit or n_unique), cfg.max_parse_failures):
-        first = parsed.filter(expr=col("skip") == "parse_error").select_columns(["text", "error"]).take(1)[0]
-        raise DataError(parse_failure_message(cfg.input, failures, min(n_unique, cfg.limit or n_unique),
-                                              cfg.max_parse_failures, first))
-    parsed = parsed.drop_columns(["error"])
-    good = parsed.filter(expr=col("skip") == "").drop_columns(["skip"])
-
-    out_fs, out_path = storage.pyarrow_filesystem(output)
-    written = good.count()
-    shards_dir = f"{out_path}/shards"
-    t0 = time.perf_counter()
-    good.write_parquet(shards_dir, filesystem=out_fs, min_rows_per_file=cfg.shard_rows,
-                       max_rows_per_file=cfg.shard_rows)
-    timings["write_s"] = time.perf_counter() - t0
-    say(f"corpus: parsed + augmented by {p.workers} {p.kind} actors in {timings['parse_augment_s']:.1f} s; "
-        f"{written} rows written ({sum(bad.values())} unparsed)", flush=True)
+    start = time.time()
+    sink = ShardSink(output, cfg.shard_rows, SHARD_COLUMNS)
+    (read_and_clean(files, cfg).sort("key")
+     .repartition(target_num_rows_per_block=p.batch_size)  # streamed: one parse call per block, spread
+     .map_batches(DedupAndLimit, fn_constructor_args=(cfg.limit,), batch_format="numpy", batch_size=None,
+                  compute=ray.data.ActorPoolStrategy(size=1), num_cpus=0.1)
+     .map_batches(ParseAugment, fn_constructor_args=(cfg.model_dump(),), batch_size=p.batch_size,
+                  batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=p.workers), num_cpus=p.cpus_per_worker)
+     .write_datasink(sink))
+    end = time.time()
+    counts, examples = sink.report["counts"], sink.report["examples"]
+    truncated, kept, written = counts.pop("truncated", 0), counts.pop("kept", 0), counts.pop("written", 0)
+    read = kept + sum(v for k, v in counts.items() if k not in ("duplicate", "over_limit", "parse_error", "no_triple"))
+    unique = kept - counts["duplicate"] - counts["over_limit"]
+    skipped = {k: v for k, v in sorted(counts.items()) if v}
+    if unique == 0:
+        raise DataError(f"{cfg.input}: no usable sentences (read {read}, skipped {skipped})")
+    assert written + counts["parse_error"] + counts["no_triple"] == unique, (written, counts, unique)
+    failures = counts["parse_error"]
+    if too_many_failures(failures, unique, cfg.max_parse_failures):
+        text, error = examples["parse_error"]
+        raise DataError(parse_failure_message(cfg.input, failures, unique, cfg.max_parse_failures,
+                                              {"text": text, "error": error}))
+    t_first, t_last = sink.report["t0"], sink.report["t1"]
+    timings = {"pipeline_s": end - start, "until_first_parse_s": t_first - start,
+               "parse_window_s": t_last - t_first, "after_last_parse_s": end - t_last}
+    say = print if progress else (lambda *a, **k: None)
+    say(f"corpus: read {read} lines, {unique} unique sentences kept, parsed + augmented by {p.workers} {p.kind} "
+        f"actors: {written} rows written ({failures + counts['no_triple']} unparsed) in {timings['pipeline_s']:.1f} s",
+        flush=True)
     manifest = {
-        "read": read, "written": written, "skipped": dict(sorted(skipped.items())),
-        "truncated": counts["truncated"], "parser": p.kind, "seed": cfg.seed,
-        "input": cfg.input, "input_files": len(files), "columns": [c for c in COLUMNS if c not in ("skip", "error")],
+        "read": read, "written": written, "skipped": skipped, "truncated": truncated, "parser": p.kind,
+        "seed": cfg.seed, "input": cfg.input, "input_files": len(files), "columns": SHARD_COLUMNS,
         "config": cfg.model_dump(mode="json"), "timings_s": timings,
     }
     storage.write_bytes(storage.join(output, "manifest.json"), json.dumps(manifest, indent=2).encode())
