@@ -2,8 +2,8 @@
 (3,000 sentences) and on ten times it (30,000), each in a fresh process with its own local Ray,
 alternating sizes (smoke, 10x, smoke, 10x) so that neither side is favoured by running first.
 
-The driver must hold a few numbers per stage, not rows: counts are aggregated by Ray Data, rows
-stream between the actors and the parquet writers. The target (#18): peak driver RSS on 10x the
+The driver must hold a few numbers, not rows: the pipeline is one streaming execution, and its
+counts are the sum of what each parquet write task reports (#22.2). The target (#18): peak driver RSS on 10x the
 smoke corpus within 20% of the smoke corpus's.
 
     python bench/driver_memory.py [--small 3000] [--factor 10] [--repeats 2]
