@@ -137,7 +137,7 @@ def test_a_small_corpus_is_read_once_before_the_workers_and_a_large_one_streams(
 def test_trials_share_the_cpu_the_ingest_no_longer_needs(ray_cluster):
     """On the session's 4 logical CPUs: 1-worker trials (2 CPUs each) ran one at a time, 1 CPU kept for a
     streaming ingest's read tasks; with the corpus read before the workers start, two fit at once."""
-    from orchestrator.drivers.sweep import concurrent_trials
+    from orchestrator.drivers.cluster import concurrent_trials
 
     one = ContrastiveConfig.model_validate({"scaling": {"num_workers": 1, "cpus_per_worker": 1}})
     two = ContrastiveConfig.model_validate({"scaling": {"num_workers": 2, "cpus_per_worker": 1}})

@@ -4,6 +4,7 @@ losses, NAIVE's head dropped at export, and a Ray Train run whose model loads in
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -207,7 +208,14 @@ def test_experiments_job_survives_a_cut_publish_and_resumes_once(ray_cluster, ti
         "all_pairs": 160, "models": ["orig", "siamese", "all"]})
     fits, registrations = [], []
     real_fit, real_register = ex.fit, pub.register
-    monkeypatch.setattr(ex, "fit", lambda *a, **k: fits.append(1) or real_fit(*a, **k))
+
+    def timed_fit(*a, **k):
+        start = time.time()
+        out = real_fit(*a, **k)
+        fits.append((start, time.time()))
+        return out
+
+    monkeypatch.setattr(ex, "fit", timed_fit)
 
     def register_then_gone(*a, **k):
         if registrations:
@@ -221,6 +229,8 @@ def test_experiments_job_survives_a_cut_publish_and_resumes_once(ray_cluster, ti
     line = str(cut.value)
     assert "went away while experiments 'exp'" in line and "--name exp --resume" in line
     assert str(tmp_path / "store") in line and len(fits) == 2
+    # #22.4: two 1-CPU models fit the session's 4 logical CPUs: the second started before the first ended
+    assert max(start for start, _ in fits) < min(end for _, end in fits)
     with pytest.raises(ConfigError, match="already exist"):  # a new job may not reuse the name
         ex.run_experiments(cfg, "exp", out_root=tmp_path / "outputs")
 

@@ -59,3 +59,21 @@ def init_ray(*, num_cpus: int | None = None, quiet: bool = False) -> None:
             pass
     cpus = num_cpus or max(MIN_LOCAL_CPUS, os.cpu_count() or 1)
     ray.init(num_cpus=cpus, include_dashboard=True, dashboard_host="127.0.0.1", **kwargs)
+
+
+def concurrent_trials(cfg, requested: int | None, streams: bool = True) -> int:
+    """How many training runs of ``cfg`` (a MethodConfig) fit at once - a sweep's trials, the Siamese
+    job's models: each needs its workers plus 1 CPU for the trial's driver, and, when
+    the corpus ``streams`` during training, 1 CPU stays free for Ray Data's read tasks (with every CPU
+    held by trials, the workers' ingest waits forever - a silent hang seen with 1-worker trials on 4
+    logical CPUs). A corpus read before the workers start needs no CPU while they train: on 4 logical
+    CPUs, two 1-worker trials run at once instead of one (the sentiment sweep's LSTM trains on 1
+    thread: the second core was idle)."""
+    if requested:
+        return requested
+    res = ray.cluster_resources()
+    per_trial_cpu = cfg.scaling.num_workers * cfg.scaling.cpus_per_worker + 1
+    fits = int(max(0.0, res.get("CPU", 1) - (1 if streams else 0)) // per_trial_cpu)
+    if cfg.scaling.use_gpu:
+        fits = min(fits, int(res.get("GPU", 0) // cfg.scaling.num_workers))
+    return max(1, fits)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Literal
@@ -33,9 +34,16 @@ from orchestrator import storage, tracking  # noqa: E402
 from orchestrator.config import MethodConfig, StrictModel, validate  # noqa: E402
 from orchestrator.data.labelled import LabelledSet  # noqa: E402
 from orchestrator.drivers import publish as pub  # noqa: E402
-from orchestrator.drivers.cluster import init_ray  # noqa: E402
+from orchestrator.drivers.cluster import concurrent_trials, init_ray  # noqa: E402
 from orchestrator.drivers.registry import get_method  # noqa: E402
-from orchestrator.drivers.train import build_trainer, export_and_test, fit, measure_bases, preflight  # noqa: E402
+from orchestrator.drivers.train import (  # noqa: E402
+    build_trainer,
+    export_and_test,
+    fit,
+    materializes,
+    measure_bases,
+    preflight,
+)
 from orchestrator.errors import ConfigError  # noqa: E402
 from orchestrator.evaluation.suite import TestReport  # noqa: E402
 from orchestrator.spec import BaseResult  # noqa: E402
@@ -56,6 +64,8 @@ class ExperimentsConfig(StrictModel):
                            "experiment's train set (the paper: 70,000)")
     models: list[Literal["orig", "naive", "siamese", "all"]] = list(MODELS)
     candidate_margin: float = Field(0.0, ge=0, description="dev Δ a model must beat ORIG's by to become candidate")
+    models_at_once: int | None = Field(None, ge=1, description="models trained at the same time (default: what "
+                                       "the cluster fits, each taking its workers' CPUs + 1 for its export and test)")
 
     def run_config(self, experiment: str | None, mode: str) -> MethodConfig:
         """The SiameseConfig of one run (``experiment`` None = ALL)."""
@@ -96,8 +106,18 @@ def run_experiments(cfg: ExperimentsConfig, name: str, *, out_root: str | Path =
     init_ray(quiet=not verbose)
     origs = {exp: _measured_orig(spec, cfg, probe, exp, state) for exp in cfg.experiments}
     origs[None] = _orig_of_all(origs)  # ALL's dev texts and test sets are the union of the experiments'
-    trained = {(exp, mode): _trained(spec, cfg, probe, exp, mode, name, state, Path(out_root) / "models" / name)
-               for exp, mode in runs}
+    # The models are independent: as many train at once as the cluster fits (each a Ray Train run of its own,
+    # started from a thread of this driver, as Tune starts trials); every one trains on the same threads as
+    # alone, so its results are the same as trained one after another (#22.4). Pairs first (seconds each):
+    # whether any pair set streams during training decides whether a CPU stays free for its reads.
+    models_dir = Path(out_root) / "models" / name
+    pairs = {key: _pairs(spec, cfg, probe, *key) for key in runs if not _committed(state, *key)}
+    streams = any(not materializes(_run_config(cfg, probe, *key), shards) for key, shards in pairs.items())
+    at_once = concurrent_trials(probe, cfg.models_at_once, streams=streams)
+    with ThreadPoolExecutor(max_workers=at_once, thread_name_prefix="model") as pool:
+        futures = {key: pool.submit(_trained, spec, cfg, probe, *key, name, state, models_dir, pairs.get(key))
+                   for key in runs}
+        trained = {key: f.result() for key, f in futures.items()}
     try:
         return _publish(cfg, name, exp_id, origs, trained, Path(out_root), time.time() - t0)
     except Exception as exc:
@@ -125,26 +145,41 @@ def _measured_orig(spec, cfg: ExperimentsConfig, probe, exp: str, state: str) ->
     return base
 
 
+def _run_config(cfg: ExperimentsConfig, probe, exp: str | None, mode: str) -> MethodConfig:
+    run_cfg = cfg.run_config(exp, "siamese" if mode == "all" else mode)
+    run_cfg.model.pooling = probe.model.pooling
+    return run_cfg
+
+
+def _committed(state: str, exp: str | None, mode: str) -> bool:
+    label = _label(exp, mode)
+    return storage.exists(storage.join(state, f"{label}.json")) and storage.is_complete(storage.join(state, label))
+
+
+def _pairs(spec, cfg: ExperimentsConfig, probe, exp: str | None, mode: str) -> str:
+    t0 = time.perf_counter()
+    shards = spec.prepare_data(_run_config(cfg, probe, exp, mode), progress=False)
+    print(f"[{_label(exp, mode)}] pairs {time.perf_counter() - t0:.0f} s", flush=True)
+    return shards
+
+
 def _trained(spec, cfg: ExperimentsConfig, probe, exp: str | None, mode: str, name: str, state: str,
-             models_dir: Path) -> dict:
-    """Train, export and test one model - or, when the job's state holds it committed, fetch it back.
-    Returns {"model_dir", "metrics", "headline", "history", "best_dev", "config"}."""
+             models_dir: Path, shards: str | None) -> dict:
+    """Train, export and test one model on its pairs (``shards``) - or, when the job's state holds it
+    committed, fetch it back. Returns {"model_dir", "metrics", "headline", "history", "best_dev", "config"}."""
     label = _label(exp, mode)
     uri, result_uri, local = storage.join(state, label), storage.join(state, f"{label}.json"), models_dir / label
-    if storage.exists(result_uri) and storage.is_complete(uri):
+    if _committed(state, exp, mode):
         if local.exists():
             shutil.rmtree(local)
         storage.get_dir(uri, local, require_complete=True)
         return {**json.loads(storage.read_bytes(result_uri)), "model_dir": local}
-    run_cfg = cfg.run_config(exp, "siamese" if mode == "all" else mode)
-    run_cfg.model.pooling = probe.model.pooling
-    t0 = time.perf_counter()
-    shards = spec.prepare_data(run_cfg, progress=False)
+    run_cfg = _run_config(cfg, probe, exp, mode)
     t1 = time.perf_counter()
     outcome = fit(build_trainer(spec, run_cfg, shards, name=f"{name}-{label}"), spec, run_cfg)
     t2 = time.perf_counter()
     model_dir, report = export_and_test(spec, run_cfg, outcome, local)
-    print(f"[{label}] pairs {t1 - t0:.0f} s, training (Ray Train, start to end) {t2 - t1:.0f} s, export + test "
+    print(f"[{label}] training (Ray Train, start to end) {t2 - t1:.0f} s, export + test "
           f"{time.perf_counter() - t2:.0f} s", flush=True)  # where a smoke run's minutes go (#22.4)
     done = {"metrics": _sets_only(report.metrics), "headline": report.headline_value,
             "history": [{k: v for k, v in h.items() if isinstance(v, int | float)} for h in outcome.history],

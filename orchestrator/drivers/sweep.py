@@ -43,6 +43,7 @@ from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter
 
 from orchestrator import storage
 from orchestrator.config import MethodConfig, StrictModel, with_params
+from orchestrator.drivers.cluster import concurrent_trials
 from orchestrator.drivers.registry import get_method
 from orchestrator.drivers.report import params_label
 from orchestrator.drivers.train import build_trainer, checkpoint_uri, fit, materializes, uri_on
@@ -147,23 +148,6 @@ def check_space(base: MethodConfig, space: dict[str, Dimension], source: str, ma
         except ConfigError as exc:
             shown = ", ".join(f"{k}={v!r}" for k, v in zip(grids, point, strict=True))
             raise ConfigError(f"{source}: sweep grid point {shown}: {str(exc).split(': ', 1)[-1]}") from None
-
-
-def concurrent_trials(cfg, requested: int | None, streams: bool = True) -> int:
-    """How many trials fit at once: each needs its workers plus 1 CPU for the trial's driver, and, when
-    the corpus ``streams`` during training, 1 CPU stays free for Ray Data's read tasks (with every CPU
-    held by trials, the workers' ingest waits forever - a silent hang seen with 1-worker trials on 4
-    logical CPUs). A corpus read before the workers start needs no CPU while they train: on 4 logical
-    CPUs, two 1-worker trials run at once instead of one (the sentiment sweep's LSTM trains on 1
-    thread: the second core was idle)."""
-    if requested:
-        return requested
-    res = ray.cluster_resources()
-    per_trial_cpu = cfg.scaling.num_workers * cfg.scaling.cpus_per_worker + 1
-    fits = int(max(0.0, res.get("CPU", 1) - (1 if streams else 0)) // per_trial_cpu)
-    if cfg.scaling.use_gpu:
-        fits = min(fits, int(res.get("GPU", 0) // cfg.scaling.num_workers))
-    return max(1, fits)
 
 
 # ---------------------------------------------------------------- the trainable
