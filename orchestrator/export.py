@@ -9,8 +9,6 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from sentence_transformers import SentenceTransformer, SentenceTransformerModelCardData
-from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
 from transformers import BlenderbotSmallConfig
 from transformers.models.blenderbot_small.modeling_blenderbot_small import BlenderbotSmallEncoder
 
@@ -50,6 +48,10 @@ def export_encoder(model, tokenizer, out: str | Path, *, pooling: str, max_seq_l
                    extra_files: dict[str, str] | None = None, write_more=None, card_name: str = "sieve encoder") -> Path:
     """Save ``model`` + ``tokenizer`` as a sentence-transformers model with ``pooling`` to ``out``, atomically
     (a crash keeps the old one). ``write_more(folder)`` adds files of its own inside the same atomic write."""
+    # lazy: 1.5 s of imports that every training worker and trial process, which never export, would pay
+    from sentence_transformers import SentenceTransformer, SentenceTransformerModelCardData
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer  # lazy: as above
+
     with atomic_dir(out) as tmp, tempfile.TemporaryDirectory() as hf:
         model.save_pretrained(hf)
         tokenizer.save_pretrained(hf)
