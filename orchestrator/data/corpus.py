@@ -254,14 +254,14 @@ class ParseAugment:
         for i in np.flatnonzero(~good):
             failed[out["skip"][i]] += 1
             examples.setdefault(out["skip"][i], (out["text"][i], out["error"][i]))
-        rows = [{c: out[c][i] for c in COLUMNS} | {"n": 1} for i in np.flatnonzero(good)]
-        rows += [{**dict.fromkeys(COLUMNS, ""), "words": [], "text": batch["text"][i], "skip": batch["skip"][i],
-                  "n": int(batch["n"][i]), "error": batch["error"][i]} for i in np.flatnonzero(~real)]
-        rows += [{**dict.fromkeys(COLUMNS, ""), "words": [], **r} for r in tallies(failed, examples)]
-        t1 = time.time()
-        result = {c: _objects([r[c] for r in rows]) for c in COLUMNS}
-        result["n"] = np.array([r["n"] for r in rows], dtype=np.int64)
-        result["_t0"], result["_t1"] = np.full(len(rows), t0), np.full(len(rows), t1)
+        extra = [{c: batch[c][i] for c in ("text", "skip", "n", "error")} for i in np.flatnonzero(~real)]
+        extra += tallies(failed, examples)
+        result = {c: np.concatenate([out[c][good], _objects([r.get(c, [] if c == "words" else "") for r in extra])])
+                  for c in COLUMNS}
+        result["n"] = np.concatenate([np.ones(int(good.sum()), dtype=np.int64),
+                                      np.array([r["n"] for r in extra], dtype=np.int64)])
+        n = len(result["n"])
+        result["_t0"], result["_t1"] = np.full(n, t0), np.full(n, time.time())
         return result
 
 

@@ -63,12 +63,13 @@ class ShardSink(Datasink):
             if not table.num_rows:
                 continue
             real = pc.equal(table["skip"], "")
-            good.append(table.filter(real).select(self.columns))
+            if (rows := table.filter(real).select(self.columns)).num_rows:
+                good.append(rows)
             for r in table.filter(pc.invert(real)).select(["skip", "n", "text", "error"]).to_pylist():
                 counts[r["skip"]] += r["n"]
                 examples.setdefault(r["skip"], (r["text"], r["error"]))
             t0, t1 = min(t0, pc.min(table["_t0"]).as_py()), max(t1, pc.max(table["_t1"]).as_py())
-        rows = pa.concat_tables([t for t in good if t.num_rows]) if any(t.num_rows for t in good) else None
+        rows = pa.concat_tables(good) if good else None
         counts["written"] = rows.num_rows if rows is not None else 0
         for j, start in enumerate(range(0, counts["written"], self.shard_rows)):
             pq.write_table(rows.slice(start, self.shard_rows), f"{self.dir}/{ctx.task_idx:06d}-{j:04d}.parquet",
