@@ -135,20 +135,27 @@ def run(plan: SweepPlan, parent_id: str | None = None) -> SweepResult:
     if not any(r["checkpoint_path"] for r in rows):
         raise ConfigError(f"sweep {plan.name}: no trial reported a checkpoint (errors: {[r['error'] for r in rows]})")
     tested = [r for r in rows if r["checkpoint_path"]] if job.test_every_trial else []
+    reports = {}
     for r in tested:  # e.g. mean ± std over seeds (and SIFTER-LSTM's baseline) needs every trial's test score
-        _, report = _export(plan, r, Path("outputs") / "models" / f"{plan.name}-trials" / r["trial"])
-        r["test"] = report.metrics
+        _, reports[r["trial"]] = _export(plan, r, Path("outputs") / "models" / f"{plan.name}-trials" / r["trial"])
+        r["test"] = reports[r["trial"]].metrics
     choice = pub.choose(rows, group_out=job.group_out, base=base, baseline_params=spec.baseline_params,
                         margin=job.candidate_margin)
-    model_dir, test = _export(plan, choice.best, Path("outputs") / "models" / plan.name)
+    # the chosen trial, exported where the registry reads it; tested once: a trial tested above is not
+    # measured again (the same checkpoint, the same deterministic evaluation: a 7-task STS test is minutes)
+    known = reports.get(choice.best["trial"])
+    model_dir, test = _export(plan, choice.best, Path("outputs") / "models" / plan.name, tested=known)
+    if known is not None:
+        print(f"chosen trial {choice.best['trial']}: its test, measured with every trial, is not run again",
+              flush=True)
     choice.best["test"] = test.metrics
     return SweepResult(shards, rows, choice, test, model_dir, base, time.time() - t0, bases=bases)
 
 
-def _export(plan: SweepPlan, row: dict, out: Path):
+def _export(plan: SweepPlan, row: dict, out: Path, tested: TestReport | None = None):
     cfg = trial_config(plan.base, row["params"], f"trial {row['trial']}")
     outcome = Outcome(checkpoint_at(row["checkpoint_path"]), row["best"], row["history"])
-    return export_and_test(plan.spec, cfg, outcome, out)
+    return export_and_test(plan.spec, cfg, outcome, out, tested=tested)
 
 
 # ---------------------------------------------------------------- 3. publish

@@ -26,6 +26,7 @@ from orchestrator import storage, tracking  # noqa: E402
 from orchestrator.config import EncoderMethodConfig, MethodConfig  # noqa: E402
 from orchestrator.errors import ConfigError, SieveError  # noqa: E402
 from orchestrator.evaluation.encode import test_time_pooling  # noqa: E402
+from orchestrator.evaluation.suite import TestReport  # noqa: E402
 from orchestrator.models import pooling_for, resolve_model_source, saved_pooling  # noqa: E402
 from orchestrator.spec import BaseResult, MethodSpec  # noqa: E402
 
@@ -154,12 +155,14 @@ def checkpoint_at(path: str) -> Checkpoint:
 
 
 def export_and_test(spec: MethodSpec, cfg: MethodConfig, outcome: Outcome, out_dir: str | Path,
-                    tasks: list[str] | None = None):
+                    tasks: list[str] | None = None, tested: TestReport | None = None):
     """Export the best checkpoint to ``out_dir`` and run the method's final evaluation on it
-    (``tasks`` narrows the STS tasks, for tests). Returns (model folder, TestReport)."""
+    (``tasks`` narrows the STS tasks, for tests). ``tested``: this checkpoint's report, measured
+    already (a sweep that tests every trial) - written beside the export, not measured again.
+    Returns (model folder, TestReport)."""
     with outcome.best_checkpoint.as_directory() as d:
         spec.export(cfg, Path(d), Path(out_dir))
-    report = spec.evaluate(cfg, Path(out_dir), tasks=tasks)
+    report = tested if tested is not None else spec.evaluate(cfg, Path(out_dir), tasks=tasks)
     report.write(Path(out_dir) / "test.json")
     return Path(out_dir), report
 

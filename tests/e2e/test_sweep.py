@@ -19,10 +19,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def sweep_file(tmp_path: Path, model_dir: Path, grid: list[dict], scheduler: str = "fifo", workers: int = 2,
-               concurrent: int | None = None) -> Path:
+               concurrent: int | None = None, every_trial: bool = False) -> Path:
     cfg = {
         "method": "sifter_simcse",
         "base": str(ROOT / "configs" / "sifter_simcse" / "smoke.yaml"),
+        "test_every_trial": every_trial,
         "base_overrides": {"model.name_or_path": str(model_dir), "model.max_length": 16,
                            "train.batch_size": 8, "train.max_steps": 4, "train.eval_steps": 2,
                            "data.limit": 120, "data.parser_workers": 1, "eval.tasks": ["stsb"],
@@ -70,12 +71,19 @@ def mlflow_at(tmp_path):
 
 def test_tiny_sweep_registers_best_and_reports(ray_cluster, tiny_bert_dir, tmp_path, store):
     # 1-worker trials on a corpus read before the workers start: both trials run at once (#22.4)
-    cfg = sweep_file(tmp_path, tiny_bert_dir, [SIFTER, SIMCSE], workers=1)
+    cfg = sweep_file(tmp_path, tiny_bert_dir, [SIFTER, SIMCSE], workers=1, every_trial=True)
     proc = run_job(tmp_path, store, "--config", str(cfg), "--name", "tiny")
     out, _ = proc.communicate(timeout=800)
     assert proc.returncode == 0, out[-4000:]
     summary = final_json(out)
     assert summary["trials"] == 2 and summary["registered"]["version"] == 1
+    # every trial tested; the chosen one's test is that report, not a second measurement (#22.4: a 7-task
+    # STS test is minutes on 2 cores)
+    trials = tmp_path / "outputs" / "models" / "tiny-trials"
+    assert len(list(trials.glob("*/test.json"))) == 2
+    chosen = json.loads((tmp_path / "outputs" / "models" / "tiny" / "test.json").read_text())
+    assert chosen == json.loads((trials / summary["best_trial"] / "test.json").read_text())
+    assert out.count("its test, measured with every trial, is not run again") == 1
 
     mlflow = mlflow_at(tmp_path)
     exp = mlflow.get_experiment_by_name("sieve")
