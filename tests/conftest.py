@@ -45,6 +45,11 @@ RAY_TOKEN_FILE.chmod(0o600)
 os.environ.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(RAY_TOKEN_FILE)})
 
 
+def pytest_unconfigure(config):
+    """The session's token is a secret: not left behind in /tmp once the session (and its cluster) ended."""
+    shutil.rmtree(_RAY_DIR, ignore_errors=True)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
