@@ -199,6 +199,23 @@ def mlflow_server(tmp_path_factory, postgres_uri):
             proc.wait(20)
 
 
+_TORCH_THREADS: list[int] = []  # torch's thread count as the session found it
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_restored():
+    """A test that pins torch to 1 thread (golden values are recorded at 1) does not leave every later test of
+    the session on 1 thread: it did, and the in-process evaluations after it (the STS harness against
+    sentence-transformers, each driver-side export and test) ran on one of the two cores."""
+    import torch
+
+    if not _TORCH_THREADS:
+        _TORCH_THREADS.append(torch.get_num_threads())
+    yield
+    if torch.get_num_threads() != _TORCH_THREADS[0]:
+        torch.set_num_threads(_TORCH_THREADS[0])
+
+
 @pytest.fixture
 def embedded_tracking(tmp_path, monkeypatch):
     """An embedded MLflow store in a fresh directory (cwd moved there)."""
