@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -229,14 +230,24 @@ def replay(record: dict, tracking_uri: str | None = None) -> str:
             for name, text in record["texts"].items():
                 mlflow.log_text(text, name)
             if record["model_dir"] and not logged_models(run_id, "model"):
-                folder = str(resolve_model_source(record["model_dir"]))
-                (get_method(record["method"]).log_model or log_sentence_encoder)(folder, name="model")
+                log_model = get_method(record["method"]).log_model
+                if log_model is None:  # a transformers encoder folder, checked as one
+                    log_sentence_encoder(str(resolve_model_source(record["model_dir"])), name="model")
+                else:  # the method's own format (SIFTER-LSTM's folder has no config.json): fetched, not checked
+                    log_model(str(_fetched(record["model_dir"])), name="model")
             return run_id
     except TrackingError:
         raise
     except Exception as exc:  # noqa: BLE001 - any client error here means the server went away
         raise TrackingError(f"MLflow tracking server {uri}: logging run {record['run_name']!r} failed "
                             f"({str(exc).splitlines()[0][:200]})") from None
+
+
+def _fetched(model_dir: str) -> Path:
+    """An exported model's folder on this machine: a local one as it is, an s3:// one copied here."""
+    if not storage.is_s3(model_dir):
+        return Path(model_dir)
+    return storage.get_dir(model_dir, tempfile.mkdtemp(prefix="sieve-model-"), require_complete=True)
 
 
 def log_or_defer(record: dict, tracking_uri: str | None, pending: str) -> str | None:
