@@ -17,6 +17,8 @@ import math
 import sys
 import tempfile
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -234,7 +236,8 @@ def replay(record: dict, tracking_uri: str | None = None) -> str:
                 if log_model is None:  # a transformers encoder folder, checked as one
                     log_sentence_encoder(str(resolve_model_source(record["model_dir"])), name="model")
                 else:  # the method's own format (SIFTER-LSTM's folder has no config.json): fetched, not checked
-                    log_model(str(_fetched(record["model_dir"])), name="model")
+                    with _fetched(record["model_dir"]) as folder:
+                        log_model(str(folder), name="model")
             return run_id
     except TrackingError:
         raise
@@ -243,11 +246,15 @@ def replay(record: dict, tracking_uri: str | None = None) -> str:
                             f"({str(exc).splitlines()[0][:200]})") from None
 
 
-def _fetched(model_dir: str) -> Path:
-    """An exported model's folder on this machine: a local one as it is, an s3:// one copied here."""
+@contextmanager
+def _fetched(model_dir: str) -> Iterator[Path]:
+    """An exported model's folder on this machine: a local one as it is, an s3:// one copied here (and
+    removed once used)."""
     if not storage.is_s3(model_dir):
-        return Path(model_dir)
-    return storage.get_dir(model_dir, tempfile.mkdtemp(prefix="sieve-model-"), require_complete=True)
+        yield Path(model_dir)
+        return
+    with tempfile.TemporaryDirectory(prefix="sieve-model-") as tmp:
+        yield storage.get_dir(model_dir, Path(tmp) / "model", require_complete=True)
 
 
 def log_or_defer(record: dict, tracking_uri: str | None, pending: str) -> str | None:
