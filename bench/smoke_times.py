@@ -63,8 +63,13 @@ def outcome(text: str) -> str:
     gates = [ln for ln in text.splitlines() if ln.startswith(("candidate:", "the sweep found nothing better"))]
     if gates:
         return gates[-1][:300]
-    blocks = re.findall(r"^\{\n.*?^\}$", text, re.S | re.M)
-    summary = json.loads(blocks[-1]) if blocks else {}
+    summary = {}
+    for block in reversed(re.findall(r"^\{\n.*?^\}$", text, re.S | re.M)):  # the last that parses
+        try:
+            summary = json.loads(block)
+            break
+        except ValueError:
+            continue
     if "best_dev" in summary:
         base = summary.get("base_dev")
         return f"best dev {summary['best_dev'] * 100:.2f}" + (f" vs base {base * 100:.2f}" if base is not None else "")
