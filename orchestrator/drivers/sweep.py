@@ -27,7 +27,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
 import re
 import time
 from pathlib import Path
@@ -193,7 +192,7 @@ def trial_fn(tune_config: dict, *, method: str, base: MethodConfig, shards: str,
         return
     # an audit line per training start: proves on resume that finished trials were not re-run
     log = storage.join(sweep_dir, "invocations", f"{trial}-{time.time_ns()}.json")
-    storage.write_bytes(log, json.dumps({"trial": trial, "params": params, "pid": os.getpid()}).encode())
+    storage.write_bytes(log, json.dumps({"trial": trial, "params": params}).encode())
     run_id = _child_run(tracking, trial, params, cfg) if tracking else None
     trainer = build_trainer(spec, cfg, shards, name=trial, callbacks=[_recording_callback(reports)],
                             storage_path=storage.join(sweep_dir, "train"),
@@ -262,9 +261,6 @@ def run_sweep(job: SweepJobConfig, base: MethodConfig, shards: str, *, name: str
             search_alg=search,
             trial_name_creator=trial_name,  # the setting, readable in logs, reports and MLflow
             trial_dirname_creator=trial_name,
-            # a finished trial's process takes the next trial: no new process importing the drivers (7 s
-            # here), MLflow and Ray Data again per trial; trial_fn keeps no state between trials
-            reuse_actors=True,
         ),
         run_config=tune.RunConfig(name=name, storage_path=root, verbose=1 if verbose else 0,
                                   callbacks=[] if verbose else [ProgressLines(spec.metric, spec.metric_label)],
@@ -295,12 +291,8 @@ def make_search(job: SweepJobConfig, metric: str, max_concurrent: int):
 
 def trial_name(trial) -> str:
     """``t3-lxy1-lxz1-lyz1-train.lr3e-05``: the trial's index and its setting (ASCII, short)."""
-    return name_of(trial.trial_id, trial.config.get("params", {}))
-
-
-def name_of(trial_id: str, params: dict) -> str:
-    label = params_label(params).replace("λ", "l").replace("=", "").replace(", ", "-")
-    index = trial_id.rsplit("_", 1)[-1].lstrip("0") or "0"
+    label = params_label(trial.config.get("params", {})).replace("λ", "l").replace("=", "").replace(", ", "-")
+    index = trial.trial_id.rsplit("_", 1)[-1].lstrip("0") or "0"
     return f"t{index}-{re.sub(r'[^A-Za-z0-9.+-]', '', label)[:60]}"
 
 
@@ -341,10 +333,7 @@ def trial_rows(result_grid, metric: str, select: str | None = "") -> list[dict]:
         evals = sorted({h.get("step", i): h for i, h in enumerate(evals)}.values(), key=lambda h: h.get("step", 0))
         best = (max(evals, key=lambda h: h.get(select, -math.inf)) if select else evals[-1]) if evals else None
         rows.append({
-            # the name trial_fn ran under, not the folder's: a trial restored as unfinished and replayed in
-            # a reused actor gets a new folder (``<name>_1a2b``) from Tune
-            "trial": name_of(r.metrics["trial_id"], r.config.get("params", {})) if (r.metrics or {}).get("trial_id")
-            else Path(r.path).name if r.path else "?",
+            "trial": Path(r.path).name if r.path else "?",
             "params": r.config.get("params", {}),
             "history": evals,
             "best": best,

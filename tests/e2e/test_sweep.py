@@ -187,9 +187,6 @@ def test_killed_driver_resumes_without_rerunning_finished_trials(ray_cluster, ti
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(30)
     first = {p.name.rsplit("-", 1)[0] for p in invocations.iterdir()}
-    # the second trial ran in the first one's process (Tune's reuse_actors: no new process importing the
-    # drivers, MLflow and Ray Data per trial, #22.4)
-    assert len({json.loads(p.read_text())["pid"] for p in invocations.iterdir()}) == 1
 
     proc = run_job(tmp_path, store, "--config", str(cfg), "--name", "resumable", "--resume")
     out, _ = proc.communicate(timeout=800)
