@@ -144,3 +144,42 @@ def test_trials_share_the_cpu_the_ingest_no_longer_needs(ray_cluster):
     assert [concurrent_trials(one, None, streams=s) for s in (True, False)] == [1, 2]
     assert [concurrent_trials(two, None, streams=s) for s in (True, False)] == [1, 1]
     assert concurrent_trials(one, 3, streams=True) == 3  # asked for: as asked
+
+
+# ---------------------------------------------------------------- the base model measured beside training (#22.4)
+def test_beside_gives_the_value_or_the_error_and_restores_the_threads():
+    from orchestrator.drivers.train import Beside
+
+    before = torch.get_num_threads()
+    seen = []
+    job = Beside(lambda: seen.append(torch.get_num_threads()) or 42, threads=1)
+    assert job.result() == 42 and seen == [1]  # at the threads it was given
+    assert torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="bad eval file"):
+        Beside(lambda: (_ for _ in ()).throw(ValueError("bad eval file")), threads=1).result()
+
+
+def test_idle_cores_are_the_cores_a_run_leaves_free():
+    from orchestrator.drivers.train import idle_cores
+
+    def cfg(workers, cpus, gpu=False):
+        return ContrastiveConfig.model_validate({"model": {"name_or_path": "m"}, "scaling": {
+            "num_workers": workers, "cpus_per_worker": cpus, "use_gpu": gpu}})
+
+    cores = torch.get_num_threads()
+    assert idle_cores(cfg(1, 1)) == cores - 1  # ParaBART's smoke preset: one 1-CPU worker
+    assert idle_cores(cfg(cores, 1)) == 0 and idle_cores(cfg(cores, 2)) == 0
+    assert idle_cores(cfg(1, 1, gpu=True)) == 0  # a GPU run keeps to the old order
+
+
+def test_the_base_measured_beside_training_is_the_base_measured_alone(tiny_bert_dir):
+    from orchestrator.drivers.registry import get_method
+    from orchestrator.drivers.train import Beside, measure_bases
+
+    spec = get_method("simcse")
+    cfg = spec.config_cls.model_validate({"method": "simcse", "model": {"name_or_path": str(tiny_bert_dir),
+                                                                        "pooling": "mean"},
+                                          "eval": {"tasks": ["stsb"], "max_length": 32}})
+    alone = measure_bases(spec, cfg)
+    beside = Beside(lambda: measure_bases(spec, cfg), threads=1).result()
+    assert [(b.label, b.dev, b.test.metrics) for b in beside] == [(b.label, b.dev, b.test.metrics) for b in alone]

@@ -10,7 +10,9 @@ checkpoint, export and the method's final test report.
 
 from __future__ import annotations
 
+import math
 import os
+import threading
 
 os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")  # before ray.train is imported: Train V2 is the API we use
 
@@ -190,3 +192,47 @@ def measure_bases(spec: MethodSpec, cfg: MethodConfig, tried=()) -> list[BaseRes
         out.append(spec.evaluate_base(variant))
     return out
 
+
+
+# ---------------------------------------------------------------- the base model beside training
+def idle_cores(cfg: MethodConfig) -> int:
+    """The driver's cores a training run of ``cfg`` leaves idle, were its workers all placed on this machine:
+    ParaBART's smoke preset trains one 1-CPU worker on a 2-core machine and the other core had nothing to do
+    for six minutes (#22.4). 0 for a GPU run, or when the workers take every core: then nothing moves."""
+    if cfg.scaling.use_gpu:
+        return 0
+    import torch
+
+    return max(0, torch.get_num_threads() - math.ceil(cfg.scaling.num_workers * cfg.scaling.cpus_per_worker))
+
+
+class Beside:
+    """``fn()`` on a thread of the driver, at ``threads`` torch threads, while the driver waits on training;
+    ``result()`` waits for it, gives its value or raises its error, and gives the driver its threads back.
+    The evaluations run this way are deterministic and the workers' numbers do not depend on the driver:
+    the figures are those measured one after the other (``test_perf_switches``). A daemon thread: a job
+    whose training failed exits without waiting for it."""
+
+    def __init__(self, fn, threads: int):
+        import torch
+
+        self._threads, self._out = torch.get_num_threads(), {}
+
+        def run():
+            torch.set_num_threads(threads)
+            try:
+                self._out["value"] = fn()
+            except BaseException as exc:  # noqa: BLE001 - handed to result()
+                self._out["error"] = exc
+
+        self._thread = threading.Thread(target=run, name="sieve-beside-training", daemon=True)
+        self._thread.start()
+
+    def result(self):
+        import torch
+
+        self._thread.join()
+        torch.set_num_threads(self._threads)
+        if "error" in self._out:
+            raise self._out["error"]
+        return self._out["value"]

@@ -17,7 +17,15 @@ from orchestrator.drivers import publish as pub
 from orchestrator.drivers.cli import job_parser, location_overrides, print_config
 from orchestrator.drivers.cluster import init_ray, shutdown_ray
 from orchestrator.drivers.registry import get_method, method_names
-from orchestrator.drivers.train import build_trainer, export_and_test, fit, measure_bases, preflight
+from orchestrator.drivers.train import (
+    Beside,
+    build_trainer,
+    export_and_test,
+    fit,
+    idle_cores,
+    measure_bases,
+    preflight,
+)
 from orchestrator.evaluation.suite import compare_table
 
 
@@ -48,9 +56,18 @@ def main(doc: str) -> int:
     init_ray(quiet=not args.verbose)
     t0 = time.time()
     shards = spec.prepare_data(cfg, progress=not args.no_progress)
-    bases = measure_bases(spec, cfg) if not args.no_base else []  # the config's pooling and the folder's own
-    base = max(bases, key=lambda b: b.dev) if bases else None
+    # the untouched model (the config's pooling and the folder's own): on the cores training leaves idle while
+    # it trains, else before it
+    spare = 0 if args.no_base else idle_cores(cfg)
+    beside = Beside(lambda: measure_bases(spec, cfg), threads=spare) if spare else None
+    if beside is not None:
+        print(f"base model: measured while the model trains, on the {spare} core{'s' * (spare > 1)} training leaves "
+              "idle", flush=True)
+    bases = [] if args.no_base or beside is not None else measure_bases(spec, cfg)
     outcome = fit(build_trainer(spec, cfg, shards, name=name, mlflow_run=(run_id, uri)), spec, cfg)
+    if beside is not None:
+        bases = beside.result()
+    base = max(bases, key=lambda b: b.dev) if bases else None
     model_dir, test = export_and_test(spec, cfg, outcome, f"outputs/models/{name}")
     model_ref = str(model_dir)
     if storage.is_s3(cfg.run.storage):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -49,7 +50,7 @@ def test_train_job_tracks_live_exports_and_keeps_secrets(ray_cluster, tiny_bert_
          "--storage", str(tmp_path / "store"), "--tracking-uri", mlflow_server, "--name", "live",
          f"model.name_or_path={tiny_bert_dir}", "model.max_length=16", "train.batch_size=8", "train.max_steps=8",
          "train.eval_steps=2", "train.log_steps=1", "train.epochs=6", "data.limit=60", "data.parser_workers=1", "eval.tasks=[stsb]",
-         "eval.max_length=32", "tracking.experiment=live"],
+         "eval.max_length=32", "tracking.experiment=live", "scaling.num_workers=1"],
         cwd=tmp_path, env={**env, "SIEVE_STEP_DELAY_S": "1.5", "MLFLOW_TRACKING_PASSWORD": FAKE_MLFLOW_PASSWORD},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     client = mlflow.MlflowClient(tracking_uri=mlflow_server)
@@ -77,6 +78,8 @@ def test_train_job_tracks_live_exports_and_keeps_secrets(ray_cluster, tiny_bert_
     run_id = run[0].info.run_id
     assert run[0].data.params["method"] == "simcse" and run[0].data.params["lambda_xx"] == "1.0"
     assert "base_dev" in run[0].data.metrics  # the base model was measured in the same run
+    # one 1-CPU worker leaves a core idle: the base was measured on it while the model trained (#22.4)
+    assert re.search(r"base model: measured while the model trains, on the \d+ cores? training leaves idle", out)
     assert (tmp_path / "outputs" / "models" / "live" / "test.json").is_file()
     mlflow.set_tracking_uri(mlflow_server)
     assert mlflow.pyfunc.load_model(f"runs:/{run_id}/model").predict(["a b c"]).shape == (1, 32)
