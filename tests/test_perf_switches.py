@@ -5,6 +5,8 @@ the default, Inductor, is what a GPU run uses)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -13,6 +15,7 @@ from trainers.ingest import Ingest
 from trainers.sifter_simcse import ContrastiveConfig, build_model, compute_loss
 
 X = ["a man is playing a guitar .", "the cat sat on the mat .", "she reads a long book .", "dogs run in the park ."]
+ROOT = Path(__file__).resolve().parents[1]
 BATCH = {"text": X, "backbone_view": [x + " man" for x in X], "deletion_view": [x.replace("the ", "") for x in X]}
 
 
@@ -183,3 +186,21 @@ def test_the_base_measured_beside_training_is_the_base_measured_alone(tiny_bert_
     alone = measure_bases(spec, cfg)
     beside = Beside(lambda: measure_bases(spec, cfg), threads=1).result()
     assert [(b.label, b.dev, b.test.metrics) for b in beside] == [(b.label, b.dev, b.test.metrics) for b in alone]
+
+
+def test_the_callback_a_trial_controller_unpickles_imports_no_torch_transformers_or_mlflow():
+    """Ray Train's controller (a new process per sweep trial) imports the module of each callback it is given;
+    from ``sweep.py`` that was torch, transformers, MLflow and SciPy: 9.7-11.5 s per trial here (#22.4)."""
+    import subprocess
+    import sys
+
+    import cloudpickle
+
+    from orchestrator.drivers.recording import RecordingTuneReportCallback
+
+    code = ("import pickle, sys; pickle.loads(sys.stdin.buffer.read()); "
+            "print(sorted({'torch', 'transformers', 'mlflow', 'scipy', 'orchestrator.drivers.train'} & set(sys.modules)))")
+    res = subprocess.run([sys.executable, "-c", code], input=cloudpickle.dumps(RecordingTuneReportCallback),
+                         capture_output=True, timeout=120, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.decode().strip() == "[]"

@@ -37,16 +37,16 @@ import ray.tune
 from mlflow import MlflowClient
 from pydantic import Field, model_validator
 from ray import tune
-from ray.tune.integration.ray_train import TuneReportCallback
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter
 
 from orchestrator import storage
 from orchestrator.config import MethodConfig, StrictModel, with_params
 from orchestrator.drivers.cluster import concurrent_trials
+from orchestrator.drivers.recording import RecordingTuneReportCallback, uri_on
 from orchestrator.drivers.registry import get_method
 from orchestrator.drivers.report import params_label
-from orchestrator.drivers.train import build_trainer, checkpoint_uri, fit, materializes, uri_on
+from orchestrator.drivers.train import build_trainer, fit, materializes
 from orchestrator.errors import ConfigError
 from orchestrator.tracking import create_child_run
 
@@ -151,25 +151,6 @@ def check_space(base: MethodConfig, space: dict[str, Dimension], source: str, ma
 
 
 # ---------------------------------------------------------------- the trainable
-def _recording_callback(reports_uri: str):
-    """Ray Tune's ``TuneReportCallback`` that also keeps every report (metrics + checkpoint path)
-    in ``reports_uri``, keyed by step, so a finished trial's results outlive the Tune driver."""
-    class RecordingTuneReportCallback(TuneReportCallback):
-        def __init__(self):
-            super().__init__()
-            # a trial resumed after a crash keeps the reports made before it
-            self.by_step = ({str(r.get("step")): r for r in json.loads(storage.read_bytes(reports_uri))}
-                            if storage.exists(reports_uri) else {})
-
-        def after_report(self, run_context, metrics, checkpoint):
-            super().after_report(run_context, metrics, checkpoint)
-            record = {**metrics[0], **({"checkpoint_path": checkpoint_uri(checkpoint)} if checkpoint else {})}
-            self.by_step[str(record.get("step"))] = record
-            storage.write_bytes(reports_uri, json.dumps(list(self.by_step.values()), default=str).encode())
-
-    return RecordingTuneReportCallback()
-
-
 def trial_fn(tune_config: dict, *, method: str, base: MethodConfig, shards: str, sweep_dir: str,
              tracking: dict | None = None) -> None:
     """One Tune trial: apply the sampled point to the base config, train it with Ray Train, report
@@ -194,7 +175,7 @@ def trial_fn(tune_config: dict, *, method: str, base: MethodConfig, shards: str,
     log = storage.join(sweep_dir, "invocations", f"{trial}-{time.time_ns()}.json")
     storage.write_bytes(log, json.dumps({"trial": trial, "params": params}).encode())
     run_id = _child_run(tracking, trial, params, cfg) if tracking else None
-    trainer = build_trainer(spec, cfg, shards, name=trial, callbacks=[_recording_callback(reports)],
+    trainer = build_trainer(spec, cfg, shards, name=trial, callbacks=[RecordingTuneReportCallback(reports)],
                             storage_path=storage.join(sweep_dir, "train"),
                             mlflow_run=(run_id, tracking["uri"]) if run_id else None)
     fit(trainer, spec, cfg)

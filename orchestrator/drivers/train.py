@@ -21,11 +21,13 @@ from pathlib import Path  # noqa: E402
 
 import pyarrow.fs as pafs  # noqa: E402
 import ray.data  # noqa: E402
+import torch  # noqa: E402
 from ray.train import Checkpoint, CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig  # noqa: E402
 from ray.train.torch import TorchConfig, TorchTrainer  # noqa: E402
 
 from orchestrator import storage, tracking  # noqa: E402
 from orchestrator.config import EncoderMethodConfig, MethodConfig  # noqa: E402
+from orchestrator.drivers.recording import checkpoint_uri, uri_on  # noqa: E402,F401 - their home before
 from orchestrator.errors import ConfigError, SieveError  # noqa: E402
 from orchestrator.evaluation.encode import test_time_pooling  # noqa: E402
 from orchestrator.evaluation.suite import TestReport  # noqa: E402
@@ -135,19 +137,6 @@ def fit(trainer: TorchTrainer, spec: MethodSpec, cfg: MethodConfig) -> Outcome:
     return Outcome(best, best_metrics, list(result.return_value or []))
 
 
-def checkpoint_uri(checkpoint: Checkpoint) -> str:
-    """Where a reported checkpoint lives, as :func:`checkpoint_at` reads it back."""
-    return uri_on(checkpoint.filesystem, checkpoint.path)
-
-
-def uri_on(filesystem, path: str) -> str:
-    """A path on a Ray storage filesystem as a URI: Ray keeps S3 paths without their scheme
-    (``bucket/key``), which would name a local folder once recorded."""
-    if "://" not in path and isinstance(filesystem, pafs.S3FileSystem):
-        return "s3://" + path.lstrip("/")
-    return path
-
-
 def checkpoint_at(path: str) -> Checkpoint:
     """A reported checkpoint by its path (local or s3://)."""
     if storage.is_s3(path):
@@ -201,8 +190,6 @@ def idle_cores(cfg: MethodConfig) -> int:
     for six minutes (#22.4). 0 for a GPU run, or when the workers take every core: then nothing moves."""
     if cfg.scaling.use_gpu:
         return 0
-    import torch
-
     return max(0, torch.get_num_threads() - math.ceil(cfg.scaling.num_workers * cfg.scaling.cpus_per_worker))
 
 
@@ -214,8 +201,6 @@ class Beside:
     whose training failed exits without waiting for it."""
 
     def __init__(self, fn, threads: int):
-        import torch
-
         self._threads, self._out = torch.get_num_threads(), {}
 
         def run():
@@ -229,8 +214,6 @@ class Beside:
         self._thread.start()
 
     def result(self):
-        import torch
-
         self._thread.join()
         torch.set_num_threads(self._threads)
         if "error" in self._out:
