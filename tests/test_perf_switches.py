@@ -190,7 +190,7 @@ def test_the_base_measured_beside_training_is_the_base_measured_alone(tiny_bert_
 
 def test_the_callback_a_trial_controller_unpickles_imports_no_torch_transformers_or_mlflow():
     """Ray Train's controller (a new process per sweep trial) imports the module of each callback it is given;
-    from ``sweep.py`` that was torch, transformers, MLflow and SciPy: 9.7-11.5 s per trial here (#22.4)."""
+    from ``sweep.py`` that was torch, transformers, MLflow and SciPy (9.7 and 11.5 s to unpickle here, #22.4)."""
     import subprocess
     import sys
 

@@ -147,7 +147,8 @@ def test_a_checkpoint_on_s3_is_recorded_with_its_scheme_and_read_back(s3_bucket,
     import pyarrow.fs as pafs
     from ray.train import Checkpoint
 
-    from orchestrator.drivers.train import checkpoint_at, checkpoint_uri
+    from orchestrator.drivers.recording import checkpoint_uri
+    from orchestrator.drivers.train import checkpoint_at
 
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "state.json").write_text("{}")

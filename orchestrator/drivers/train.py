@@ -27,7 +27,6 @@ from ray.train.torch import TorchConfig, TorchTrainer  # noqa: E402
 
 from orchestrator import storage, tracking  # noqa: E402
 from orchestrator.config import EncoderMethodConfig, MethodConfig  # noqa: E402
-from orchestrator.drivers.recording import checkpoint_uri, uri_on  # noqa: E402,F401 - their home before
 from orchestrator.errors import ConfigError, SieveError  # noqa: E402
 from orchestrator.evaluation.encode import test_time_pooling  # noqa: E402
 from orchestrator.evaluation.suite import TestReport  # noqa: E402
@@ -180,7 +179,6 @@ def measure_bases(spec: MethodSpec, cfg: MethodConfig, tried=()) -> list[BaseRes
         variant.model.pooling = p
         out.append(spec.evaluate_base(variant))
     return out
-
 
 
 # ---------------------------------------------------------------- the base model beside training
