@@ -162,6 +162,23 @@ def test_tracking_outage_after_training_keeps_the_run_and_sync_logs_it(mlflow_se
     assert len(logged_models(run.info.run_id, "model")) == 1  # the model once, not once per replay
 
 
+def test_a_record_that_fails_its_own_checks_is_an_error_not_an_outage(embedded_tracking, tmp_path):
+    """A model folder that is not one fails the job with that message; it is not parked in tracking-pending/
+    as a tracking outage for sync_tracking.py to retry for ever (how the train job's SIFTER-LSTM defect hid)."""
+    from orchestrator.drivers import publish
+    from orchestrator.errors import ModelSourceError
+
+    folder = tmp_path / "not-a-model"
+    folder.mkdir()
+    (folder / "weights.pt").write_bytes(b"x")
+    record = publish.run_record(experiment="checks", run_name="bad-folder", method="sifter_simcse", params={},
+                                 history=[], metrics={"test_sts_avg": 0.7}, model_dir=str(folder))
+    pending = tmp_path / "pending"
+    with pytest.raises(ModelSourceError, match="not-a-model"):
+        publish.log_or_defer(record, f"sqlite:///{tmp_path / 'mlflow.db'}", str(pending))
+    assert not pending.exists()
+
+
 @pytest.mark.slow
 def test_server_killed_mid_replay_then_the_replay_completes_once(tiny_bert_dir, tmp_path, monkeypatch):
     """#18.9: a real MLflow server is killed while a pending record is being replayed (after the run was

@@ -173,7 +173,7 @@ def test_sifter_lstm_under_ray_train_exports_and_logs(ray_cluster, tiny_bert_dir
 
     record = pub.run_record(experiment="sieve", run_name="lstm", method="sifter_lstm", params={}, history=[],
                             metrics=report.metrics, model_dir=str(out))
-    run_id = pub.replay(record, mlflow.get_tracking_uri())
+    run_id = pub.replay(record, f"sqlite:///{tmp_path / 'mlflow.db'}")  # its own store, whatever tests ran before
     [model_id] = logged_models(run_id, "model")
     info = mlflow.models.get_model_info(f"models:/{model_id}")
     probs = mlflow.pyfunc.load_model(info.model_uri).predict(["a charming journey .", "bleak and dull"])

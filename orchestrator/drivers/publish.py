@@ -29,7 +29,7 @@ from mlflow.entities import Metric
 
 from orchestrator import storage
 from orchestrator.drivers.registry import get_method
-from orchestrator.errors import TrackingError
+from orchestrator.errors import ConfigError, DataError, ModelSourceError, TrackingError
 from orchestrator.evaluation.suite import compare_table
 from orchestrator.models import resolve_model_source
 from orchestrator.spec import BaseResult
@@ -241,6 +241,8 @@ def replay(record: dict, tracking_uri: str | None = None) -> str:
             return run_id
     except TrackingError:
         raise
+    except (ModelSourceError, ConfigError, DataError):  # the record's own defect (a model folder that is not
+        raise  # one): not an outage to retry for ever from tracking-pending/; storage failures still wait there
     except Exception as exc:  # noqa: BLE001 - any client error here means the server went away
         raise TrackingError(f"MLflow tracking server {uri}: logging run {record['run_name']!r} failed "
                             f"({str(exc).splitlines()[0][:200]})") from None
