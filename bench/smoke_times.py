@@ -47,6 +47,7 @@ def run_job(job: str, out: Path) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     cmd = [*JOBS[job], "--preset", "smoke", "--name", f"smoke-times-{stamp}", "--no-progress"]
     args = [*cmd, "--storage", str(work / "store"), "--tracking-uri", f"sqlite:///{work / 'mlflow.db'}"]
+    at = commit()  # the code the job starts with (HEAD may move while it runs)
     t0 = time.time()
     res = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True)
     wall = (time.time() - t0) / 60
@@ -54,7 +55,7 @@ def run_job(job: str, out: Path) -> dict:
     return {"job": job, "command": "python " + " ".join(cmd), "wall_min": round(wall, 2),
             "within_target": wall <= TARGET_MIN, "returncode": res.returncode,
             "last_line": outcome(res.stdout), "log": str(work / "output.log"),
-            "commit": commit(), "date": time.strftime("%Y-%m-%d %H:%M")}
+            "commit": at, "date": time.strftime("%Y-%m-%d %H:%M")}
 
 
 def outcome(text: str) -> str:

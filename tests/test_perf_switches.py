@@ -158,8 +158,11 @@ def test_beside_gives_the_value_or_the_error_and_restores_the_threads():
     job = Beside(lambda: seen.append(torch.get_num_threads()) or 42, threads=1)
     assert job.result() == 42 and seen == [1]  # at the threads it was given
     assert torch.get_num_threads() == before
+    def failing():
+        raise ValueError("bad eval file")
+
     with pytest.raises(ValueError, match="bad eval file"):
-        Beside(lambda: (_ for _ in ()).throw(ValueError("bad eval file")), threads=1).result()
+        Beside(failing, threads=1).result()
 
 
 def test_idle_cores_are_the_cores_a_run_leaves_free():
