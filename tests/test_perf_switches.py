@@ -137,6 +137,55 @@ def test_a_small_corpus_is_read_once_before_the_workers_and_a_large_one_streams(
     assert streamed.data_config._datasets_to_split == "all"
 
 
+def test_a_small_corpus_read_in_process_holds_what_ray_datas_read_held(ray_cluster, tiny_shards, tmp_path):
+    """#22.4: the corpus is read by the process that builds the trainer (no read tasks, 3-7 s of every run).
+    One shard file (every smoke preset's corpus): the same rows in the same order, and the same rows for
+    each of 2 workers, as ``read_parquet(...).materialize()`` gave - the training figures cannot move.
+    Several files: read in file-name order, one block each. No shard file: one error naming the folder."""
+    import threading
+
+    import pyarrow as pa
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+    import ray.data
+
+    from orchestrator import storage
+    from orchestrator.drivers.train import read_in_process
+    from orchestrator.errors import ConfigError
+
+    fs, path = storage.pyarrow_filesystem(storage.join(storage.resolve_build(tiny_shards), "shards"))
+    cols = ["text", "deletion_view"]
+    ours, theirs = read_in_process(fs, path, cols), ray.data.read_parquet(path).select_columns(cols).materialize()
+
+    def texts(it) -> list[str]:
+        return [t for b in it.iter_batches(batch_size=8, drop_last=True, batch_format="numpy") for t in b["text"]]
+
+    def split(ds) -> list[list[str]]:  # as Ray Train hands 2 workers their shards
+        its, out = ds.streaming_split(2, equal=True), [None, None]
+        readers = [threading.Thread(target=lambda i=i: out.__setitem__(i, texts(its[i]))) for i in range(2)]
+        for r in readers:
+            r.start()
+        for r in readers:
+            r.join()
+        return out
+
+    assert ours.num_blocks() == theirs.num_blocks() == 1
+    assert ours.take_all() == theirs.take_all() and len(ours.take_all()) > 100
+    assert split(ours) == split(theirs) and all(split(ours))
+
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    for name, rows in [("000001-0000.parquet", ["c", "d"]), ("000000-0000.parquet", ["a", "b"]),
+                       ("000002-0000.parquet", ["e"])]:
+        pq.write_table(pa.table({"text": rows, "other": [0] * len(rows)}), folder / name)
+    (folder / "_SUCCESS").write_text("")
+    several = read_in_process(pafs.LocalFileSystem(), str(folder), ["text"])
+    assert several.num_blocks() == 3 and several.take_all() == [{"text": t} for t in "abcde"]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match=r"empty: no parquet shard files"):
+        read_in_process(pafs.LocalFileSystem(), str(tmp_path / "empty"), None)
+
+
 def test_trials_share_the_cpu_the_ingest_no_longer_needs(ray_cluster):
     """On the session's 4 logical CPUs: 1-worker trials (2 CPUs each) ran one at a time, 1 CPU kept for a
     streaming ingest's read tasks; with the corpus read before the workers start, two fit at once."""

@@ -61,19 +61,37 @@ def _fits(cfg: MethodConfig, fs, path: str) -> bool:
     return size <= cfg.perf.ingest_materialize_mb * 2**20
 
 
+def read_in_process(fs, path: str, columns: list[str] | None) -> ray.data.Dataset:
+    """The shard files under ``path`` read by this process, in file-name order, and put into Ray's object
+    store as one block per file (``ray.data.from_arrow``), instead of ``read_parquet(...).materialize()``,
+    whose read tasks cost 3.4 s of every training run on 2 cores and 7 s in a fresh process such as a
+    sweep's trial (``bench/results/train_startup.md``). A corpus of one shard file (every smoke preset's)
+    gives the same block, rows and split between workers as that read did; of several files, file-name
+    order (Ray's read planner had chosen its own). The blocks belong to this process and live on its node."""
+    import pyarrow.parquet as pq
+
+    files = sorted(i.path for i in fs.get_file_info(pafs.FileSelector(path, recursive=True))
+                   if i.type == pafs.FileType.File and i.path.endswith(".parquet"))
+    if not files:
+        raise ConfigError(f"{path}: no parquet shard files")
+    return ray.data.from_arrow([pq.read_table(f, filesystem=fs, columns=columns) for f in files])
+
+
 def build_trainer(spec: MethodSpec, cfg: MethodConfig, shards: str, *, name: str | None = None, callbacks=None,
                   storage_path: str | None = None, mlflow_run: tuple[str, str] | None = None) -> TorchTrainer:
     """``mlflow_run``: (run id, tracking URI) that rank 0 logs into while it trains."""
     shards = storage.resolve_build(shards) or shards  # the committed build (a pointer switched last)
     fs, path = storage.pyarrow_filesystem(storage.join(shards, "shards"))
-    ds = ray.data.read_parquet(path, filesystem=fs)
-    if spec.columns:
-        ds = ds.select_columns(list(spec.columns))
+    columns = list(spec.columns) if spec.columns else None
     if _fits(cfg, fs, path):  # materializes(), on the build already resolved and listed above
         # read once, here, into Ray's object store: the workers' first batch then waits for no read task
         # to start (7 of a 40 s smoke loop on 2 cores, bench/results/train_throughput.md), and epochs
         # after the first read nothing again; a larger corpus streams
-        ds = ds.materialize()
+        ds = read_in_process(fs, path, columns)
+    else:
+        ds = ray.data.read_parquet(path, filesystem=fs)
+        if columns:
+            ds = ds.select_columns(columns)
     rows = ds.count()
     workers = cfg.scaling.num_workers
     rows_per_worker = rows // workers
