@@ -141,7 +141,7 @@ def test_a_small_corpus_read_in_process_holds_what_ray_datas_read_held(ray_clust
     """#22.4: the corpus is read by the process that builds the trainer (no read tasks, 3-7 s of every run).
     One shard file (every smoke preset's corpus): the same rows in the same order, and the same rows for
     each of 2 workers, as ``read_parquet(...).materialize()`` gave - the training figures cannot move.
-    Several files: read in file-name order, one block each. No shard file: one error naming the folder."""
+    Several files: read in file-name order, one block each. No shard file, or a broken one: one error naming it."""
     import threading
 
     import pyarrow as pa
@@ -151,7 +151,7 @@ def test_a_small_corpus_read_in_process_holds_what_ray_datas_read_held(ray_clust
 
     from orchestrator import storage
     from orchestrator.drivers.train import read_in_process
-    from orchestrator.errors import ConfigError
+    from orchestrator.errors import ConfigError, DataError
 
     fs, path = storage.pyarrow_filesystem(storage.join(storage.resolve_build(tiny_shards), "shards"))
     cols = ["text", "deletion_view"]
@@ -184,6 +184,9 @@ def test_a_small_corpus_read_in_process_holds_what_ray_datas_read_held(ray_clust
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match=r"empty: no parquet shard files"):
         read_in_process(pafs.LocalFileSystem(), str(tmp_path / "empty"), None)
+    (folder / "000003-0000.parquet").write_bytes(b"PAR1 cut short")
+    with pytest.raises(DataError, match=r"000003-0000\.parquet: not a readable shard file"):
+        read_in_process(pafs.LocalFileSystem(), str(folder), ["text"])
 
 
 def test_trials_share_the_cpu_the_ingest_no_longer_needs(ray_cluster):

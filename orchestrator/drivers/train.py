@@ -19,7 +19,9 @@ os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")  # before ray.train is import
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+import pyarrow as pa  # noqa: E402
 import pyarrow.fs as pafs  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
 import ray.data  # noqa: E402
 import torch  # noqa: E402
 from ray.train import Checkpoint, CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig  # noqa: E402
@@ -27,7 +29,7 @@ from ray.train.torch import TorchConfig, TorchTrainer  # noqa: E402
 
 from orchestrator import storage, tracking  # noqa: E402
 from orchestrator.config import EncoderMethodConfig, MethodConfig  # noqa: E402
-from orchestrator.errors import ConfigError, SieveError  # noqa: E402
+from orchestrator.errors import ConfigError, DataError, SieveError  # noqa: E402
 from orchestrator.evaluation.encode import test_time_pooling  # noqa: E402
 from orchestrator.evaluation.suite import TestReport  # noqa: E402
 from orchestrator.models import pooling_for, resolve_model_source, saved_pooling  # noqa: E402
@@ -64,17 +66,21 @@ def _fits(cfg: MethodConfig, fs, path: str) -> bool:
 def read_in_process(fs, path: str, columns: list[str] | None) -> ray.data.Dataset:
     """The shard files under ``path`` read by this process, in file-name order, and put into Ray's object
     store as one block per file (``ray.data.from_arrow``), instead of ``read_parquet(...).materialize()``,
-    whose read tasks cost 3.4 s of every training run on 2 cores and 7 s in a fresh process such as a
+    whose read tasks cost 3.75 s of every training run on 2 cores and 6.3 s in a fresh process such as a
     sweep's trial (``bench/results/train_startup.md``). A corpus of one shard file (every smoke preset's)
     gives the same block, rows and split between workers as that read did; of several files, file-name
     order (Ray's read planner had chosen its own). The blocks belong to this process and live on its node."""
-    import pyarrow.parquet as pq
-
     files = sorted(i.path for i in fs.get_file_info(pafs.FileSelector(path, recursive=True))
                    if i.type == pafs.FileType.File and i.path.endswith(".parquet"))
     if not files:
         raise ConfigError(f"{path}: no parquet shard files")
-    return ray.data.from_arrow([pq.read_table(f, filesystem=fs, columns=columns) for f in files])
+    tables = []
+    for f in files:
+        try:
+            tables.append(pq.read_table(f, filesystem=fs, columns=columns))
+        except (OSError, pa.ArrowException) as exc:
+            raise DataError(f"{f}: not a readable shard file ({str(exc).splitlines()[0][:200]})") from None
+    return ray.data.from_arrow(tables)
 
 
 def build_trainer(spec: MethodSpec, cfg: MethodConfig, shards: str, *, name: str | None = None, callbacks=None,
