@@ -3,8 +3,10 @@
 A training job that cannot reach the server after training keeps the whole run (params, every
 evaluation's metrics, the test report, the exported model's path) in ``<run storage>/tracking-pending/``
 (``outputs/tracking-pending`` for the smoke presets; an s3:// prefix on a cluster); this command logs
-each one into its run - idempotently - and removes its file once it is in MLflow. A record that cannot
-be logged stops it with one line and a non-zero exit; the rest stay pending.
+each one into its run - idempotently - and removes its file once it is in MLflow. An outage stops it
+with one line and a non-zero exit (the rest stay pending); a record the server refuses (an invalid
+value, a run deleted meanwhile) is moved to ``rejected/`` beside them and the others are still logged;
+the exit is then non-zero and each refused record is named.
 
     python jobs/sync_tracking.py [--tracking-uri URI] [--storage DIR|s3://...] [--pending DIR|s3://...]
 """
@@ -12,6 +14,7 @@ be logged stops it with one line and a non-zero exit; the rest stay pending.
 from __future__ import annotations
 
 import argparse
+import sys
 
 import _bootstrap
 
@@ -24,11 +27,13 @@ def main() -> int:
     ap.add_argument("--storage", default="outputs", help="the run storage whose tracking-pending/ to log")
     ap.add_argument("--pending", help="the pending folder itself (default: <storage>/tracking-pending)")
     args = ap.parse_args()
-    done = publish.sync_pending(args.tracking_uri, args.pending or publish.pending_dir(args.storage))
+    done, refused = publish.sync_pending(args.tracking_uri, args.pending or publish.pending_dir(args.storage))
     for path, run_id in done:
         print(f"logged {path} as run {run_id}")
     print(f"{len(done)} pending run(s) logged")
-    return 0
+    for path, reason in refused:
+        print(f"error: {reason}; the record is kept in {path} and not retried", file=sys.stderr)
+    return 1 if refused else 0
 
 
 if __name__ == "__main__":

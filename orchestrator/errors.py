@@ -27,3 +27,8 @@ class StorageError(SieveError):
 
 class TrackingError(SieveError):
     """The MLflow tracking server or registry cannot be used."""
+
+
+class TrackingRejected(SieveError):
+    """The tracking server (or the client on its behalf) refused a record: retrying it would be refused
+    again, so it is kept aside rather than parked as an outage."""

@@ -30,10 +30,10 @@ from typing import Any
 import mlflow
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param
-from mlflow.exceptions import MlflowException
+from mlflow.exceptions import MlflowException, RestException
 
 from orchestrator.config import flatten
-from orchestrator.errors import TrackingError
+from orchestrator.errors import StorageError, TrackingError
 
 EMBEDDED_DIRNAME = "mlruns"
 SECRET_ENV_VARS = (
@@ -121,6 +121,26 @@ def is_unreachable(exc: BaseException) -> bool:
     names = {c.__name__ for c in type(exc).__mro__}
     return bool(names & {"ConnectionError", "MaxRetryError", "NewConnectionError", "ProtocolError"}) or (
         isinstance(exc, MlflowException) and bool(UNREACHABLE.search(str(exc))))
+
+
+TRANSIENT = {"TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED",
+             "UNAUTHENTICATED", "CUSTOMER_UNAUTHORIZED", "PERMISSION_DENIED"}  # cured by waiting or a credential
+
+
+def is_outage(exc: BaseException) -> bool:
+    """True when logging failed for a reason that waiting (or fixing the server, its database or the
+    credentials) cures: the server is not there or answered 5xx, the database is away, a credential was
+    refused, a rate limit; or the artifact store could not be used. False when the record itself was
+    refused (an invalid value, a run deleted meanwhile) or the client failed on it: sending it again
+    would fail the same way. MLflow's client raises its own refusals as plain ``MlflowException`` with
+    the default INTERNAL_ERROR code, so only the server's answer (``RestException``) is read as a status."""
+    if isinstance(exc, StorageError) or is_unreachable(exc):
+        return True
+    if isinstance(exc, MlflowException):
+        return exc.error_code in TRANSIENT or (isinstance(exc, RestException) and exc.get_http_status_code() >= 500)
+    if type(exc).__module__.split(".")[0] in ("botocore", "boto3"):  # the S3 artifact store
+        return True
+    return isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError | IsADirectoryError | NotADirectoryError)
 
 
 @contextmanager

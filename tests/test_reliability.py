@@ -179,6 +179,79 @@ def test_a_record_that_fails_its_own_checks_is_an_error_not_an_outage(embedded_t
     assert not pending.exists()
 
 
+def test_a_record_the_server_refuses_is_kept_aside_and_never_holds_back_the_others(tiny_bert_dir, tmp_path):
+    """A record MLflow refuses (its run deleted in the UI while the job trained) is not an outage: the job
+    fails with one line naming the run and where the record is kept (``rejected/``, not retried); a sync
+    meeting such a record moves it there and still logs the records after it. Before, it was parked as an
+    outage and stopped every later sync at itself."""
+    import mlflow
+
+    from orchestrator.drivers import publish
+    from orchestrator.errors import TrackingRejected
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    client = mlflow.MlflowClient(uri)
+    exp = client.create_experiment("refused")
+    gone = client.create_run(exp, run_name="deleted-in-the-ui").info.run_id
+    client.delete_run(gone)
+
+    def record(name, run_id=None):
+        return publish.run_record(experiment="refused", run_name=name, method="sifter_simcse", params={"a": 1},
+                                  history=[{"step": 2, "stsb_dev_spearman": 0.5}], metrics={"test_sts_avg": 0.7},
+                                  model_dir=str(tiny_bert_dir), run_id=run_id)
+
+    pending = tmp_path / "pending"
+    with pytest.raises(TrackingRejected, match=r"run 'a-bad' was refused .*deleted.*kept in .*rejected"):
+        publish.log_or_defer(record("a-bad", gone), uri, str(pending))
+    assert [p.name for p in pending.iterdir()] == ["rejected"]  # nothing parked for the sync to retry
+    assert len(list((pending / "rejected").iterdir())) == 1
+
+    # a sync that meets one: the refused record (sorted first) goes aside, the good one is still logged
+    (pending / "rejected" / next((pending / "rejected").iterdir()).name).rename(pending / "a-bad.json")
+    (pending / "b-good.json").write_text(json.dumps(record("b-good")))
+    res = subprocess.run([sys.executable, str(JOBS / "sync_tracking.py"), "--tracking-uri", uri, "--pending",
+                          str(pending)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 1, res.stderr[-2000:]
+    assert "1 pending run(s) logged" in res.stdout and "b-good.json as run" in res.stdout
+    assert "run 'a-bad' was refused" in res.stderr and "not retried" in res.stderr
+    assert sorted(p.name for p in pending.iterdir()) == ["rejected"]
+    assert [p.name for p in (pending / "rejected").iterdir()] == ["a-bad.json"]
+    runs = client.search_runs([exp])
+    assert [r.info.run_name for r in runs] == ["b-good"] and runs[0].data.metrics["test_sts_avg"] == 0.7
+
+
+def test_what_waits_for_the_server_and_what_is_refused():
+    """The rule that decides it: an unreachable server, a 5xx, a refused credential or rate limit, the
+    artifact store - waited for; an invalid value, a missing run, a client-side bug - refused."""
+    from botocore.exceptions import EndpointConnectionError
+    from mlflow.exceptions import MlflowException, RestException
+    from mlflow.protos.databricks_pb2 import (
+        INVALID_PARAMETER_VALUE,
+        REQUEST_LIMIT_EXCEEDED,
+        TEMPORARILY_UNAVAILABLE,
+        UNAUTHENTICATED,
+    )
+
+    from orchestrator.errors import StorageError
+    from orchestrator.tracking import is_outage
+
+    assert is_outage(ConnectionRefusedError(111, "Connection refused"))
+    assert is_outage(MlflowException("API request failed: Max retries exceeded"))  # after its own retries
+    assert is_outage(MlflowException("database is locked", error_code=TEMPORARILY_UNAVAILABLE))
+    assert is_outage(RestException({"error_code": "INTERNAL_ERROR", "message": "the server's own failure"}))
+    assert is_outage(MlflowException("who are you", error_code=UNAUTHENTICATED))
+    assert is_outage(MlflowException("slow down", error_code=REQUEST_LIMIT_EXCEEDED))
+    assert is_outage(EndpointConnectionError(endpoint_url="http://127.0.0.1:9"))
+    assert is_outage(StorageError("s3://bucket/x: cannot write"))
+    assert is_outage(OSError(28, "No space left on device"))
+    assert not is_outage(MlflowException("Invalid value", error_code=INVALID_PARAMETER_VALUE))
+    assert not is_outage(RestException({"error_code": "RESOURCE_DOES_NOT_EXIST", "message": "Run 'x' not found"}))
+    assert not is_outage(MlflowException("Cannot start run with ID x because it is in the deleted state."))
+    assert not is_outage(FileNotFoundError(2, "No such file", "/gone/model"))
+    assert not is_outage(TypeError("unsupported operand"))
+
+
 @pytest.mark.slow
 def test_server_killed_mid_replay_then_the_replay_completes_once(tiny_bert_dir, tmp_path, monkeypatch):
     """#18.9: a real MLflow server is killed while a pending record is being replayed (after the run was

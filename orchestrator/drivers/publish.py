@@ -29,7 +29,7 @@ from mlflow.entities import Metric
 
 from orchestrator import storage
 from orchestrator.drivers.registry import get_method
-from orchestrator.errors import ConfigError, DataError, ModelSourceError, TrackingError
+from orchestrator.errors import ConfigError, DataError, ModelSourceError, TrackingError, TrackingRejected
 from orchestrator.evaluation.suite import compare_table
 from orchestrator.models import resolve_model_source
 from orchestrator.spec import BaseResult
@@ -38,6 +38,7 @@ from orchestrator.tracking import (
     create_child_run,
     find_run,
     find_version,
+    is_outage,
     is_unreachable,
     log_metrics,
     log_sentence_encoder,
@@ -184,6 +185,9 @@ def log_trials(exp_id: str, parent_id: str, name: str, rows: list[dict], metric:
 
 
 # ---------------------------------------------------------------- runs that survive a tracking outage
+REJECTED = "rejected"  # beside the pending records: refused ones, kept for a person, never retried
+
+
 def pending_dir(storage_root: str) -> str:
     """Where records wait for the tracking server: in the run storage (an s3:// prefix on a cluster, so a
     record outlives the job's working directory)."""
@@ -209,7 +213,8 @@ def replay(record: dict, tracking_uri: str | None = None) -> str:
     """Log ``record`` into its run - the one the job made at its start, or one made now and tagged with the
     record's id - and return the run id. Idempotent: replaying a record again adds nothing (params and
     model once, metric history only where it is missing). Raises :class:`TrackingError` naming the URI
-    when the server is not there."""
+    when the server is not there (or answers 5xx, or refuses the credential: worth retrying), and
+    :class:`TrackingRejected` when the record itself is refused (retrying it would be refused again)."""
     uri = resolve_tracking_uri(tracking_uri)
     exp_id = setup(uri, record["experiment"])
     client = MlflowClient()
@@ -243,9 +248,13 @@ def replay(record: dict, tracking_uri: str | None = None) -> str:
         raise
     except (ModelSourceError, ConfigError, DataError):  # the record's own defect (a model folder that is not
         raise  # one): not an outage to retry for ever from tracking-pending/; storage failures still wait there
-    except Exception as exc:  # noqa: BLE001 - any client error here means the server went away
-        raise TrackingError(f"MLflow tracking server {uri}: logging run {record['run_name']!r} failed "
-                            f"({str(exc).splitlines()[0][:200]})") from None
+    except Exception as exc:  # noqa: BLE001 - sorted below: an outage waits, a refusal does not
+        first = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+        if is_outage(exc):
+            raise TrackingError(f"MLflow tracking server {uri}: logging run {record['run_name']!r} failed "
+                                f"({first})") from None
+        raise TrackingRejected(f"MLflow tracking server {uri}: run {record['run_name']!r} was refused "
+                               f"({type(exc).__name__}: {first})") from None
 
 
 @contextmanager
@@ -261,32 +270,50 @@ def _fetched(model_dir: str) -> Iterator[Path]:
 
 def log_or_defer(record: dict, tracking_uri: str | None, pending: str) -> str | None:
     """Log ``record`` now; if the tracking server is unreachable, keep it in ``pending`` (one file per run
-    attempt, written atomically) and say so once - ``jobs/sync_tracking.py`` logs it when the server is back."""
+    attempt, written atomically) and say so once - ``jobs/sync_tracking.py`` logs it when the server is back.
+    A record the server refuses is kept in ``pending/rejected/`` (which the sync does not retry) and the
+    job fails with one line naming it: parked as an outage, it would be refused at every sync."""
+    name = f"{record['run_name']}-{record['record_id']}.json"
     try:
         return replay(record, tracking_uri)
     except TrackingError as exc:
-        path = storage.join(pending, f"{record['run_name']}-{record['record_id']}.json")
+        path = storage.join(pending, name)
         storage.write_bytes(path, json.dumps(record, indent=2).encode())
         print(f"warning: {exc}; the run's params, metrics and model are kept in {path} - "
               f"log them later with: python jobs/sync_tracking.py --pending {pending}", file=sys.stderr)
         return None
+    except TrackingRejected as exc:
+        path = storage.join(pending, REJECTED, name)
+        storage.write_bytes(path, json.dumps(record, indent=2).encode())
+        raise TrackingRejected(f"{exc}; the run's params, metrics and model are kept in {path}, which "
+                               "jobs/sync_tracking.py does not retry") from None
 
 
-def sync_pending(tracking_uri: str | None, pending: str) -> list[tuple[str, str]]:
+def sync_pending(tracking_uri: str | None, pending: str) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     """Log every pending record; a logged record's file is removed after it is in MLflow (a crash in
-    between is harmless: the replay is idempotent). Returns (file, run id) per record; the first record
-    that cannot be logged stops the sync with one line naming it (the rest stay pending)."""
-    done = []
+    between is harmless: the replay is idempotent). Returns ((file, run id) per logged record, (file,
+    reason) per refused record). An outage stops the sync with one line naming the URI (the rest stay
+    pending); a record the server refuses is moved to ``pending/rejected/`` and the sync goes on, so one
+    bad record never holds back the others."""
+    done, refused = [], []
     for name in sorted(f for f in storage.list_files(pending) if f.endswith(".json") and "/" not in f):
         path = storage.join(pending, name)
         try:
-            record = json.loads(storage.read_bytes(path))
+            data = storage.read_bytes(path)
+            record = json.loads(data)
         except json.JSONDecodeError as exc:
             raise TrackingError(f"{path}: not a pending run record ({exc.msg})") from None
-        run_id = replay(record, tracking_uri)
+        try:
+            run_id = replay(record, tracking_uri)
+        except (TrackingRejected, ModelSourceError, ConfigError, DataError) as exc:  # the record's, not the server's
+            aside = storage.join(pending, REJECTED, name)
+            storage.write_bytes(aside, data)
+            storage.remove(path)
+            refused.append((aside, str(exc)))
+            continue
         storage.remove(path)
         done.append((path, run_id))
-    return done
+    return done, refused
 
 
 def outage(exc: BaseException, tracking_uri: str | None, what: str, kept_in: str, resume: str) -> TrackingError | None:
