@@ -161,17 +161,21 @@ class ParaBART(nn.Module):
         return self.syn(self.syn_embed(parse_ids) + self.syn_pos(pos), src_key_padding_mask=parse_mask == 0)
 
     def decode(self, u: torch.Tensor, v: torch.Tensor, parse_mask: torch.Tensor, tgt_ids: torch.Tensor,
-               tgt_mask: torch.Tensor) -> torch.Tensor:
-        """Next-token logits of the target; cross-attention over [ū; V] only (ū alone without syntax guidance)."""
+               tgt_mask: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """Next-token logits of the target; cross-attention over [ū; V] only (ū alone without syntax guidance).
+        ``keep`` (B, T) bool: project only those positions onto the vocabulary, flattened to (kept, V)."""
         memory = torch.cat([u.unsqueeze(1), v.to(u.dtype)], dim=1)
         memory_mask = torch.cat([torch.ones_like(parse_mask[:, :1]), parse_mask[:, :v.size(1)]], dim=1)
         return self.decoder(input_ids=tgt_ids, attention_mask=tgt_mask, encoder_hidden_states=memory,
-                            encoder_attention_mask=memory_mask, use_cache=False).logits
+                            encoder_attention_mask=memory_mask, use_cache=False,
+                            logits_to_keep=0 if keep is None else keep).logits
 
     def forward(self, src_ids, src_mask, parse_ids, parse_mask, tgt_ids, tgt_mask):
-        """(target logits for positions 1.., ū)."""
+        """(logits of the target's real tokens 1.., flattened to (tokens, V); ū). Padding is never projected
+        onto the vocabulary: the output projection is the largest matmul of a step, and it carries no loss."""
         u = self.embed(src_ids, src_mask)
-        logits = self.decode(u, self.syntax(parse_ids, parse_mask), parse_mask, tgt_ids[:, :-1], tgt_mask[:, :-1])
+        logits = self.decode(u, self.syntax(parse_ids, parse_mask), parse_mask, tgt_ids[:, :-1], tgt_mask[:, :-1],
+                             keep=tgt_mask[:, 1:].bool())
         return logits, u
 
 
@@ -235,8 +239,8 @@ def word_dropout(ids: torch.Tensor, mask: torch.Tensor, p: float, mask_id: int, 
 
 
 def para_loss(logits: torch.Tensor, tgt_ids: torch.Tensor, tgt_mask: torch.Tensor) -> torch.Tensor:
-    labels = tgt_ids[:, 1:].masked_fill(tgt_mask[:, 1:] == 0, -100)
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=-100)
+    """L_para: mean cross-entropy over the target's real tokens (``logits``: :meth:`ParaBART.forward`'s)."""
+    return F.cross_entropy(logits, tgt_ids[:, 1:][tgt_mask[:, 1:].bool()])
 
 
 def adv_loss(dis_logits: torch.Tensor, bags: torch.Tensor) -> torch.Tensor:

@@ -141,18 +141,23 @@ class TSDAE(nn.Module):
         states = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         return mean_pool(states, attention_mask) if self.pooling == "mean" else states[:, 0]
 
-    def decode(self, sentence: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Next-token logits; the only memory the decoder sees is ``sentence`` (B, H) as a length-1 sequence."""
+    def decode(self, sentence: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+               keep: torch.Tensor | None = None) -> torch.Tensor:
+        """Next-token logits; the only memory the decoder sees is ``sentence`` (B, H) as a length-1 sequence.
+        ``keep`` (B, T) bool: project only those positions onto the vocabulary, flattened to (kept, V)."""
         memory = sentence.unsqueeze(1)
         memory_mask = torch.ones(memory.shape[:2], dtype=attention_mask.dtype, device=memory.device)
         return self.decoder(input_ids=input_ids, attention_mask=attention_mask, encoder_hidden_states=memory,
-                            encoder_attention_mask=memory_mask, use_cache=False).logits
+                            encoder_attention_mask=memory_mask, use_cache=False,
+                            logits_to_keep=0 if keep is None else keep).logits
 
     def forward(self, noisy_ids, noisy_mask, target_ids, target_mask) -> torch.Tensor:
-        """Reconstruction loss: predict target token t+1 from tokens ≤ t and the noisy sentence's vector."""
-        logits = self.decode(self.encode(noisy_ids, noisy_mask), target_ids[:, :-1], target_mask[:, :-1])
-        labels = target_ids[:, 1:].masked_fill(target_mask[:, 1:] == 0, -100)  # no loss on padding
-        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=-100)
+        """Reconstruction loss: predict target token t+1 from tokens ≤ t and the noisy sentence's vector; mean
+        cross-entropy over the real tokens. Padding carries no loss, so it is never projected onto the
+        vocabulary (the largest matmul of the decoder)."""
+        real = target_mask[:, 1:].bool()
+        logits = self.decode(self.encode(noisy_ids, noisy_mask), target_ids[:, :-1], target_mask[:, :-1], keep=real)
+        return F.cross_entropy(logits, target_ids[:, 1:][real])
 
 
 def build_model(cfg: TSDAEConfig):
