@@ -267,7 +267,7 @@ class DeepSpeedBlock(StrictModel):
 
 class PerformanceBlock(StrictModel):
     """Speed switches, each tested on CPU to give the fp32 loss within a stated tolerance. ``auto``: on
-    where it pays - a GPU, and for fused AdamW the CPU too (``bench/results/fused_adamw_cpu.md``)."""
+    where it pays - a GPU, and for fused AdamW the CPU too (``bench/results/cpu_step.md``)."""
 
     bf16: Literal["auto", "on", "off"] = Field("auto", description="bf16 autocast of the forward on the DDP path "
                                                "(ZeRO has deepspeed.bf16)")
