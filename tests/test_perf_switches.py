@@ -64,7 +64,7 @@ def test_fused_adamw_updates_like_the_plain_one(tiny_bert_dir):
     assert fused.optimizer.defaults["fused"] is True and not plain.optimizer.defaults.get("fused")
     for name, p in after_plain.items():
         torch.testing.assert_close(after_fused[name], p, atol=1e-6, rtol=1e-5, msg=name)
-    # auto: fused on CPU too (the optimiser step 4x faster there: bench/results/fused_adamw_cpu.md); off when asked
+    # auto: fused on CPU too (the optimiser step 4x faster there: bench/results/cpu_step.md); off when asked
     model, _ = build_model(cfg_for(tiny_bert_dir))
     assert common.make_stepper(model, cfg_for(tiny_bert_dir), 64).optimizer.defaults["fused"] is True
     assert not common.make_stepper(model, cfg_for(tiny_bert_dir, fused_adamw="off"), 64).optimizer.defaults["fused"]

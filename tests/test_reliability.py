@@ -208,7 +208,7 @@ def test_a_record_the_server_refuses_is_kept_aside_and_never_holds_back_the_othe
     assert len(list((pending / "rejected").iterdir())) == 1
 
     # a sync that meets one: the refused record (sorted first) goes aside, the good one is still logged
-    (pending / "rejected" / next((pending / "rejected").iterdir()).name).rename(pending / "a-bad.json")
+    next((pending / "rejected").iterdir()).rename(pending / "a-bad.json")
     (pending / "b-good.json").write_text(json.dumps(record("b-good")))
     res = subprocess.run([sys.executable, str(JOBS / "sync_tracking.py"), "--tracking-uri", uri, "--pending",
                           str(pending)], capture_output=True, text=True, timeout=300)
