@@ -212,29 +212,41 @@ def refuse_existing(storage_root: str, name: str) -> None:
 
 
 def run_sweep(job: SweepJobConfig, base: MethodConfig, shards: str, *, name: str, storage_root: str, resume: bool,
-              verbose: bool = False, tracking: dict | None = None):
+              verbose: bool = False, tracking: dict | None = None, listener=None):
     """Run (or resume) the Tune experiment; returns the ``ResultGrid``. Quiet by default: one line per
-    evaluation; ``verbose`` gives Tune's own status table."""
+    evaluation; ``verbose`` gives Tune's own status table. ``listener``: told of each trial as it ends
+    (:class:`FinishedTrials`), while the others train."""
     spec = get_method(job.method)
     root = storage.join(storage.absolute(storage_root), "sweeps")
     path = sweep_dir(storage_root, name)
     trainable = tune.with_resources(
         tune.with_parameters(trial_fn, method=job.method, base=base, shards=shards, sweep_dir=path, tracking=tracking),
         {"CPU": 1})
-    if resume:
-        if not tune.Tuner.can_restore(path):
-            raise ConfigError(f"--resume: no sweep to resume at {path}")
-        tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=True)
-        return tuner.fit()
-    refuse_existing(storage_root, name)
-    max_evals = max(1, math.ceil((base.train.max_steps or 10**6) / base.train.eval_steps))
+    concurrent = concurrent_trials(base, job.sweep.max_concurrent_trials, streams=not materializes(base, shards))
+    if listener is not None:
+        listener.configure(total=total_trials(job), concurrent=concurrent, sweep_dir=path)
+        _LISTENERS[name] = listener
+    try:
+        if resume:
+            if not tune.Tuner.can_restore(path):
+                raise ConfigError(f"--resume: no sweep to resume at {path}")
+            tuner = tune.Tuner.restore(path, trainable=trainable, resume_unfinished=True, resume_errored=True)
+            return tuner.fit()
+        refuse_existing(storage_root, name)
+        max_evals = max(1, math.ceil((base.train.max_steps or 10**6) / base.train.eval_steps))
+        return _new_tuner(job, spec, trainable, name, root, concurrent, max_evals, verbose).fit()
+    finally:
+        _LISTENERS.pop(name, None)
+
+
+def _new_tuner(job: SweepJobConfig, spec, trainable, name: str, root: str, concurrent: int, max_evals: int,
+               verbose: bool) -> tune.Tuner:
     sc = job.sweep.scheduler
     scheduler = (ASHAScheduler(time_attr="training_iteration", max_t=max_evals, grace_period=sc.grace_period,
                                reduction_factor=sc.reduction_factor)
                  if sc.type == "asha" else FIFOScheduler())
-    search, space = make_search(job, spec.metric, concurrent_trials(base, job.sweep.max_concurrent_trials,
-                                                                    streams=not materializes(base, shards)))
-    tuner = tune.Tuner(
+    search, space = make_search(job, spec.metric, concurrent)
+    return tune.Tuner(
         trainable,
         param_space={"params": space},
         tune_config=tune.TuneConfig(
@@ -244,10 +256,42 @@ def run_sweep(job: SweepJobConfig, base: MethodConfig, shards: str, *, name: str
             trial_dirname_creator=trial_name,
         ),
         run_config=tune.RunConfig(name=name, storage_path=root, verbose=1 if verbose else 0,
-                                  callbacks=[] if verbose else [ProgressLines(spec.metric, spec.metric_label)],
+                                  callbacks=[FinishedTrials(name),
+                                             *([] if verbose else [ProgressLines(spec.metric, spec.metric_label)])],
                                   failure_config=tune.FailureConfig(max_failures=0)),
     )
-    return tuner.fit()
+
+
+def total_trials(job: SweepJobConfig) -> int:
+    """How many trials the sweep runs: every grid point × ``num_samples`` (Optuna: ``num_samples``)."""
+    if job.sweep.search == "optuna":
+        return job.sweep.num_samples
+    return job.sweep.num_samples * math.prod(len(d.grid) for d in job.sweep.space.values() if d.grid is not None)
+
+
+# the listener of each running sweep, by name: Tune pickles its callbacks into the sweep's state (and a
+# resumed sweep unpickles them), so the callback names its sweep and finds the driver's listener here
+_LISTENERS: dict[str, Any] = {}
+
+
+class FinishedTrials(tune.Callback):
+    """Tells the sweep's listener (:func:`run_sweep`) of each trial that ends - ``finished(trial, params,
+    ok)`` - and gives it a turn at every step of Tune's loop (``poll()``)."""
+
+    def __init__(self, sweep: str):
+        self.sweep = sweep
+
+    def on_step_begin(self, iteration, trials, **info):
+        if (listener := _LISTENERS.get(self.sweep)) is not None:
+            listener.poll()
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        if (listener := _LISTENERS.get(self.sweep)) is not None:
+            listener.finished(trial_name(trial), trial.config.get("params", {}), ok=True)
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        if (listener := _LISTENERS.get(self.sweep)) is not None:
+            listener.finished(trial_name(trial), trial.config.get("params", {}), ok=False)
 
 
 def make_search(job: SweepJobConfig, metric: str, max_concurrent: int):
@@ -301,31 +345,40 @@ class ProgressLines(tune.Callback):
 
 # ---------------------------------------------------------------- summarising trials
 def trial_rows(result_grid, metric: str, select: str | None = "") -> list[dict]:
-    """One row per trial: params, every evaluation, the selected one (by ``select``, default
-    ``metric``; None: the last) with its checkpoint path, and its ``metric`` as ``best_dev``."""
-    select = metric if select == "" else select
+    """One row per trial (:func:`trial_row`), best dev first."""
     rows = []
     for r in result_grid:
         df = r.metrics_dataframe
         history = json.loads(df.to_json(orient="records")) if df is not None and len(df) else []
-        evals = [h for h in history if h.get(metric) is not None and h[metric] == h[metric]]  # drop NaN
-        # a trial restored after a driver crash may report a step again (Ray Train resuming from its
-        # checkpoint, or trial_fn replaying a finished trial): the latest report of a step stands
-        evals = sorted({h.get("step", i): h for i, h in enumerate(evals)}.values(), key=lambda h: h.get("step", 0))
-        best = (max(evals, key=lambda h: h.get(select, -math.inf)) if select else evals[-1]) if evals else None
-        rows.append({
-            "trial": Path(r.path).name if r.path else "?",
-            "params": r.config.get("params", {}),
-            "history": evals,
-            "best": best,
-            "best_dev": best[metric] if best else float("nan"),
-            # Tune records the path on the sweep's storage (the run's storage is below it): as a URI
-            "checkpoint_path": uri_on(r.filesystem, best["checkpoint_path"]) if best and best.get("checkpoint_path")
-            else None,
-            "error": str(r.error).splitlines()[0][:300] if r.error else None,
-        })
+        rows.append(trial_row(Path(r.path).name if r.path else "?", r.config.get("params", {}), history, metric,
+                              select, filesystem=r.filesystem,
+                              error=str(r.error).splitlines()[0][:300] if r.error else None))
     most = max((len(x["history"]) for x in rows), default=0)
     for x in rows:
         x["stopped_early"] = 0 < len(x["history"]) < most
     rows.sort(key=lambda x: -x["best_dev"] if x["best_dev"] == x["best_dev"] else math.inf)
     return rows
+
+
+def trial_row(trial: str, params: dict, history: list[dict], metric: str, select: str | None = "", *,
+              filesystem=None, error: str | None = None) -> dict:
+    """A trial's row: params, every evaluation, the selected one (by ``select``, default ``metric``; None:
+    the last) with its checkpoint path, and its ``metric`` as ``best_dev``. ``history``: the trial's reports
+    (Tune's, or the ones :class:`RecordingTuneReportCallback` kept)."""
+    select = metric if select == "" else select
+    evals = [h for h in history if h.get(metric) is not None and h[metric] == h[metric]]  # drop NaN
+    # a trial restored after a driver crash may report a step again (Ray Train resuming from its
+    # checkpoint, or trial_fn replaying a finished trial): the latest report of a step stands
+    evals = sorted({h.get("step", i): h for i, h in enumerate(evals)}.values(), key=lambda h: h.get("step", 0))
+    best = (max(evals, key=lambda h: h.get(select, -math.inf)) if select else evals[-1]) if evals else None
+    return {
+        "trial": trial,
+        "params": params,
+        "history": evals,
+        "best": best,
+        "best_dev": best[metric] if best else float("nan"),
+        # Tune records the path on the sweep's storage (the run's storage is below it): as a URI
+        "checkpoint_path": uri_on(filesystem, best["checkpoint_path"]) if best and best.get("checkpoint_path")
+        else None,
+        "error": error,
+    }

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlflow
+import torch
 
 from orchestrator import storage, tracking
 from orchestrator.config import (
@@ -40,9 +42,17 @@ from orchestrator.drivers.sweep import (
     refuse_existing,
     run_sweep,
     trial_config,
+    trial_row,
     trial_rows,
 )
-from orchestrator.drivers.train import Outcome, checkpoint_at, export_and_test, measure_bases, preflight
+from orchestrator.drivers.train import (
+    Beside,
+    Outcome,
+    checkpoint_at,
+    export_and_test,
+    measure_bases,
+    preflight,
+)
 from orchestrator.errors import ConfigError, TrackingError
 from orchestrator.evaluation.suite import TestReport, compare_table, headline_metrics
 from orchestrator.export import write_model_card
@@ -129,16 +139,23 @@ def run(plan: SweepPlan, parent_id: str | None = None) -> SweepResult:
         tracking.log_metrics({"base_dev": base.dev})
     live = {"uri": tracking.resolve_tracking_uri(plan.base.tracking.tracking_uri), "experiment_id": plan.exp_id,
             "parent_run_id": parent_id, "sweep": plan.name} if parent_id else None
-    grid = run_sweep(job, plan.base, shards, name=plan.name, storage_root=plan.base.run.storage, resume=plan.resume,
-                     verbose=plan.verbose, tracking=live)
+    early = EarlyTests(plan) if job.test_every_trial else None
+    try:
+        grid = run_sweep(job, plan.base, shards, name=plan.name, storage_root=plan.base.run.storage,
+                         resume=plan.resume, verbose=plan.verbose, tracking=live, listener=early)
+    finally:
+        tested_early = early.finish() if early is not None else {}
     rows = trial_rows(grid, spec.metric, spec.selection_metric(plan.base))
     if not any(r["checkpoint_path"] for r in rows):
         raise ConfigError(f"sweep {plan.name}: no trial reported a checkpoint (errors: {[r['error'] for r in rows]})")
     tested = [r for r in rows if r["checkpoint_path"]] if job.test_every_trial else []
     reports = {}
     for r in tested:  # e.g. mean ± std over seeds (and SIFTER-LSTM's baseline) needs every trial's test score
-        _, reports[r["trial"]] = _export(plan, r, Path("outputs") / "models" / f"{plan.name}-trials" / r["trial"])
-        r["test"] = reports[r["trial"]].metrics
+        path, report = tested_early.get(r["trial"], (None, None))
+        if path != r["checkpoint_path"]:  # not tested while the sweep ran (or another checkpoint): now
+            _, report = _export(plan, r, _trial_dir(plan, r["trial"]))
+        reports[r["trial"]] = report
+        r["test"] = report.metrics
     choice = pub.choose(rows, group_out=job.group_out, base=base, baseline_params=spec.baseline_params,
                         margin=job.candidate_margin)
     # the chosen trial, exported where the registry reads it; tested once: a trial tested above is not
@@ -150,6 +167,79 @@ def run(plan: SweepPlan, parent_id: str | None = None) -> SweepResult:
               flush=True)
     choice.best["test"] = test.metrics
     return SweepResult(shards, rows, choice, test, model_dir, base, time.time() - t0, bases=bases)
+
+
+def _trial_dir(plan: SweepPlan, trial: str) -> Path:
+    return Path("outputs") / "models" / f"{plan.name}-trials" / trial
+
+
+class EarlyTests:
+    """A sweep that tests every trial tests each one as it finishes, on a thread of the driver, while the
+    last trials still train and leave a core idle - instead of every test after the last trial. ParaBART's
+    smoke sweep trains its third trial alone on one of the two cores (2.8 min) and then ran three 7-task
+    tests one after the other (#22.4). The test is the same call on the same checkpoint (the evaluation is
+    deterministic and its figures do not depend on the thread count: ``test_perf_switches``); a test that
+    fails here is run again after the sweep, where its error surfaces as before.
+
+    The cores left idle are counted as :func:`idle_cores` counts them for the base measured beside training:
+    this machine's torch threads less the workers of the trials that can still run at once (so nothing moves
+    while trials wait for a slot, nor on a GPU run)."""
+
+    def __init__(self, plan: SweepPlan):
+        self.plan = plan
+        self.per_trial = math.ceil(plan.base.scaling.num_workers * plan.base.scaling.cpus_per_worker)
+        self.cores = torch.get_num_threads()  # this machine's, as idle_cores() counts them
+        self.total, self.concurrent, self.sweep_dir = 0, 1, ""
+        self.ended: set[str] = set()
+        self.waiting: list[tuple[str, dict]] = []
+        self.tested: dict[str, tuple[str, TestReport]] = {}
+        self.running: tuple[str, str, Beside] | None = None
+
+    def configure(self, *, total: int, concurrent: int, sweep_dir: str) -> None:
+        self.total, self.concurrent, self.sweep_dir = total, concurrent, sweep_dir
+
+    def finished(self, trial: str, params: dict, ok: bool) -> None:
+        self.ended.add(trial)
+        if ok:
+            self.waiting.append((trial, params))
+        self.poll()
+
+    def poll(self) -> None:
+        if self.running is not None and self.running[2].done():
+            self._collect()
+        if self.running is not None or not self.waiting or self.plan.base.scaling.use_gpu:
+            return
+        still = min(self.concurrent, max(0, self.total - len(self.ended)))  # trials that can still run at once
+        threads = self.cores - still * self.per_trial
+        if threads < 1:
+            return
+        trial, params = self.waiting.pop(0)
+        records = storage.join(self.sweep_dir, "reports", f"{trial}.json")
+        if not storage.exists(records):
+            return
+        spec = self.plan.spec
+        row = trial_row(trial, params, json.loads(storage.read_bytes(records)), spec.metric,
+                        spec.selection_metric(self.plan.base))
+        if row["checkpoint_path"] is None:
+            return
+        print(f"[{trial}] tested now, on {threads} thread(s) beside the {still} trial(s) still training", flush=True)
+        self.running = (trial, row["checkpoint_path"],
+                        Beside(lambda: _export(self.plan, row, _trial_dir(self.plan, trial))[1], threads))
+
+    def _collect(self) -> None:
+        trial, path, beside = self.running
+        self.running = None
+        try:
+            self.tested[trial] = (path, beside.result())
+        except Exception as exc:  # noqa: BLE001 - tested again after the sweep, where the error surfaces
+            print(f"[{trial}] its test failed beside training ({str(exc).splitlines()[0][:200]}): "
+                  "tested again after the sweep", flush=True)
+
+    def finish(self) -> dict[str, tuple[str, TestReport]]:
+        """Wait for the test under way; {trial: (checkpoint path, its test report)}."""
+        if self.running is not None:
+            self._collect()
+        return self.tested
 
 
 def _export(plan: SweepPlan, row: dict, out: Path, tested: TestReport | None = None):

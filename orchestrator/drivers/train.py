@@ -235,6 +235,9 @@ class Beside:
         self._thread = threading.Thread(target=run, name="sieve-beside-training", daemon=True)
         self._thread.start()
 
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
     def result(self):
         self._thread.join()
         torch.set_num_threads(self._threads)

@@ -84,6 +84,22 @@ def test_tiny_sweep_registers_best_and_reports(ray_cluster, tiny_bert_dir, tmp_p
     chosen = json.loads((tmp_path / "outputs" / "models" / "tiny" / "test.json").read_text())
     assert chosen == json.loads((trials / summary["best_trial"] / "test.json").read_text())
     assert out.count("its test, measured with every trial, is not run again") == 1
+    # #22.4: the trial that ends first is tested while the other still trains, on the core it leaves idle
+    # (2 cores, two 1-worker trials); its figures are those of the same test run afterwards at full threads
+    early = [line.split("]")[0].lstrip("[") for line in out.splitlines() if "] tested now, on 1 thread(s)" in line]
+    assert len(early) == 1, out[-3000:]
+    from orchestrator.config import read_yaml, set_path
+    from orchestrator.drivers.registry import get_method
+    from orchestrator.drivers.sweep import trial_config
+
+    job, spec = yaml.safe_load(cfg.read_text()), get_method("sifter_simcse")
+    data = read_yaml(Path(job["base"]))
+    for key, value in job["base_overrides"].items():
+        set_path(data, key.split("."), value, "test")
+    rows = {r["trial"]: r for r in json.loads((tmp_path / "outputs" / "reports" / "tiny" / "trials.json").read_text())}
+    trial_cfg = trial_config(spec.config_cls.model_validate(data), rows[early[0]]["params"], "test")
+    again = spec.evaluate(trial_cfg, trials / early[0], tasks=["stsb"])
+    assert rows[early[0]]["test"] == again.metrics
 
     mlflow = mlflow_at(tmp_path)
     exp = mlflow.get_experiment_by_name("sieve")
