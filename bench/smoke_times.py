@@ -71,9 +71,13 @@ def outcome(text: str) -> str:
             break
         except ValueError:
             continue
-    if "best_dev" in summary:
+    if summary.get("best_dev") is not None:
         base = summary.get("base_dev")
         return f"best dev {summary['best_dev'] * 100:.2f}" + (f" vs base {base * 100:.2f}" if base is not None else "")
+    test = next((k for k in summary if k.startswith("test_")), None)
+    if test is not None:  # no dev set (TSDAE): the test headline beside the base's
+        base = summary.get(f"base_{test}")
+        return f"{test} {summary[test] * 100:.2f}" + (f" vs base {base * 100:.2f}" if base is not None else "")
     lines = [ln for ln in text.strip().splitlines() if ln.strip()]
     return lines[-1][:300] if lines else ""
 

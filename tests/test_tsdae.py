@@ -302,3 +302,25 @@ def test_loss_equals_sentence_transformers_denoising_loss(tiny_bert_dir):
         loss, _ = compute_loss(ours, tok, [text], cfg, random.Random(3))
         feats = [st.tokenize(noisy), st.tokenize([text])]
         assert loss.item() == pytest.approx(theirs(feats, None).item(), rel=1e-5)
+
+
+def test_the_train_jobs_summary_without_a_dev_set_is_json_with_the_test_beside_the_base():
+    """TSDAE trains without a dev set (the paper's protocol): `jobs/train.py` ended with `"best_dev": NaN,
+    "base_dev": NaN` - not JSON, and no comparison with the base in its last lines."""
+    import json
+    import math
+
+    from orchestrator.drivers.train_job import summary
+    from orchestrator.evaluation.suite import TestReport
+    from orchestrator.spec import BaseResult
+
+    def report(ap):
+        return TestReport("t", {"twitterpara_ap": ap, "sts_avg_spearman_all": 0.7}, "twitterpara_ap", "")
+
+    out = json.loads(json.dumps(summary("r1", "m", 12.34, math.nan, BaseResult(math.nan, report(0.7451), "base"),
+                                        report(0.6938)), allow_nan=False))
+    assert out["best_dev"] is None and out["base_dev"] is None and "without a dev set" in out["dev"]
+    assert out["test_twitterpara_ap"] == 0.6938 and out["base_test_twitterpara_ap"] == 0.7451
+    with_dev = summary(None, "m", 1.0, 0.87, BaseResult(0.86, report(0.7), "base"), report(0.8))
+    assert with_dev["best_dev"] == 0.87 and with_dev["base_dev"] == 0.86 and "dev" not in with_dev
+    assert with_dev["run_id"].startswith("pending")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from pathlib import Path
 
@@ -93,7 +94,22 @@ def main(doc: str) -> int:
     print(test.table)
     if base is not None:
         print(f"\nthis run − base ({base.label}), ×100:\n" + compare_table(base.test, test, candidate_name="trained"))
-    print(json.dumps({"run_id": run_id or "pending (tracking server unreachable)", "model_dir": str(model_dir),
-                      "wall_s": round(wall_s, 1), "best_dev": best_dev, "base_dev": base.dev if base else None},
-                     indent=2))
+    print(json.dumps(summary(run_id, model_dir, wall_s, best_dev, base, test), indent=2))
     return 0
+
+
+def summary(run_id, model_dir, wall_s: float, best_dev: float, base, test) -> dict:
+    """The JSON a run ends with: the dev score beside the base's (null, with the reason, for a method that trains
+    without a dev set - TSDAE's protocol - instead of NaN, which is not JSON), and the test headline beside
+    the base's test headline: every method's comparison with its base in the last lines."""
+    def finite(x):
+        return x if x is not None and math.isfinite(x) else None
+
+    out = {"run_id": run_id or "pending (tracking server unreachable)", "model_dir": str(model_dir),
+           "wall_s": round(wall_s, 1), "best_dev": finite(best_dev), "base_dev": finite(base.dev) if base else None}
+    if out["best_dev"] is None:
+        out["dev"] = "none: this config trains without a dev set (TSDAE: eval.dev empty, the paper's protocol)"
+    out[f"test_{test.headline}"] = test.headline_value
+    if base is not None and test.headline in base.test.metrics:
+        out[f"base_test_{test.headline}"] = base.test.metrics[test.headline]
+    return out
