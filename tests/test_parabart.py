@@ -225,6 +225,21 @@ def test_golden_losses(tiny_bert_dir):
     assert got == [pytest.approx(g, rel=1e-4) for g in GOLDEN]
 
 
+def test_generation_projects_only_the_next_token_and_gets_the_full_projections_last_row(tiny_bert_dir):
+    """``generate`` asks the decoder for the last position's logits only (``keep=1``): the same numbers as the
+    last row of every position projected onto the vocabulary, at a 1/T of the projection's cost per token."""
+    cfg, model, dis, batcher = setup(tiny_bert_dir)
+    model.eval()
+    b = batcher(ROWS, train=False)
+    with torch.no_grad():
+        u, v = model.embed(b["src_ids"], b["src_mask"]), model.syntax(b["parse_ids"], b["parse_mask"])
+        ids = b["tgt_ids"][:, :5]
+        full = model.decode(u, v, b["parse_mask"], ids, torch.ones_like(ids))
+        last = model.decode(u, v, b["parse_mask"], ids, torch.ones_like(ids), keep=1)
+    assert full.shape[:2] == ids.shape and last.shape == (len(ids), 1, full.size(-1))
+    torch.testing.assert_close(last[:, -1], full[:, -1], rtol=1e-5, atol=1e-5)
+
+
 def test_generation_from_a_saved_model(tiny_bert_dir, tmp_path):
     from sentence_transformers import SentenceTransformer
 

@@ -161,9 +161,10 @@ class ParaBART(nn.Module):
         return self.syn(self.syn_embed(parse_ids) + self.syn_pos(pos), src_key_padding_mask=parse_mask == 0)
 
     def decode(self, u: torch.Tensor, v: torch.Tensor, parse_mask: torch.Tensor, tgt_ids: torch.Tensor,
-               tgt_mask: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+               tgt_mask: torch.Tensor, keep: torch.Tensor | int | None = None) -> torch.Tensor:
         """Next-token logits of the target; cross-attention over [ū; V] only (ū alone without syntax guidance).
-        ``keep`` (B, T) bool: project only those positions onto the vocabulary, flattened to (kept, V)."""
+        ``keep`` (B, T) bool: project only those positions onto the vocabulary, flattened to (kept, V); an int n:
+        only the last n positions, (B, n, V)."""
         memory = torch.cat([u.unsqueeze(1), v.to(u.dtype)], dim=1)
         memory_mask = torch.cat([torch.ones_like(parse_mask[:, :1]), parse_mask[:, :v.size(1)]], dim=1)
         return self.decoder(input_ids=tgt_ids, attention_mask=tgt_mask, encoder_hidden_states=memory,
@@ -319,7 +320,7 @@ def generate(model: ParaBART, batcher: Batch, sources: list[str], parses: list[s
     out = torch.full((len(sources), 1), tok.cls_token_id, dtype=torch.long)
     done = torch.zeros(len(sources), dtype=torch.bool)
     for _ in range(max_new_tokens):
-        logits = model.decode(u, v, b["parse_mask"], out, torch.ones_like(out))
+        logits = model.decode(u, v, b["parse_mask"], out, torch.ones_like(out), keep=1)  # the next token only
         nxt = logits[:, -1].argmax(-1)
         nxt = torch.where(done, torch.full_like(nxt, tok.pad_token_id), nxt)
         out = torch.cat([out, nxt[:, None]], dim=1)
