@@ -12,6 +12,7 @@ Nothing here is mocked.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import shutil
@@ -306,9 +307,13 @@ def ray_cluster(tmp_path_factory, s3_endpoint):
     import ray
 
     try:  # from here on, whatever fails, the cluster's processes are stopped (a leftover head confuses later runs)
+        # a lost node is noticed after 5 health checks 1 s apart (Ray's default: 3 s apart, 15 s for the two-node
+        # test to see its killed node go); a busy live node still has each check's 10 s timeout to answer
+        health = json.dumps({"health_check_period_ms": 1000})
         subprocess.run([str(BIN / "ray"), "start", "--head", "--num-cpus=4", f"--port={port}",
                         "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}", f"--temp-dir={temp_dir}",
-                        "--disable-usage-stats", *agent_ports], check=True, capture_output=True, timeout=120, env=start_env)
+                        "--disable-usage-stats", f"--system-config={health}", *agent_ports], check=True,
+                       capture_output=True, timeout=120, env=start_env)
         os.environ["RAY_ADDRESS"] = f"127.0.0.1:{port}"
         os.environ["SIEVE_TEST_DASHBOARD"] = f"http://127.0.0.1:{dashboard}"
         ray.init()
