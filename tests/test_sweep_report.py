@@ -206,3 +206,20 @@ def test_the_base_is_measured_with_every_pooling_and_the_strongest_is_the_yardst
     assert not choose(rows, group_out=[], base=strongest, baseline_params={}).beats_base
     # a config that reads the model as it was saved measures that one way only
     assert len(measure_bases(get_method("sifter_simcse"), trial_config(base_of(job), {"model.pooling": "mean"}, "t"))) == 1
+
+
+def test_a_finished_trial_is_tested_early_only_on_cores_the_trials_left_leave_idle():
+    """#22.4: EarlyTests starts a finished trial's test beside training only when a core would idle - never while
+    trials still wait for a slot (it would slow every trial that follows)."""
+    from orchestrator.drivers.sweep import total_trials
+    from orchestrator.drivers.sweep_job import spare_threads
+
+    parabart = validate(SweepJobConfig, read_yaml(REPO_ROOT / "configs" / "parabart_sweep" / "smoke.yaml"), "smoke")
+    sentiment = validate(SweepJobConfig, read_yaml(REPO_ROOT / "configs" / "sentiment_sweep" / "smoke.yaml"), "smoke")
+    assert total_trials(parabart) == 3 and total_trials(sentiment) == 6
+    # ParaBART's smoke sweep on 2 cores: two 1-worker trials at once, then the third alone
+    assert spare_threads(2, 1, 2, 3, ended=1) == (2, 0)  # the first ends: the third takes its place
+    assert spare_threads(2, 1, 2, 3, ended=2) == (1, 1)  # the second ends: the third trains alone
+    assert spare_threads(2, 1, 2, 3, ended=3) == (0, 2)
+    assert [spare_threads(2, 1, 2, 6, e)[1] for e in range(7)] == [0, 0, 0, 0, 0, 1, 2]  # the sentiment sweep's
+    assert spare_threads(4, 2, 2, 4, ended=3) == (1, 2)  # 2-worker trials on 4 cores

@@ -140,11 +140,9 @@ def run(plan: SweepPlan, parent_id: str | None = None) -> SweepResult:
     live = {"uri": tracking.resolve_tracking_uri(plan.base.tracking.tracking_uri), "experiment_id": plan.exp_id,
             "parent_run_id": parent_id, "sweep": plan.name} if parent_id else None
     early = EarlyTests(plan) if job.test_every_trial else None
-    try:
-        grid = run_sweep(job, plan.base, shards, name=plan.name, storage_root=plan.base.run.storage,
-                         resume=plan.resume, verbose=plan.verbose, tracking=live, listener=early)
-    finally:
-        tested_early = early.finish() if early is not None else {}
+    grid = run_sweep(job, plan.base, shards, name=plan.name, storage_root=plan.base.run.storage, resume=plan.resume,
+                     verbose=plan.verbose, tracking=live, listener=early)
+    tested_early = early.finish() if early is not None else {}  # a failed sweep does not wait for it (a daemon)
     rows = trial_rows(grid, spec.metric, spec.selection_metric(plan.base))
     if not any(r["checkpoint_path"] for r in rows):
         raise ConfigError(f"sweep {plan.name}: no trial reported a checkpoint (errors: {[r['error'] for r in rows]})")
@@ -209,8 +207,7 @@ class EarlyTests:
             self._collect()
         if self.running is not None or not self.waiting or self.plan.base.scaling.use_gpu:
             return
-        still = min(self.concurrent, max(0, self.total - len(self.ended)))  # trials that can still run at once
-        threads = self.cores - still * self.per_trial
+        still, threads = spare_threads(self.cores, self.per_trial, self.concurrent, self.total, len(self.ended))
         if threads < 1:
             return
         trial, params = self.waiting.pop(0)
@@ -240,6 +237,13 @@ class EarlyTests:
         if self.running is not None:
             self._collect()
         return self.tested
+
+
+def spare_threads(cores: int, per_trial: int, concurrent: int, total: int, ended: int) -> tuple[int, int]:
+    """(trials that can still train at once, threads they leave idle) once ``ended`` of ``total`` trials ended,
+    ``concurrent`` running at most, each on ``per_trial`` cores of this machine's ``cores``."""
+    still = min(concurrent, max(0, total - ended))
+    return still, cores - still * per_trial
 
 
 def _export(plan: SweepPlan, row: dict, out: Path, tested: TestReport | None = None):
