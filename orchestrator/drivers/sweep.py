@@ -200,9 +200,14 @@ def _child_run(tracking: dict, trial: str, params: dict, cfg: MethodConfig) -> s
         return None
 
 
+def sweeps_root(storage_root: str) -> str:
+    """The folder of every sweep: Tune's ``storage_path``."""
+    return storage.join(storage.absolute(storage_root), "sweeps")
+
+
 def sweep_dir(storage_root: str, name: str) -> str:
     """Where sweep ``name`` keeps its Tune state, trials and reports."""
-    return storage.join(storage.absolute(storage_root), "sweeps", name)
+    return storage.join(sweeps_root(storage_root), name)
 
 
 def refuse_existing(storage_root: str, name: str) -> None:
@@ -217,8 +222,7 @@ def run_sweep(job: SweepJobConfig, base: MethodConfig, shards: str, *, name: str
     evaluation; ``verbose`` gives Tune's own status table. ``listener``: told of each trial as it ends
     (:class:`FinishedTrials`), while the others train."""
     spec = get_method(job.method)
-    root = storage.join(storage.absolute(storage_root), "sweeps")
-    path = sweep_dir(storage_root, name)
+    root, path = sweeps_root(storage_root), sweep_dir(storage_root, name)
     trainable = tune.with_resources(
         tune.with_parameters(trial_fn, method=job.method, base=base, shards=shards, sweep_dir=path, tracking=tracking),
         {"CPU": 1})

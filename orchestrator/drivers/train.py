@@ -54,24 +54,29 @@ def preflight(cfg: MethodConfig) -> str:
 def materializes(cfg: MethodConfig, shards: str) -> bool:
     """True when :func:`build_trainer` reads the corpus into the object store before the workers start
     (its shard files total at most ``perf.ingest_materialize_mb``): then nothing reads during training."""
-    return _fits(cfg, *storage.pyarrow_filesystem(storage.join(storage.resolve_build(shards) or shards, "shards")))
+    return _fits(cfg, shard_files(*storage.pyarrow_filesystem(storage.join(storage.resolve_build(shards) or shards,
+                                                                          "shards"))))
 
 
-def _fits(cfg: MethodConfig, fs, path: str) -> bool:
-    size = sum(info.size or 0 for info in fs.get_file_info(pafs.FileSelector(path, recursive=True))
-               if info.type == pafs.FileType.File)
-    return size <= cfg.perf.ingest_materialize_mb * 2**20
+def shard_files(fs, path: str) -> list[pafs.FileInfo]:
+    """The files under a shard folder: one listing (an S3 LIST) for the size check and the read."""
+    return [i for i in fs.get_file_info(pafs.FileSelector(path, recursive=True)) if i.type == pafs.FileType.File]
 
 
-def read_in_process(fs, path: str, columns: list[str] | None) -> ray.data.Dataset:
+def _fits(cfg: MethodConfig, files: list[pafs.FileInfo]) -> bool:
+    return sum(i.size or 0 for i in files) <= cfg.perf.ingest_materialize_mb * 2**20
+
+
+def read_in_process(fs, path: str, columns: list[str] | None, files: list[pafs.FileInfo] | None = None
+                    ) -> ray.data.Dataset:
     """The shard files under ``path`` read by this process, in file-name order, and put into Ray's object
     store as one block per file (``ray.data.from_arrow``), instead of ``read_parquet(...).materialize()``,
     whose read tasks cost 3.75 s of every training run on 2 cores and 6.3 s in a fresh process such as a
     sweep's trial (``bench/results/train_startup.md``). A corpus of one shard file (every smoke preset's)
     gives the same block, rows and split between workers as that read did; of several files, file-name
-    order (Ray's read planner had chosen its own). The blocks belong to this process and live on its node."""
-    files = sorted(i.path for i in fs.get_file_info(pafs.FileSelector(path, recursive=True))
-                   if i.type == pafs.FileType.File and i.path.endswith(".parquet"))
+    order (Ray's read planner had chosen its own). The blocks belong to this process and live on its node.
+    ``files``: the folder's :func:`shard_files`, when listed already."""
+    files = sorted(i.path for i in (shard_files(fs, path) if files is None else files) if i.path.endswith(".parquet"))
     if not files:
         raise ConfigError(f"{path}: no parquet shard files")
     tables = []
@@ -89,11 +94,12 @@ def build_trainer(spec: MethodSpec, cfg: MethodConfig, shards: str, *, name: str
     shards = storage.resolve_build(shards) or shards  # the committed build (a pointer switched last)
     fs, path = storage.pyarrow_filesystem(storage.join(shards, "shards"))
     columns = list(spec.columns) if spec.columns else None
-    if _fits(cfg, fs, path):  # materializes(), on the build already resolved and listed above
+    files = shard_files(fs, path)
+    if _fits(cfg, files):  # materializes(), on the build already resolved and listed here
         # read once, here, into Ray's object store: the workers' first batch then waits for no read task
         # to start (7 of a 40 s smoke loop on 2 cores, bench/results/train_throughput.md), and epochs
         # after the first read nothing again; a larger corpus streams
-        ds = read_in_process(fs, path, columns)
+        ds = read_in_process(fs, path, columns, files)
     else:
         ds = ray.data.read_parquet(path, filesystem=fs)
         if columns:
