@@ -151,6 +151,7 @@ def run(plan: SweepPlan, parent_id: str | None = None) -> SweepResult:
     for r in tested:  # e.g. mean ± std over seeds (and SIFTER-LSTM's baseline) needs every trial's test score
         path, report = tested_early.get(r["trial"], (None, None))
         if path != r["checkpoint_path"]:  # not tested while the sweep ran (or another checkpoint): now
+            print(f"[{r['trial']}] tested after the sweep", flush=True)
             _, report = _export(plan, r, _trial_dir(plan, r["trial"]))
         reports[r["trial"]] = report
         r["test"] = report.metrics
@@ -219,7 +220,8 @@ class EarlyTests:
                         spec.selection_metric(self.plan.base))
         if row["checkpoint_path"] is None:
             return
-        print(f"[{trial}] tested now, on {threads} thread(s) beside the {still} trial(s) still training", flush=True)
+        beside = f"beside the {still} trial(s) still training" if still else "(every trial has ended)"
+        print(f"[{trial}] tested now, on {threads} thread(s) {beside}", flush=True)
         self.running = (trial, row["checkpoint_path"],
                         Beside(lambda: _export(self.plan, row, _trial_dir(self.plan, trial))[1], threads))
 

@@ -88,6 +88,7 @@ def test_tiny_sweep_registers_best_and_reports(ray_cluster, tiny_bert_dir, tmp_p
     # (2 cores, two 1-worker trials); its figures are those of the same test run afterwards at full threads
     early = [line.split("]")[0].lstrip("[") for line in out.splitlines() if "] tested now, on 1 thread(s)" in line]
     assert len(early) == 1, out[-3000:]
+    assert out.count("] tested now, on ") + out.count("] tested after the sweep") == 2  # each trial once
     from orchestrator.config import read_yaml, set_path
     from orchestrator.drivers.registry import get_method
     from orchestrator.drivers.sweep import trial_config
