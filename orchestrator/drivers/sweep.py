@@ -151,6 +151,11 @@ def check_space(base: MethodConfig, space: dict[str, Dimension], source: str, ma
 
 
 # ---------------------------------------------------------------- the trainable
+def reports_uri(sweep_dir: str, trial: str) -> str:
+    """Where a trial's every report (metrics + checkpoint path) is kept (:class:`RecordingTuneReportCallback`)."""
+    return storage.join(sweep_dir, "reports", f"{trial}.json")
+
+
 def trial_fn(tune_config: dict, *, method: str, base: MethodConfig, shards: str, sweep_dir: str,
              tracking: dict | None = None) -> None:
     """One Tune trial: apply the sampled point to the base config, train it with Ray Train, report
@@ -165,7 +170,7 @@ def trial_fn(tune_config: dict, *, method: str, base: MethodConfig, shards: str,
     params = tune_config["params"]
     cfg = trial_config(base, params, "sweep trial")
     trial = ray.tune.get_context().get_trial_name()
-    reports, done = storage.join(sweep_dir, "reports", f"{trial}.json"), storage.join(sweep_dir, "done", trial)
+    reports, done = reports_uri(sweep_dir, trial), storage.join(sweep_dir, "done", trial)
     if storage.exists(done):
         storage.write_bytes(storage.join(sweep_dir, "replays", f"{trial}-{time.time_ns()}"), b"")  # audit
         for record in json.loads(storage.read_bytes(reports)):
@@ -290,12 +295,14 @@ class FinishedTrials(tune.Callback):
             listener.poll()
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        if (listener := _LISTENERS.get(self.sweep)) is not None:
-            listener.finished(trial_name(trial), trial.config.get("params", {}), ok=True)
+        self._ended(trial, ok=True)
 
     def on_trial_error(self, iteration, trials, trial, **info):
+        self._ended(trial, ok=False)
+
+    def _ended(self, trial, ok: bool) -> None:
         if (listener := _LISTENERS.get(self.sweep)) is not None:
-            listener.finished(trial_name(trial), trial.config.get("params", {}), ok=False)
+            listener.finished(trial_name(trial), trial.config.get("params", {}), ok=ok)
 
 
 def make_search(job: SweepJobConfig, metric: str, max_concurrent: int):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +39,7 @@ from orchestrator.drivers.sweep import (
     SweepJobConfig,
     check_space,
     refuse_existing,
+    reports_uri,
     run_sweep,
     trial_config,
     trial_row,
@@ -52,6 +52,7 @@ from orchestrator.drivers.train import (
     export_and_test,
     measure_bases,
     preflight,
+    worker_cores,
 )
 from orchestrator.errors import ConfigError, TrackingError
 from orchestrator.evaluation.suite import TestReport, compare_table, headline_metrics
@@ -186,7 +187,7 @@ class EarlyTests:
 
     def __init__(self, plan: SweepPlan):
         self.plan = plan
-        self.per_trial = math.ceil(plan.base.scaling.num_workers * plan.base.scaling.cpus_per_worker)
+        self.per_trial = worker_cores(plan.base)
         self.cores = torch.get_num_threads()  # this machine's, as idle_cores() counts them
         self.total, self.concurrent, self.sweep_dir = 0, 1, ""
         self.ended: set[str] = set()
@@ -212,7 +213,7 @@ class EarlyTests:
         if threads < 1:
             return
         trial, params = self.waiting.pop(0)
-        records = storage.join(self.sweep_dir, "reports", f"{trial}.json")
+        records = reports_uri(self.sweep_dir, trial)
         if not storage.exists(records):
             return
         spec = self.plan.spec

@@ -218,7 +218,12 @@ def idle_cores(cfg: MethodConfig) -> int:
     for six minutes (#22.4). 0 for a GPU run, or when the workers take every core: then nothing moves."""
     if cfg.scaling.use_gpu:
         return 0
-    return max(0, torch.get_num_threads() - math.ceil(cfg.scaling.num_workers * cfg.scaling.cpus_per_worker))
+    return max(0, torch.get_num_threads() - worker_cores(cfg))
+
+
+def worker_cores(cfg: MethodConfig) -> int:
+    """The cores one training run of ``cfg`` takes: its workers' CPUs, rounded up."""
+    return math.ceil(cfg.scaling.num_workers * cfg.scaling.cpus_per_worker)
 
 
 class Beside:
