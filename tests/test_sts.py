@@ -177,3 +177,46 @@ def test_cli_defaults_to_the_folders_saved_pooling_and_refuses_a_new_pooler(tmp_
     assert res.returncode == 2 and "Traceback" not in res.stderr
     last = res.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and "pooler" in last
+
+
+def test_encoding_batches_sentences_of_one_token_length_and_matches_unbatched(tiny_bert_dir):
+    """Batches are sorted by token count, not characters: a long word of few tokens and a short
+    sentence of many must not share a batch with each other's lengths. The embeddings equal one
+    sentence at a time (no padding at all), in the caller's order."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    from orchestrator.errors import SieveError
+    from orchestrator.models import load_tokenizer
+    from orchestrator.seed import seed_everything
+
+    tok = load_tokenizer(str(tiny_bert_dir))
+    seed_everything(7)
+    model = BertModel(BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=1,
+                                 num_attention_heads=2, intermediate_size=32)).eval()
+    # characters and tokens disagree: long words of one token each, short letters of one token each
+    sentences = ["a b c d e f g h", "cat", "a b c d e f g", "the", "understandings", "a b c"]
+    lengths = [len(x) for x in tok(sentences)["input_ids"]]
+    assert sorted(range(6), key=lambda i: -len(sentences[i])) != sorted(range(6), key=lambda i: -lengths[i])
+
+    def widths_and_embeddings(enc):
+        widths = []
+        hook = model.register_forward_pre_hook(lambda m, a, kw: widths.append(kw["input_ids"].shape[1]),
+                                               with_kwargs=True)
+        try:
+            return widths, enc.encode(sentences)
+        finally:
+            hook.remove()
+
+    widths, emb = widths_and_embeddings(HFEncoder(model, tok, pooling="mean", batch_size=2))
+    assert widths == sorted(lengths, reverse=True)[::2], (widths, lengths)  # each batch as wide as its longest
+    chars = HFEncoder(model, tok, pooling="mean", batch_size=2, sort_by="chars")
+    assert chars.lengths(sentences) == [len(s) for s in sentences]
+    char_widths, char_emb = widths_and_embeddings(chars)
+    assert sum(widths) < sum(char_widths), (widths, char_widths)  # fewer padded tokens computed
+    single = HFEncoder(model, tok, pooling="mean", batch_size=1).encode(sentences)  # no padding at all
+    np.testing.assert_allclose(emb, single, atol=1e-5)
+    np.testing.assert_allclose(char_emb, single, atol=1e-5)
+    with pytest.raises(SieveError, match="sort_by 'words'"):
+        HFEncoder(model, tok, sort_by="words")
+    torch.use_deterministic_algorithms(False)
