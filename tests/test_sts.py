@@ -45,6 +45,24 @@ def test_all_differs_from_mean_on_real_sts12():
     assert abs(r["spearman"]["wmean"] - r["spearman"]["mean"]) > 1e-4
 
 
+class CountingEncoder(BagOfWordsEncoder):
+    def __init__(self):
+        self.encoded = []
+
+    def encode(self, sentences, desc=""):
+        self.encoded += list(sentences)
+        return super().encode(sentences, desc)
+
+
+def test_a_sentence_several_tasks_share_is_encoded_once_with_the_same_figures():
+    enc = CountingEncoder()
+    together = sts.evaluate(enc, sts.SEVEN_TASKS)
+    assert len(enc.encoded) == len(set(enc.encoded)) == 26289  # of 28,530 per-task unique sentences
+    for task in sts.SEVEN_TASKS:
+        alone = sts.evaluate_data(BagOfWordsEncoder(), sts.load_task(task))
+        assert together["tasks"][task] == alone, task
+
+
 def test_task_sizes_match_senteval():
     sizes = {t: len(sts.load_task(t)) for t in sts.SEVEN_TASKS}
     assert sizes == {"sts12": 3108, "sts13": 1500, "sts14": 3750, "sts15": 3000, "sts16": 1186,

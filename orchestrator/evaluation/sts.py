@@ -137,27 +137,32 @@ def aggregate(sims: np.ndarray, gold: np.ndarray, subsets: list[str]) -> dict[st
     }
 
 
-def evaluate_data(encoder, data: STSData) -> dict:
-    """Encode both sides (unique sentences once) and correlate cosine similarity with the gold."""
-    unique = list(dict.fromkeys(data.sentence1 + data.sentence2))
-    emb = encoder.encode(unique, desc=data.name)
-    index = {s: i for i, s in enumerate(unique)}
-    a = emb[[index[s] for s in data.sentence1]]
-    b = emb[[index[s] for s in data.sentence2]]
+def evaluate_data(encoder, data: STSData, embeddings: dict[str, np.ndarray] | None = None) -> dict:
+    """Encode both sides (unique sentences once) and correlate cosine similarity with the gold.
+    ``embeddings``: sentence -> vector already encoded (by :func:`evaluate`, once across its tasks)."""
+    if embeddings is None:
+        embeddings = encode_unique(encoder, data.sentence1 + data.sentence2, desc=data.name)
+    a = np.stack([embeddings[s] for s in data.sentence1])
+    b = np.stack([embeddings[s] for s in data.sentence2])
     sims = cosine(a, b)
     result = aggregate(sims, data.scores, data.subsets)
     return {"n": len(data), **result}
 
 
+def encode_unique(encoder, sentences: list[str], desc: str = "encoding") -> dict[str, np.ndarray]:
+    """Each distinct sentence encoded once: sentence -> its embedding."""
+    unique = list(dict.fromkeys(sentences))
+    return dict(zip(unique, encoder.encode(unique, desc=desc), strict=True)) if unique else {}
+
+
 def evaluate(encoder, tasks: list[str], *, data_dir: str | Path | None = None,
              extra_files: list[str | Path] | None = None) -> dict:
-    """Run the STS tasks; ``avg`` is over the tasks given (the 7-task average for the standard set)."""
-    results: dict[str, dict] = {}
-    for task in tasks:
-        results[task] = evaluate_data(encoder, load_task(task, data_dir))
-    for f in extra_files or []:
-        data = read_sts_tsv(f)
-        results[data.name] = evaluate_data(encoder, data)
+    """Run the STS tasks; ``avg`` is over the tasks given (the 7-task average for the standard set).
+    A sentence that several tasks share is encoded once (the 7 test sets: 26,289 distinct sentences
+    of 28,530 per-task ones)."""
+    datasets = [load_task(task, data_dir) for task in tasks] + [read_sts_tsv(f) for f in extra_files or []]
+    embeddings = encode_unique(encoder, [s for d in datasets for s in d.sentence1 + d.sentence2], desc="STS")
+    results = {d.name: evaluate_data(encoder, d, embeddings) for d in datasets}
     avg = {}
     if results:
         avg = {
