@@ -223,3 +223,33 @@ def test_a_finished_trial_is_tested_early_only_on_cores_the_trials_left_leave_id
     assert spare_threads(2, 1, 2, 3, ended=3) == (0, 2)
     assert [spare_threads(2, 1, 2, 6, e)[1] for e in range(7)] == [0, 0, 0, 0, 0, 1, 2]  # the sentiment sweep's
     assert spare_threads(4, 2, 2, 4, ended=3) == (1, 2)  # 2-worker trials on 4 cores
+
+
+def test_a_trial_row_is_named_as_the_trial_function_named_it_not_by_its_folder():
+    """A sweep resumed from a snapshot taken before a trial's folder was made gets that folder again from Tune
+    with ``_xxxx`` added; the trial function (its reports, MLflow child run, early test) still used the trial's
+    name. The row must use that name too: a folder name made the publisher log a second child run for the
+    trial (seen in the kill/resume test: ``t1-…`` and ``t1-…_a5af``)."""
+    import pandas as pd
+
+    from orchestrator.drivers.sweep import name_of, trial_rows
+
+    params = {"lambda_xy": 1.0, "lambda_xz": 0.0}
+    name = name_of("a5c3e_00001", params)
+    assert name.startswith("t1-") and "_" not in name
+
+    class Result:
+        config = {"params": params}
+        path = f"/store/sweeps/s/{name}_a5af"
+        filesystem = None
+        error = None
+        metrics = {"trial_id": "a5c3e_00001", "step": 2, "m": 0.7}
+        metrics_dataframe = pd.DataFrame([{"step": 2, "m": 0.7, "trial_id": "a5c3e_00001"}])
+
+    class NoReport(Result):  # failed before its first report: only its folder names it
+        path = "/store/sweeps/s/t2-x"
+        metrics = {}
+        metrics_dataframe = None
+
+    rows = trial_rows([Result(), NoReport()], "m")
+    assert [r["trial"] for r in rows] == [name, "t2-x"]

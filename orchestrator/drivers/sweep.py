@@ -327,8 +327,15 @@ def make_search(job: SweepJobConfig, metric: str, max_concurrent: int):
 
 def trial_name(trial) -> str:
     """``t3-lxy1-lxz1-lyz1-train.lr3e-05``: the trial's index and its setting (ASCII, short)."""
-    label = params_label(trial.config.get("params", {})).replace("λ", "l").replace("=", "").replace(", ", "-")
-    index = trial.trial_id.rsplit("_", 1)[-1].lstrip("0") or "0"
+    return name_of(trial.trial_id, trial.config.get("params", {}))
+
+
+def name_of(trial_id: str, params: dict) -> str:
+    """:func:`trial_name` from a trial's id and sampled point (what a finished trial's result still has).
+    A trial's *folder* can be named otherwise: Tune adds ``_xxxx`` to a folder that already exists, as
+    when a sweep resumes from a snapshot taken before the trial's folder was made."""
+    label = params_label(params).replace("λ", "l").replace("=", "").replace(", ", "-")
+    index = trial_id.rsplit("_", 1)[-1].lstrip("0") or "0"
     return f"t{index}-{re.sub(r'[^A-Za-z0-9.+-]', '', label)[:60]}"
 
 
@@ -361,8 +368,10 @@ def trial_rows(result_grid, metric: str, select: str | None = "") -> list[dict]:
     for r in result_grid:
         df = r.metrics_dataframe
         history = json.loads(df.to_json(orient="records")) if df is not None and len(df) else []
-        rows.append(trial_row(Path(r.path).name if r.path else "?", r.config.get("params", {}), history, metric,
-                              select, filesystem=r.filesystem,
+        params, trial_id = r.config.get("params", {}), (r.metrics or {}).get("trial_id")
+        # named as the trial function named it (its reports, MLflow run, early test), not by its folder
+        name = name_of(trial_id, params) if trial_id else (Path(r.path).name if r.path else "?")
+        rows.append(trial_row(name, params, history, metric, select, filesystem=r.filesystem,
                               error=str(r.error).splitlines()[0][:300] if r.error else None))
     most = max((len(x["history"]) for x in rows), default=0)
     for x in rows:
