@@ -326,6 +326,74 @@ def ray_cluster(tmp_path_factory, s3_endpoint):
             os.environ.pop(k, None)
 
 
+def ray_state_report() -> str:
+    """What the session's Ray cluster holds now: resources, nodes, live actors and placement groups, tasks
+    not yet scheduled, and the resource requests Ray Data and Ray Train have made to Ray Data's
+    autoscaling coordinator (it splits the cluster between them: a stale request starves the others).
+    Each part on its own, so one that fails does not hide the rest."""
+    import ray
+    from ray.util import state
+
+    def coordinator_requests(actor):  # runs inside the coordinator actor
+        now = time.time()
+        return {str(k): {"priority": r.priority, "wants": r.requested_resources, "expires_in_s": round(
+            r.expiration_time - now), "reserved": r.reserved_resources} for k, r in actor._ongoing_reqs.items()}
+
+    parts = {
+        "available": lambda: ray.available_resources(),
+        "total": lambda: ray.cluster_resources(),
+        "nodes": lambda: [(n["NodeID"][:8], n["Alive"], n["Resources"].get("CPU")) for n in ray.nodes()],
+        "actors": lambda: [(a.class_name, a.state, a.job_id, (a.node_id or "")[:8], a.required_resources)
+                           for a in state.list_actors(filters=[("state", "!=", "DEAD")], detail=True, limit=500)],
+        "placement groups": lambda: [(p.placement_group_id[:8], p.state, p.creator_job_id, p.bundles)
+                                     for p in state.list_placement_groups(detail=True, limit=500)
+                                     if p.state != "REMOVED"],
+        "tasks not running": lambda: [(t.name, t.state, t.job_id, t.required_resources)
+                                      for t in state.list_tasks(detail=True, limit=500)
+                                      if t.state.startswith("PENDING")],
+        "coordinator requests": lambda: ray.get(ray.get_actor(
+            "AutoscalingCoordinator", namespace="AutoscalingCoordinator").__ray_call__.remote(coordinator_requests),
+            timeout=10),
+    }
+    lines = []
+    for what, get in parts.items():
+        try:
+            lines.append(f"{what}: {get()}")
+        except Exception as e:  # noqa: BLE001 - a report, not a check
+            lines.append(f"{what}: (could not read: {e!r})")
+    return "\n".join(lines)
+
+
+@pytest.fixture(autouse=True)
+def _ray_state_before_timeout(request):
+    """A test on the Ray cluster that is about to run out of time prints what the cluster holds (to the test's
+    captured stderr, which a failure shows): a hang seen once in CI (two corpus builds that needed 2 parser
+    actors waited 300 s each, after the e2e tests; a 1-actor build between them passed) left nothing to read."""
+    if "ray_cluster" not in request.fixturenames:
+        yield
+        return
+    marker = request.node.get_closest_marker("timeout")
+    limit = float(marker.args[0]) if marker and marker.args else float(request.config.getini("timeout") or 0)
+    if limit <= 0:
+        yield
+        return
+    import threading
+
+    after = max(limit - 45, limit * 0.75)  # before pytest-timeout's limit, which also counts fixtures' set-up
+
+    def report():
+        print(f"\n{request.node.nodeid}: {after:.0f} s in, {limit:.0f} s allowed; the Ray cluster now:\n"
+              f"{ray_state_report()}", file=sys.stderr, flush=True)
+
+    timer = threading.Timer(after, report)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
 @pytest.fixture(scope="session")
 def tiny_shards(ray_cluster, tmp_path_factory):
     """160 WikiSplit sentences through the real corpus pipeline (spaCy, one actor)."""

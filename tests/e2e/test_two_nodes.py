@@ -122,10 +122,22 @@ def test_sweep_spread_over_two_nodes_survives_losing_one_and_registers(ray_clust
             keys = [o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix="runs/")
                     for o in page.get("Contents", [])]
             return sorted({k.split("/checkpoint_")[0] + "/checkpoint_" + k.split("/checkpoint_")[1].split("/")[0]
-                           for k in keys if "/checkpoint_" in k})
+                           for k in keys if "/checkpoint_" in k and not k.endswith("/checkpoint_manager_snapshot.json")})
+
+        def registered() -> bool:
+            """Ray Train has taken a checkpoint: its run snapshot, written once the controller has the workers'
+            report (the upload complete), names one. An object of a checkpoint in the bucket is not enough: killed
+            mid-upload, or before the controller took the report, the trial restarts from step 0 (seen in CI)."""
+            for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix="runs/"):
+                for o in page.get("Contents", []):
+                    if o["Key"].endswith("/checkpoint_manager_snapshot.json"):
+                        snapshot = json.loads(s3.get_object(Bucket=bucket, Key=o["Key"])["Body"].read())
+                        if snapshot.get("latest_checkpoint_result"):
+                            return True
+            return False
 
         deadline = time.monotonic() + 600
-        while not checkpoints():  # the trial's first checkpoint (step 2) is in the bucket: kill mid-trial
+        while not registered():  # the trial's first checkpoint (step 2) is registered: kill mid-trial
             if proc.poll() is not None or time.monotonic() > deadline:
                 pytest.fail("no checkpoint before the job ended or timed out:\n" + proc.stdout.read()[-4000:])
             time.sleep(0.5)
