@@ -24,7 +24,16 @@ import pyarrow.fs as pafs  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 import ray.data  # noqa: E402
 import torch  # noqa: E402
-from ray.train import Checkpoint, CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig  # noqa: E402
+from ray.exceptions import NodeDiedError, RayActorError  # noqa: E402
+from ray.train import (  # noqa: E402
+    Checkpoint,
+    CheckpointConfig,
+    ControllerError,
+    DataConfig,
+    FailureConfig,
+    RunConfig,
+    ScalingConfig,
+)
 from ray.train.torch import TorchConfig, TorchTrainer  # noqa: E402
 
 from orchestrator import storage, tracking  # noqa: E402
@@ -154,8 +163,23 @@ class Outcome:
 
 def fit(trainer: TorchTrainer, spec: MethodSpec, cfg: MethodConfig) -> Outcome:
     """Train; the run's checkpoint is the best by the method's selection metric for ``cfg`` (the one
-    ``build_trainer`` kept checkpoints by), or the last one."""
-    result = trainer.fit()
+    ``build_trainer`` kept checkpoints by), or the last one.
+
+    Ray Train restarts the workers after a worker or node failure (``run.max_failures`` times), but a node
+    lost while it starts the workers fails its controller instead, and that it does not retry: a sweep's
+    trial ended there (seen on the two-node cluster, the node killed as the trial's workers came up). Such a
+    run is started again here, from its last checkpoint (the run's storage keeps it), up to
+    ``run.max_failures`` times; any other error is raised at once."""
+    for attempt in range(cfg.run.max_failures + 1):
+        try:
+            result = trainer.fit()
+            break
+        except ControllerError as exc:
+            if attempt == cfg.run.max_failures or not lost_actor_or_node(exc):
+                raise
+            print(f"training: Ray Train's controller failed ({str(exc.controller_failure).splitlines()[0][:160]}); "
+                  f"started again from the run's last checkpoint ({attempt + 1} of {cfg.run.max_failures})",
+                  flush=True)
     select = spec.selection_metric(cfg)
     best = result.get_best_checkpoint(metric=select, mode="max") if select else result.checkpoint
     if best is None:
@@ -164,6 +188,11 @@ def fit(trainer: TorchTrainer, spec: MethodSpec, cfg: MethodConfig) -> Outcome:
     # Every evaluation, in order: the train function returns them (metrics_dataframe only keeps
     # the reports whose checkpoints were kept).
     return Outcome(best, best_metrics, list(result.return_value or []))
+
+
+def lost_actor_or_node(exc: ControllerError) -> bool:
+    """The controller failed because an actor it called, or a node, went away (not because of our code)."""
+    return isinstance(exc.controller_failure, (RayActorError, NodeDiedError))
 
 
 def checkpoint_at(path: str) -> Checkpoint:
