@@ -297,7 +297,8 @@ class RunBlock(StrictModel):
 
     name: str | None = None
     storage: str = "outputs/runs"
-    max_failures: int = Field(1, ge=0)
+    max_failures: int = Field(1, ge=0, description="restarts from the last checkpoint after a worker or node "
+                              "failure (Ray Train's), and after a node lost while the workers start")
     num_to_keep: int = Field(2, ge=1)
 
 
