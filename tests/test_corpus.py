@@ -79,6 +79,40 @@ def test_manifest_counts_on_dirty_file(ray_cluster, tmp_path):
     assert [r["text"] for r in read_shards(tmp_path / "out3")] != [r["text"] for r in rows]
 
 
+def test_parser_actors_leave_the_read_and_sort_tasks_a_cpu():
+    from orchestrator.data.resources import parser_cpus
+
+    assert parser_cpus(2, 1.0, 4.0) == 1.0 and parser_cpus(2, 1.0, 3.1) == 1.0  # 2 actors + dedup + 1-CPU task fit
+    assert parser_cpus(2, 1.0, 3.0) == 0.95 and parser_cpus(2, 1.0, 2.5) == 0.7  # they share what the task leaves
+    assert parser_cpus(2, 1.0, 1.0) == 0.1  # never under the floor (then the build waits for CPUs, as Ray makes it)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_build_on_a_cluster_whose_cpus_are_held_elsewhere_runs(ray_cluster, tmp_path, capfd):
+    """An actor of another job holds CPUs: the 2 parser actors (1 CPU each, as configured) would take what is left
+    but the CPU the read and sort tasks need, and wait for those tasks forever (before: hung until the limit). The
+    actors reserve less instead, the build runs and its manifest says what they reserved."""
+    import ray
+
+    @ray.remote
+    class Holder:
+        def ready(self):
+            return True
+
+    holder = Holder.options(num_cpus=ray.cluster_resources()["CPU"] - 2.5).remote()  # at most 2.5 CPUs left
+    try:
+        ray.get(holder.ready.remote(), timeout=60)
+        cfg = CorpusConfig(input=str(dirty_file(tmp_path / "dirty.txt")), seed=1, max_words=50,
+                           parser={"workers": 2, "cpus_per_worker": 1})
+        manifest = run_pipeline(cfg, str(tmp_path / "out"), progress=False)
+    finally:
+        ray.kill(holder)
+    assert manifest["written"] == 11 and len(read_shards(tmp_path / "out")) == 11
+    assert manifest["parser_cpus_reserved"] < 1.0
+    assert f"each of the 2 parser actors reserves {manifest['parser_cpus_reserved']:g} CPU" in capfd.readouterr().err
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_s3_input_and_output(ray_cluster, s3_bucket, tmp_path):

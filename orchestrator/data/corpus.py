@@ -44,6 +44,7 @@ from orchestrator import storage
 from orchestrator.config import StrictModel, repo_path
 from orchestrator.data import augment as A
 from orchestrator.data.parsing import make_parser
+from orchestrator.data.resources import DEDUP_CPUS, free_cpus, parser_cpus
 from orchestrator.data.tally import ShardSink, tallies, with_tallies
 from orchestrator.errors import DataError
 
@@ -346,14 +347,19 @@ def run_pipeline(cfg: CorpusConfig, output: str, *, progress: bool = True) -> di
                         "build to a fresh attempt folder and switch a pointer to it)")
 
     p = cfg.parser
+    cpus = parser_cpus(p.workers, p.cpus_per_worker, free := free_cpus())  # see orchestrator.data.resources
+    if cpus != p.cpus_per_worker:
+        print(f"corpus: {free:g} CPUs free on the cluster: each of the {p.workers} parser actors reserves {cpus:g} CPU "
+              f"(parser.cpus_per_worker {p.cpus_per_worker:g}), so that the read and sort tasks get theirs", flush=True,
+              file=sys.stderr)
     start = time.time()
     sink = ShardSink(output, cfg.shard_rows, SHARD_COLUMNS)
     (read_and_clean(files, cfg).sort("key")
      .repartition(target_num_rows_per_block=p.batch_size)  # streamed: one parse call per block, spread
      .map_batches(DedupAndLimit, fn_constructor_args=(cfg.limit,), batch_format="numpy", batch_size=None,
-                  compute=ray.data.ActorPoolStrategy(size=1), num_cpus=0.1)
+                  compute=ray.data.ActorPoolStrategy(size=1), num_cpus=DEDUP_CPUS)
      .map_batches(ParseAugment, fn_constructor_args=(cfg.model_dump(),), batch_size=p.batch_size,
-                  batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=p.workers), num_cpus=p.cpus_per_worker)
+                  batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=p.workers), num_cpus=cpus)
      .write_datasink(sink))
     end = time.time()
     counts, examples = sink.report["counts"], sink.report["examples"]
@@ -379,6 +385,7 @@ def run_pipeline(cfg: CorpusConfig, output: str, *, progress: bool = True) -> di
     manifest = {
         "read": read, "written": written, "skipped": skipped, "truncated": truncated, "parser": p.kind,
         "seed": cfg.seed, "input": cfg.input, "input_files": len(files), "columns": SHARD_COLUMNS,
+        "parser_cpus_reserved": cpus,
         "config": cfg.model_dump(mode="json"), "timings_s": timings,
     }
     storage.write_bytes(storage.join(output, "manifest.json"), json.dumps(manifest, indent=2).encode())
