@@ -3,9 +3,10 @@
 The parser actors start with the execution, and Ray Data's read and sort tasks (1 CPU each; the sort's is
 fixed by Ray Data) feed them. Where the free CPUs cannot hold the actors and one such task besides, the actors
 take what is left and wait for rows from tasks that wait for a CPU: a deadlock, with no message, for as long as
-something else holds CPUs. Seen in CI (two builds, 2 actors of 1 CPU each, waited until the tests' 300 s limit)
-and reproduced with 1 CPU held by another actor on a 4-CPU cluster. So the actors then share what the task
-leaves: the parse runs as before, more actors to a core.
+something else holds CPUs. Reproduced with 1 CPU held by another actor on a 4-CPU cluster (the read task pending,
+the actors idle); CI showed the same signature (two builds of 2 actors of 1 CPU each waited until the tests' 300 s
+limit, while a 1-actor build between them ran), what held its CPUs unknown. So the actors then share what the
+task leaves: the parse runs as before, more actors to a core.
 """
 
 from __future__ import annotations
