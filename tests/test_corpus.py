@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -103,6 +104,9 @@ def test_a_build_on_a_cluster_whose_cpus_are_held_elsewhere_runs(ray_cluster, tm
     holder = Holder.options(num_cpus=ray.cluster_resources()["CPU"] - 2.5).remote()  # at most 2.5 CPUs left
     try:
         ray.get(holder.ready.remote(), timeout=60)
+        deadline = time.monotonic() + 30  # the cluster's view of free CPUs follows the raylet's a moment later
+        while ray.available_resources().get("CPU", 0) > 2.5 and time.monotonic() < deadline:
+            time.sleep(0.1)
         cfg = CorpusConfig(input=str(dirty_file(tmp_path / "dirty.txt")), seed=1, max_words=50,
                            parser={"workers": 2, "cpus_per_worker": 1})
         manifest = run_pipeline(cfg, str(tmp_path / "out"), progress=False)
