@@ -117,6 +117,39 @@ def test_a_build_on_a_cluster_whose_cpus_are_held_elsewhere_runs(ray_cluster, tm
     assert f"each of the 2 parser actors reserves {manifest['parser_cpus_reserved']:g} CPU" in capfd.readouterr().err
 
 
+PARSE_IN_FRESH_PROCESS = """
+import json, sys
+if sys.argv[1] == "beside-torch":
+    import torch  # noqa: F401 - loaded first, as in a process that trains: thinc then has torch
+    from orchestrator.data.parsing import SpacyParser as make
+else:
+    from orchestrator.data.corpus import ParseAugment, CorpusConfig
+    make = lambda: ParseAugment(CorpusConfig().model_dump()).parser
+parser = make()
+import thinc.compat  # noqa: E402 - after the parser: imported first, thinc would import torch
+lines = open(sys.argv[2]).read().splitlines()
+parses = [p.to_dict() for p in parser.parse_batch(lines)]
+print(json.dumps({"torch": "torch" in sys.modules, "has_torch": thinc.compat.has_torch, "parses": parses}))
+"""
+
+
+def test_a_parser_actor_starts_without_torch_and_parses_as_a_parser_beside_torch(tmp_path):
+    """A spaCy parser actor does not load torch (thinc imports it only for PyTorch-wrapped layers, which the
+    sm pipeline never uses; that import was most of an actor's start), and its parses - every token's text,
+    lemma, tags, head and relation - equal those of a parser in a process that loaded torch first."""
+    lines = (ROOT / "data" / "corpus" / "wikisplit_sample.txt").read_text().splitlines()[:60]
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
+    out = {}
+    for mode in ("actor", "beside-torch"):
+        res = subprocess.run([sys.executable, "-c", PARSE_IN_FRESH_PROCESS, mode, str(tmp_path / "in.txt")],
+                             capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert res.returncode == 0, res.stderr[-3000:]
+        out[mode] = json.loads(res.stdout.splitlines()[-1])
+    assert (out["actor"]["torch"], out["actor"]["has_torch"]) == (False, False)
+    assert (out["beside-torch"]["torch"], out["beside-torch"]["has_torch"]) == (True, True)
+    assert len(out["actor"]["parses"]) == 60 and out["actor"]["parses"] == out["beside-torch"]["parses"]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_s3_input_and_output(ray_cluster, s3_bucket, tmp_path):

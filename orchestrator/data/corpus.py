@@ -43,7 +43,7 @@ from pydantic import Field
 from orchestrator import storage
 from orchestrator.config import StrictModel, repo_path
 from orchestrator.data import augment as A
-from orchestrator.data.parsing import make_parser
+from orchestrator.data.parsing import import_spacy_without_torch, make_parser
 from orchestrator.data.resources import DEDUP_CPUS, free_cpus, parser_cpus
 from orchestrator.data.tally import ShardSink, tallies, with_tallies
 from orchestrator.errors import DataError
@@ -239,6 +239,8 @@ class ParseAugment:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         self.cfg = CorpusConfig.model_validate(cfg)
         p = self.cfg.parser
+        if p.kind == "spacy":  # the actor's own process, torch not needed in it: start without loading it
+            import_spacy_without_torch()
         self.parser = make_parser(p.kind, spacy_model=p.spacy_model, stanza_dir=p.stanza_dir, batch_size=p.batch_size)
 
     def __call__(self, batch: dict) -> dict:

@@ -11,6 +11,7 @@ Backends
 
 from __future__ import annotations
 
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -48,6 +49,27 @@ class Parse:
     @staticmethod
     def from_dict(d: dict) -> Parse:
         return Parse(d["text"], [Token(**t) for t in d["tokens"]], d.get("tree"), d.get("extra") or {})
+
+
+def import_spacy_without_torch() -> None:
+    """Import spaCy in a process that has not loaded torch, without loading it.
+
+    spaCy's machine-learning library (thinc) imports torch when it is installed, only to offer layers
+    that wrap PyTorch models; the ``sm`` pipelines are thinc's own numpy networks and never use them.
+    That import was most of a parser actor's start: ``import spacy`` 2.3-3.8 s against 0.6-0.7 s without
+    torch, in a fresh process on 2 cores. Only for a process that will not need torch itself while
+    this runs (a corpus parser actor calls it first thing): ``import torch`` fails in that window, and
+    thinc then sets ``has_torch = False``. Where spaCy or torch is loaded already it does nothing. The
+    parses are the same (test: a parser loaded this way against one loaded beside torch).
+    """
+    if "spacy" in sys.modules or "torch" in sys.modules:
+        return
+    sys.modules["torch"] = None  # `import torch` raises ImportError until removed
+    try:
+        import spacy  # noqa: F401
+    finally:
+        if sys.modules.get("torch", 0) is None:
+            del sys.modules["torch"]
 
 
 class SpacyParser:
