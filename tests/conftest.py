@@ -250,9 +250,10 @@ def tiny_bert_dir(tmp_path_factory):
     return out
 
 
-def stop_ray_processes(temp_dir: str, timeout_s: float = 5, graceful: bool = True) -> None:
-    """SIGTERM, then SIGKILL, every process whose command line names ``temp_dir`` (``graceful=False``:
-    SIGKILL only, as a lost machine says no goodbye).
+def stop_ray_processes(temp_dir: str, timeout_s: float = 5, graceful: bool = True, also=None) -> None:
+    """SIGTERM, then SIGKILL, every process whose command line names ``temp_dir``, or for which ``also``
+    (a test of the joined command line) holds (``graceful=False``: SIGKILL only, as a lost machine says no
+    goodbye).
 
     gcs_server and raylet do not exit on SIGTERM within 30 s (measured); the test cluster holds
     nothing worth a graceful drain, so they get ``timeout_s`` before SIGKILL."""
@@ -261,7 +262,8 @@ def stop_ray_processes(temp_dir: str, timeout_s: float = 5, graceful: bool = Tru
     mine = []
     for proc in psutil.process_iter(["cmdline"]):
         try:
-            if any(temp_dir in part for part in proc.info["cmdline"] or []):
+            cmdline = proc.info["cmdline"] or []
+            if any(temp_dir in part for part in cmdline) or (also is not None and also(" ".join(cmdline))):
                 mine.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
@@ -291,12 +293,13 @@ def ray_cluster(tmp_path_factory, s3_endpoint):
     Jobs and tests connect through ``RAY_ADDRESS`` with a session-private token file. The S3
     endpoint's variables are in the head's environment, as a cluster's pod identity would be.
     """
-    port, dashboard = free_port(), free_port()
+    port, dashboard, client = free_port(), free_port(), free_port()
     # Every port the head's agents open, chosen free: the defaults (agent HTTP 52365, ...) are fixed, so a
     # second Ray on the machine (another test run, a user's `ray start`) made this head's job agent fail to
     # bind, and `ray job submit` answer "No available agent to submit job" for minutes.
     agent_ports = [f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
-                   f"--runtime-env-agent-port={free_port()}", f"--metrics-export-port={free_port()}"]
+                   f"--runtime-env-agent-port={free_port()}", f"--metrics-export-port={free_port()}",
+                   f"--ray-client-server-port={client}"]
     env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(RAY_TOKEN_FILE)}  # set at import (above)
     os.environ.update(env)
     # the venv's bin first on PATH: `ray job submit` entrypoints resolve `python` from ray start's PATH
@@ -320,7 +323,9 @@ def ray_cluster(tmp_path_factory, s3_endpoint):
         yield os.environ["RAY_ADDRESS"]
     finally:
         ray.shutdown()
-        stop_ray_processes(temp_dir)
+        # the head's Ray client server names neither the temp dir nor anything but its port: it outlived the
+        # suite (seen: still running after a full run) and held the fixed default port, 10001, for the next
+        stop_ray_processes(temp_dir, also=lambda cmd: "ray.util.client.server" in cmd and f"--port={client}" in cmd.split())
         shutil.rmtree(temp_dir, ignore_errors=True)
         for k in ["RAY_ADDRESS", "SIEVE_TEST_DASHBOARD"]:
             os.environ.pop(k, None)
