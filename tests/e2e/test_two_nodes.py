@@ -110,7 +110,9 @@ def test_sweep_spread_over_two_nodes_survives_losing_one_and_registers(ray_clust
     first = WorkerNode(head, tmp_path, "node-a")
     second = None
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    env["SIEVE_STEP_DELAY_S"] = "1.5"  # slow steps down, so that the node dies mid-trial
+    # slow steps down, so that the node dies mid-trial: at 1.5 s a step, a busy machine (the listing, the state
+    # API's actor list) once got the kill in after the trial's last step, and it ended with nothing to resume
+    env["SIEVE_STEP_DELAY_S"] = "3"
     proc = subprocess.Popen([sys.executable, str(ROOT / "jobs" / "sifter_sweep.py"), "--config", "sweep.yaml",
                              "--name", "two-nodes", "--no-progress", "--storage", f"{s3_bucket}/runs"],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -124,28 +126,32 @@ def test_sweep_spread_over_two_nodes_survives_losing_one_and_registers(ray_clust
             return sorted({k.split("/checkpoint_")[0] + "/checkpoint_" + k.split("/checkpoint_")[1].split("/")[0]
                            for k in keys if "/checkpoint_" in k and not k.endswith("/checkpoint_manager_snapshot.json")})
 
-        def registered() -> bool:
-            """Ray Train has taken a checkpoint: its run snapshot, written once the controller has the workers'
-            report (the upload complete), names one. An object of a checkpoint in the bucket is not enough: killed
-            mid-upload, or before the controller took the report, the trial restarts from step 0 (seen in CI)."""
+        def registered() -> int | None:
+            """The step of the checkpoint Ray Train has taken: its run snapshot, written once the controller has
+            the workers' report (the upload complete), names one. An object of a checkpoint in the bucket is not
+            enough: killed mid-upload, or before the controller took the report, the trial restarts from step 0
+            (seen in CI)."""
             for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix="runs/"):
                 for o in page.get("Contents", []):
                     if o["Key"].endswith("/checkpoint_manager_snapshot.json"):
                         snapshot = json.loads(s3.get_object(Bucket=bucket, Key=o["Key"])["Body"].read())
-                        if snapshot.get("latest_checkpoint_result"):
-                            return True
-            return False
+                        if latest := snapshot.get("latest_checkpoint_result"):
+                            return int(latest["metrics"]["step"])
+            return None
 
         deadline = time.monotonic() + 600
-        while not registered():  # the trial's first checkpoint (step 2) is registered: kill mid-trial
+        while registered() is None:  # the trial's first checkpoint (step 2) is registered: kill mid-trial
             if proc.poll() is not None or time.monotonic() > deadline:
                 pytest.fail("no checkpoint before the job ended or timed out:\n" + proc.stdout.read()[-4000:])
             time.sleep(0.5)
+        t_registered = time.monotonic()
         on_nodes = {a.node_id for a in train_workers() if a.state == "ALIVE"}
         assert first.node_id in on_nodes and len(on_nodes) == 2  # STRICT_SPREAD: one worker on each node
         lost_at = checkpoints()
         first.kill()
         t_lost = time.monotonic()
+        killed_after_step = registered()
+        assert killed_after_step < 6, "the node was killed after the trial's last checkpoint: nothing left to resume"
         while first.alive():  # the head notices (health checks) - the trial is cut
             assert time.monotonic() - t_lost < 120, "the head never noticed the lost node"
             time.sleep(0.5)
@@ -156,7 +162,8 @@ def test_sweep_spread_over_two_nodes_survives_losing_one_and_registers(ray_clust
         # the figures of bench/results/faults.md's "worker node lost" row (`pytest -s` prints them)
         print(f"\nnode lost: noticed by the head after {t_noticed - t_lost:.1f} s, a new node joined after "
               f"{t_joined - t_lost:.1f} s, the job ended {time.monotonic() - t_lost:.1f} s after the loss; "
-              f"checkpoints in the bucket when it was lost: {len(lost_at)}")
+              f"checkpoints in the bucket when it was lost: {len(lost_at)}, the last one Ray Train had taken: step "
+              f"{killed_after_step} (seen {t_lost - t_registered:.1f} s before the kill)")
     finally:
         if proc.poll() is None:
             proc.kill()
