@@ -150,6 +150,24 @@ def test_a_parser_actor_starts_without_torch_and_parses_as_a_parser_beside_torch
     assert len(out["actor"]["parses"]) == 60 and out["actor"]["parses"] == out["beside-torch"]["parses"]
 
 
+def test_only_a_pipeline_that_cannot_use_torch_is_loaded_without_it(tmp_path):
+    """spaCy is imported without torch only for a pipeline whose config names no transformer or PyTorch
+    layer: a transformer pipeline (spacy-transformers) needs thinc's torch support, and a pipeline whose
+    config cannot be found is not assumed to do without it."""
+    from orchestrator.data.parsing import SPACY_MODEL, spacy_model_may_use_torch
+
+    assert not spacy_model_may_use_torch(SPACY_MODEL)
+    trf = tmp_path / "trf"
+    (trf / "en_pipeline-1.0").mkdir(parents=True)
+    (trf / "en_pipeline-1.0" / "config.cfg").write_text('[components.transformer.model]\n'
+                                                          '@architectures = "spacy-transformers.TransformerModel.v3"\n')
+    numpy_only = tmp_path / "cnn"
+    numpy_only.mkdir()
+    (numpy_only / "config.cfg").write_text('[components.parser.model]\n@architectures = "spacy.TransitionBasedParser.v2"\n')
+    assert spacy_model_may_use_torch(str(trf)) and not spacy_model_may_use_torch(str(numpy_only))
+    assert spacy_model_may_use_torch("en_core_web_trf") and spacy_model_may_use_torch(str(tmp_path / "missing"))
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_s3_input_and_output(ray_cluster, s3_bucket, tmp_path):

@@ -240,7 +240,7 @@ class ParseAugment:
         self.cfg = CorpusConfig.model_validate(cfg)
         p = self.cfg.parser
         if p.kind == "spacy":  # the actor's own process, torch not needed in it: start without loading it
-            import_spacy_without_torch()
+            import_spacy_without_torch(p.spacy_model)
         self.parser = make_parser(p.kind, spacy_model=p.spacy_model, stanza_dir=p.stanza_dir, batch_size=p.batch_size)
 
     def __call__(self, batch: dict) -> dict:

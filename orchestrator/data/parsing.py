@@ -11,6 +11,7 @@ Backends
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -51,18 +52,37 @@ class Parse:
         return Parse(d["text"], [Token(**t) for t in d["tokens"]], d.get("tree"), d.get("extra") or {})
 
 
-def import_spacy_without_torch() -> None:
-    """Import spaCy in a process that has not loaded torch, without loading it.
+def spacy_model_may_use_torch(model: str) -> bool:
+    """Whether a spaCy pipeline (an installed package's name or a directory) may need torch: its
+    ``config.cfg`` names a transformer or a PyTorch layer, or no config was found to tell."""
+    path = Path(model)
+    if not path.is_dir():
+        try:
+            spec = importlib.util.find_spec(model)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None or not spec.submodule_search_locations:
+            return True
+        path = Path(next(iter(spec.submodule_search_locations)))
+    configs = [path / "config.cfg", *sorted(path.glob("*/config.cfg"))]
+    text = next((c.read_text(encoding="utf-8") for c in configs if c.is_file()), None)
+    return text is None or any(w in text.lower() for w in ("torch", "transformer"))
+
+
+def import_spacy_without_torch(model: str) -> None:
+    """Import spaCy in a process that has not loaded torch, without loading it, for a pipeline that does
+    not use it.
 
     spaCy's machine-learning library (thinc) imports torch when it is installed, only to offer layers
     that wrap PyTorch models; the ``sm`` pipelines are thinc's own numpy networks and never use them.
     That import was most of a parser actor's start: ``import spacy`` 2.3-3.8 s against 0.6-0.7 s without
     torch, in a fresh process on 2 cores. Only for a process that will not need torch itself while
     this runs (a corpus parser actor calls it first thing): ``import torch`` fails in that window, and
-    thinc then sets ``has_torch = False``. Where spaCy or torch is loaded already it does nothing. The
-    parses are the same (test: a parser loaded this way against one loaded beside torch).
+    thinc then sets ``has_torch = False``. Where spaCy or torch is loaded already, or the pipeline may
+    use torch (a transformer pipeline), it does nothing. The parses are the same (test: a parser loaded
+    this way against one loaded beside torch).
     """
-    if "spacy" in sys.modules or "torch" in sys.modules:
+    if "spacy" in sys.modules or "torch" in sys.modules or spacy_model_may_use_torch(model):
         return
     sys.modules["torch"] = None  # `import torch` raises ImportError until removed
     try:
