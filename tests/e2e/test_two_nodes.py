@@ -163,7 +163,7 @@ def test_sweep_spread_over_two_nodes_survives_losing_one_and_registers(ray_clust
         print(f"\nnode lost: noticed by the head after {t_noticed - t_lost:.1f} s, a new node joined after "
               f"{t_joined - t_lost:.1f} s, the job ended {time.monotonic() - t_lost:.1f} s after the loss; "
               f"checkpoints in the bucket when it was lost: {len(lost_at)}, the last one Ray Train had taken: step "
-              f"{killed_after_step} (seen {t_lost - t_registered:.1f} s before the kill)")
+              f"{killed_after_step} (its first seen taken {t_lost - t_registered:.1f} s before the kill)")
     finally:
         if proc.poll() is None:
             proc.kill()
