@@ -18,6 +18,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 import argparse
 import statistics
+import sys
 import time
 
 import ray
@@ -27,8 +28,6 @@ from _common import write_results
 @ray.remote(num_cpus=1)
 class Starter:
     def __init__(self, torch_first: bool):
-        import sys
-
         t0 = time.perf_counter()
         if torch_first:  # what spaCy's import did before: thinc imported torch
             import torch  # noqa: F401

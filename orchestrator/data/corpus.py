@@ -349,7 +349,8 @@ def run_pipeline(cfg: CorpusConfig, output: str, *, progress: bool = True) -> di
                         "build to a fresh attempt folder and switch a pointer to it)")
 
     p = cfg.parser
-    cpus = parser_cpus(p.workers, p.cpus_per_worker, free := free_cpus())  # see orchestrator.data.resources
+    free = free_cpus()
+    cpus = parser_cpus(p.workers, p.cpus_per_worker, free)  # see orchestrator.data.resources
     if cpus != p.cpus_per_worker:
         print(f"corpus: {free:g} CPUs free on the cluster: each of the {p.workers} parser actors reserves {cpus:g} CPU "
               f"(parser.cpus_per_worker {p.cpus_per_worker:g}), so that the read and sort tasks get theirs", flush=True,
