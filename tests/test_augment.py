@@ -138,8 +138,9 @@ def test_dep_to_tree_and_linearize():
     assert A.linearize(tree, 10) == "(S (NP (DT) (NN)) (VP (VBD) (PP (IN) (NP (DT) (NN)))) (.))"
     assert A.top_constituents(tree) == ["NP", "VP", "."]
     bag = A.constituent_bag(tree)
-    assert bag["NP"] == pytest.approx(2 / 12) and bag["DT"] == pytest.approx(2 / 12)  # 12 nodes
-    assert sum(bag.values()) == pytest.approx(1.0)
+    # counts, as ParaBART's reference code counts the linearized tree under ROOT: 12 nodes + ROOT, 13 brackets a side
+    assert bag["NP"] == 2 and bag["DT"] == 2 and bag["ROOT"] == 1 and bag["("] == bag[")"] == 13
+    assert sum(bag.values()) == 3 * 13
 
 
 def test_subordinate_clause_becomes_sbar():

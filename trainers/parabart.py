@@ -20,19 +20,30 @@ up to ``parse_max_length`` (160) tokens, from the corpus pipeline.
   input embeddings through the output layer. L_para = −Σ_t log P(y_t | y_<t, ū, V).
   ``syntax_guidance: false`` drops V (memory [ū] alone): with λ_adv = 0 it is the paper's
   "w/o AL and SG" ablation.
-* **Syntax discriminator** D: linear + softmax over the constituent-tag vocabulary, predicting
-  the *source's* bag of constituents h (each tag's share of the tree's nodes) from ū:
-  L_adv = −Σ_t h(t) log D(ū)_t.
+* **Syntax discriminator** D, the reference code's form: a LayerNorm without parameters, then a linear
+  layer to every constituent tag (phrase labels, POS tags, ``ROOT`` and the two brackets), trained with a
+  binary cross-entropy per tag, averaged over the tags, against the *source's* bag of constituents h:
+  the tree's counts (:func:`~orchestrator.data.augment.constituent_bag`) plus one for every tag,
+  normalised to sum to 1. L_adv = mean_t BCE(σ(D(ū))_t, h_t). The LayerNorm matters: without it the
+  encoder could defeat D by scaling ū. ``discriminator: softmax`` is our earlier form (no LayerNorm,
+  softmax cross-entropy against the unsmoothed share of labels only), kept to reproduce old results.
 
 Training alternates, each step: (1) update D alone to minimise L_adv on ū.detach(); (2) update
 E_sem, E_syn and the decoder on L_para − λ_adv·L_adv with the updated D - the encoder learns to
-make ū *useless* for predicting syntax. The adversary is switched on after ``adversary_start_step``
-(the reference code: after epoch 1); λ_adv = 0 is the "w/o adversarial loss" ablation (then D is
-still trained, but nothing from it reaches the encoder). Learning rates as the paper: E_sem and D at
-``train.lr`` (2e-5), E_syn, the decoder and the output projection at ``lr_syntax_decoder`` (1e-4);
-AdamW with weight decay 0.01 (none on biases and norms); gradients clipped at 1.0. The checkpoint
-is chosen on the paraphrase validation loss (L_para − λ_adv·L_adv on ``data.valid_pairs`` held-out
-pairs, as the reference code validates); ``selection: stsb_dev`` chooses on STS-B dev instead. D is a module of its own, outside the
+make ū *useless* for predicting syntax. Before ``adversary_start_step`` (the reference code: the first
+epoch) the adversarial term is off and D is not trained (``discriminator_warmup: idle``, the reference)
+or is fitted on ū.detach() alone (``fit``: D is a real adversary when the term starts; ours, named in
+``docs/FIDELITY.md``). λ_adv = 0 is the "w/o adversarial loss" ablation (D is still trained, but nothing
+from it reaches the encoder). Learning rates as the paper: E_sem and D at ``train.lr`` (2e-5; D's own
+``lr_discriminator`` if set), E_syn, the decoder and the output projection at ``lr_syntax_decoder``
+(1e-4); AdamW with weight decay 0.01 (none on biases and norms); gradients clipped at 1.0.
+``freeze_encoder_steps``: E_sem is not updated for that many first steps while the new decoder parts
+learn (ours: the paper starts from a pretrained BART decoder, we from new cross-attention). The
+checkpoint is chosen on the paraphrase validation loss L_para alone on ``data.valid_pairs`` held-out
+pairs (``selection: valid_para_loss``; the paper tunes on the generation loss, and choosing on
+L_para − λ·L_adv would reward the checkpoint that fools D most), the last one (``last``), or STS-B dev
+(``stsb_dev``). Every evaluation logs D's validation loss beside the loss of the best constant guess (the
+average bag: D below it has learnt something) and ū's mean norm and mean pairwise cosine. D is a module of its own, outside the
 main model: the main model runs under DDP or DeepSpeed ZeRO (the shared ``deepspeed`` block) with
 one forward and one backward per step (D's step only sees ū.detach()); D's small gradients are
 averaged across workers by hand, and D and its optimiser travel in every checkpoint.
@@ -51,9 +62,11 @@ BART's decoder; see ``orchestrator.export.standalone_encoder``); the whole model
 vocabularies and the backbone's config (for generation) are saved beside it.
 
 Args (config keys, see :class:`ParaBARTConfig`)
-    architecture (auto), lambda_adv (0.1), adversary_start_step, word_dropout (0.2), train.lr (2e-5: E_sem, D),
-    lr_syntax_decoder (1e-4), syntax_layers (1), syntax_heads, decoder_layers (1), parse_max_length (160),
-    model.max_length (40), syntax_guidance (true), tie_output (false), selection (valid_loss | stsb_dev)
+    architecture (auto), lambda_adv (0.1), adversary_start_step, discriminator (reference | softmax),
+    discriminator_warmup (idle | fit), lr_discriminator, freeze_encoder_steps (0), word_dropout (0.2),
+    train.lr (2e-5: E_sem, D), lr_syntax_decoder (1e-4), syntax_layers (1), syntax_heads, decoder_layers (1),
+    parse_max_length (160), model.max_length (40), syntax_guidance (true), tie_output (false),
+    selection (valid_para_loss | last | stsb_dev)
 
 Example
     python jobs/train.py --method parabart --preset smoke
@@ -67,7 +80,7 @@ from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import nn
 
 from orchestrator import backbones
@@ -103,18 +116,34 @@ class ParaBARTConfig(EncoderMethodConfig):
     syntax_heads: int = Field(6, ge=1)
     decoder_layers: int = Field(1, ge=1)
     lambda_adv: float = Field(0.1, ge=0)
-    adversary_start_step: int = Field(0, ge=0, description="steps of plain L_para before the adversary")
+    adversary_start_step: int = Field(0, ge=0, description="steps of plain L_para before the adversarial term")
+    discriminator: Literal["reference", "softmax"] = Field(
+        "reference", description="reference: LayerNorm + linear, BCE per tag on the smoothed bag (the reference "
+        "code); softmax: our earlier linear + softmax cross-entropy on label shares")
+    discriminator_warmup: Literal["idle", "fit"] = Field(
+        "idle", description="before adversary_start_step D is not trained (idle, the reference code) or fitted "
+        "on the detached embedding (fit)")
+    lr_discriminator: float | None = Field(None, gt=0, description="D's learning rate (None: train.lr, the paper's)")
+    freeze_encoder_steps: int = Field(0, ge=0, description="E_sem not updated for this many first steps")
     word_dropout: float = Field(0.2, ge=0, lt=1)
     lr_syntax_decoder: float = Field(1e-4, gt=0, description="E_syn, the decoder and the output projection")
     syntax_guidance: bool = Field(True, description="false: the decoder sees ū alone (no E_syn)")
     tie_output: bool = Field(False, description="true: the output projection is E_sem's word-embedding matrix")
-    selection: Literal["valid_loss", "stsb_dev"] = Field(
-        "valid_loss", description="checkpoint choice: paraphrase validation loss (the paper) or STS-B dev")
+    selection: Literal["valid_para_loss", "last", "stsb_dev"] = Field(
+        "valid_para_loss", description="checkpoint choice: paraphrase validation loss L_para (the paper), the "
+        "last checkpoint, or STS-B dev")
     train: TrainLoopConfig = TrainLoopConfig(lr=2e-5, weight_decay=0.01, batch_size=64, eval_steps=500,
                                              grad_clip=1.0, lr_schedule="constant")
     data: ParaphraseData = ParaphraseData()
     eval: EvalConfig = EvalConfig(batch_size=128, max_length=64)
     tracking: TrackingConfig = TrackingConfig(registry_model_name="parabart")
+
+    @model_validator(mode="after")
+    def _freeze_needs_a_plain_optimiser(self):
+        if self.freeze_encoder_steps and self.deepspeed.stage > 0:
+            raise ValueError("freeze_encoder_steps works with the plain / DDP optimiser only, not under DeepSpeed "
+                             f"ZeRO (deepspeed.stage={self.deepspeed.stage})")
+        return self
 
 
 # ---------------------------------------------------------------- model
@@ -180,14 +209,33 @@ class ParaBART(nn.Module):
         return logits, u
 
 
-def discriminator(model: ParaBART) -> nn.Linear:
-    """D_dis: linear (+ softmax in the loss) from ū to the constituent-tag vocabulary."""
-    return nn.Linear(model.hidden_size, len(model.tag_vocab))
+class Discriminator(nn.Module):
+    """D: ū → one logit per constituent tag (the tag vocabulary less padding and unknown).
+    ``reference``: LayerNorm without parameters, then linear (the reference code's ``Discriminator``);
+    ``softmax``: linear alone (the loss applies the softmax)."""
+
+    def __init__(self, hidden_size: int, n_tags: int, form: str = "reference"):
+        super().__init__()
+        self.form = form
+        self.norm = nn.LayerNorm(hidden_size, elementwise_affine=False) if form == "reference" else nn.Identity()
+        self.linear = nn.Linear(hidden_size, n_tags)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.linear.weight.dtype
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        return self.linear(self.norm(u.to(self.dtype)))  # D stays fp32 when ZeRO runs the model in bf16
+
+
+def discriminator(model: ParaBART, form: str = "reference") -> Discriminator:
+    return Discriminator(model.hidden_size, len(model.tag_vocab) - 2, form)
 
 
 def discriminator_optimizer(dis: nn.Module, cfg: ParaBARTConfig) -> torch.optim.Optimizer:
-    """D's own AdamW at E_sem's learning rate (the paper's 2e-5), weight decay as the main groups."""
-    return torch.optim.AdamW(common.param_groups(dis, cfg.train.weight_decay), lr=cfg.train.lr)
+    """D's own AdamW at E_sem's learning rate (the paper's 2e-5) unless ``lr_discriminator``, weight decay as the
+    main groups."""
+    return torch.optim.AdamW(common.param_groups(dis, cfg.train.weight_decay), lr=cfg.lr_discriminator or cfg.train.lr)
 
 
 def build_model(cfg: ParaBARTConfig, syntax: Vocab, tags: Vocab, skeleton: str | Path | None = None):
@@ -222,8 +270,18 @@ def parameter_groups(model: ParaBART, cfg: ParaBARTConfig) -> list[dict]:
     sem.add_module("sem", model.sem)
     rest = [(n, p) for n, p in model.named_parameters() if not n.startswith("sem.")]
     wd = cfg.train.weight_decay
-    return [{**g, "lr": cfg.train.lr} for g in common.param_groups(sem, wd)] + \
-        [{**g, "lr": cfg.lr_syntax_decoder} for g in common.named_param_groups(rest, wd)]
+    return [{**g, "lr": cfg.train.lr, "part": "sem"} for g in common.param_groups(sem, wd)] + \
+        [{**g, "lr": cfg.lr_syntax_decoder, "part": "new"} for g in common.named_param_groups(rest, wd)]
+
+
+def hold_encoder(optimizer: torch.optim.Optimizer, frozen: bool) -> None:
+    """While ``frozen``, E_sem's groups step at lr 0 - AdamW then leaves those weights bit-identical (its
+    decay is scaled by lr too); the schedule restores their lr after every step, so this is called before
+    each one. E_sem still gets gradients (DDP needs every parameter used), and Adam's moments see them."""
+    if frozen:
+        for g in optimizer.param_groups:
+            if g.get("part") == "sem":
+                g["lr"] = 0.0
 
 
 # ---------------------------------------------------------------- losses and the noise
@@ -244,9 +302,35 @@ def para_loss(logits: torch.Tensor, tgt_ids: torch.Tensor, tgt_mask: torch.Tenso
     return F.cross_entropy(logits, tgt_ids[:, 1:][tgt_mask[:, 1:].bool()])
 
 
-def adv_loss(dis_logits: torch.Tensor, bags: torch.Tensor) -> torch.Tensor:
-    """L_adv = −Σ_t h(t) log D(ū)_t, averaged over the batch (h: the source's constituent bag)."""
+def bag_targets(bags: list[str], tags: Vocab, form: str = "reference") -> torch.Tensor:
+    """D's targets from the sources' bags (JSON tag → count). ``reference``: one plus each tag's count,
+    normalised over the tags (the reference code's ``synt_bow``); ``softmax``: each label's share of the
+    tree's nodes, brackets and ``ROOT`` left out. Tags outside the training vocabulary are not counted."""
+    out = torch.zeros(len(bags), len(tags) - 2)
+    for i, b in enumerate(bags):
+        for tag, count in json.loads(b).items():
+            if tag in tags.index and (form == "reference" or tag not in ("(", ")", "ROOT")):
+                out[i, tags.index[tag] - 2] += count
+    if form == "reference":
+        out += 1.0
+    return out / out.sum(-1, keepdim=True).clamp_min(1e-12)
+
+
+def adv_loss(dis_logits: torch.Tensor, bags: torch.Tensor, form: str = "reference") -> torch.Tensor:
+    """L_adv: ``reference``: binary cross-entropy with logits per tag, averaged over tags and the batch
+    (``nn.BCEWithLogitsLoss()``); ``softmax``: −Σ_t h(t) log softmax(D(ū))_t, averaged over the batch."""
+    if form == "reference":
+        return F.binary_cross_entropy_with_logits(dis_logits, bags)
     return -(bags * F.log_softmax(dis_logits, dim=-1)).sum(-1).mean()
+
+
+def average_bag_loss(bags: torch.Tensor, form: str = "reference") -> float:
+    """The loss of the best constant guess - the average bag of ``bags`` - on ``bags``: a D whose loss is not
+    below it has learnt nothing about a sentence's syntax from ū."""
+    mean = bags.mean(0, keepdim=True).clamp(1e-12, 1 - 1e-12)
+    if form == "reference":
+        return float(F.binary_cross_entropy(mean.expand_as(bags), bags))
+    return float(-(bags * mean.log()).sum(-1).mean())
 
 
 class Batch:
@@ -270,39 +354,39 @@ class Batch:
         parse_ids = torch.zeros(len(parses), width, dtype=torch.long)
         for i, p in enumerate(parses):
             parse_ids[i, : len(p)] = torch.tensor(p)
-        bags = torch.zeros(len(parses), len(self.tags))
-        for i, b in enumerate(rows["src_bag"]):
-            for tag, share in json.loads(b).items():
-                bags[i, self.tags.index.get(tag, 1)] += share
+        bags = bag_targets([str(b) for b in rows["src_bag"]], self.tags, self.cfg.discriminator)
         out = {"src_ids": src_ids, "src_mask": src["attention_mask"], "parse_ids": parse_ids,
                "parse_mask": (parse_ids != 0).long(), "tgt_ids": tgt["input_ids"], "tgt_mask": tgt["attention_mask"],
                "bags": bags}
         return {k: v.to(device) for k, v in out.items()}
 
 
-def adversary_step(dis: nn.Module, opt_dis: torch.optim.Optimizer, u: torch.Tensor, bags: torch.Tensor) -> float:
+def adversary_step(dis: Discriminator, opt_dis: torch.optim.Optimizer, u: torch.Tensor, bags: torch.Tensor) -> float:
     """(1) D alone minimises L_adv on ū.detach(): no gradient reaches the encoders."""
     opt_dis.zero_grad(set_to_none=True)
-    loss = adv_loss(dis(u.detach().to(dis.weight.dtype)), bags)
+    loss = adv_loss(dis(u.detach()), bags, dis.form)
     loss.backward()
     common.average_gradients(dis.parameters())
     opt_dis.step()
     return float(loss.detach())
 
 
-def main_loss(model: nn.Module, dis: nn.Module, b: dict, cfg: ParaBARTConfig, adversary_on: bool, opt_dis=None):
-    """One ParaBART step's loss for the encoders and decoder: L_para − λ·L_adv (D updated first).
+def main_loss(model: nn.Module, dis: Discriminator, b: dict, cfg: ParaBARTConfig, adversary_on: bool, opt_dis=None,
+              fit_discriminator: bool | None = None):
+    """One ParaBART step's loss for the encoders and decoder: L_para − λ·L_adv once ``adversary_on``,
+    L_para alone before. D is updated first (given ``opt_dis``) when ``fit_discriminator`` (default:
+    ``adversary_on``), on ū.detach() - so before the adversary starts no gradient of L_adv reaches E_sem.
 
     ``model``: the ParaBART module, or its DDP / DeepSpeed wrapper (one forward, one backward of
     the main model per step; D's own step works on ū.detach())."""
     logits, u = model(b["src_ids"], b["src_mask"], b["parse_ids"], b["parse_mask"], b["tgt_ids"], b["tgt_mask"])
     l_para = para_loss(logits, b["tgt_ids"], b["tgt_mask"])
     logs = {"loss_para": float(l_para.detach())}
+    if opt_dis is not None and (adversary_on if fit_discriminator is None else fit_discriminator):
+        logs["loss_dis"] = adversary_step(dis, opt_dis, u, b["bags"])
     if not adversary_on:
         return l_para, {**logs, "loss": logs["loss_para"]}
-    if opt_dis is not None:
-        logs["loss_dis"] = adversary_step(dis, opt_dis, u, b["bags"])
-    l_adv = adv_loss(dis(u.to(dis.weight.dtype)), b["bags"])  # D stays fp32 when ZeRO runs the model in bf16
+    l_adv = adv_loss(dis(u), b["bags"], dis.form)
     loss = l_para - cfg.lambda_adv * l_adv
     return loss, {**logs, "loss_adv": float(l_adv.detach()), "loss": float(loss.detach())}
 
@@ -338,7 +422,7 @@ def train_func(config: dict) -> list[dict]:
     syntax, tags = load_vocabs(config["shards"])
     model, tokenizer = build_model(cfg, syntax, tags)
     model.to(device)
-    dis = discriminator(model).to(device)  # outside DDP / ZeRO; its gradients are averaged by hand
+    dis = discriminator(model, cfg.discriminator).to(device)  # outside DDP / ZeRO; its gradients are averaged by hand
     opt_dis = discriminator_optimizer(dis, cfg)
     stepper = common.make_stepper(model, cfg, int(config["rows_per_worker"]), groups=parameter_groups(model, cfg),
                                   extra_modules={"discriminator": dis}, extra_optimizers={"discriminator": opt_dis})
@@ -349,7 +433,9 @@ def train_func(config: dict) -> list[dict]:
     def loss_fn(batch, state):
         b = batcher(batch, train=True, device=device)
         adversary["on"] = state["step"] >= cfg.adversary_start_step
-        return main_loss(stepper.model, dis, b, cfg, adversary_on=adversary["on"], opt_dis=opt_dis)
+        hold_encoder(stepper.optimizer, frozen=state["step"] < cfg.freeze_encoder_steps)
+        return main_loss(stepper.model, dis, b, cfg, adversary_on=adversary["on"], opt_dis=opt_dis,
+                         fit_discriminator=adversary["on"] or cfg.discriminator_warmup == "fit")
 
     def dev_fn(m):
         return {"stsb_dev_spearman": dev_score(m.sem, tokenizer, cfg),
@@ -366,25 +452,38 @@ def dev_score(encoder, tokenizer, cfg: ParaBARTConfig) -> float:
 
 
 @torch.inference_mode()
-def validation_loss(model: ParaBART, dis: nn.Module, batcher: Batch, rows: dict, cfg: ParaBARTConfig, *,
+def validation_loss(model: ParaBART, dis: Discriminator, batcher: Batch, rows: dict, cfg: ParaBARTConfig, *,
                     adversary_on: bool, device="cpu", batch_size: int = 64) -> dict[str, float]:
-    """The paraphrase validation loss on held-out pairs - L_para − λ_adv·L_adv once the adversary is on,
-    as training minimises it (the reference code's model selection); ``neg_valid_loss`` is what the
-    checkpoint choice maximises."""
+    """On the held-out pairs: the paraphrase loss L_para (``valid_loss_para``; ``neg_valid_loss_para`` is what
+    the checkpoint choice maximises), D's loss beside the average bag's (``valid_loss_adv``,
+    ``valid_loss_adv_average_bag``), the reference code's printed L_para − λ·L_adv (``valid_loss``, λ counted
+    once the adversary is on; information, never the selection), and ū's mean norm and mean pairwise
+    cosine (``u_norm_mean``, ``u_cosine_mean``: an encoder that wins against D by collapsing or
+    scaling ū shows here)."""
     if not rows or not len(rows.get("src", [])):
         return {}
     was = model.training
     model.eval()
     para, adv, n = 0.0, 0.0, len(rows["src"])
+    us, bags = [], []
     for k in range(0, n, batch_size):
         b = batcher({c: v[k:k + batch_size] for c, v in rows.items()}, train=False, device=device)
         logits, u = model(b["src_ids"], b["src_mask"], b["parse_ids"], b["parse_mask"], b["tgt_ids"], b["tgt_mask"])
         w = len(b["src_ids"]) / n
         para += w * float(para_loss(logits, b["tgt_ids"], b["tgt_mask"]))
-        adv += w * float(adv_loss(dis(u.to(dis.weight.dtype)), b["bags"]))
+        adv += w * float(adv_loss(dis(u), b["bags"], dis.form))
+        us.append(u.float().cpu())
+        bags.append(b["bags"].cpu())
     model.train(was)
+    u = torch.cat(us)
+    unit = F.normalize(u, dim=-1)
+    cos = unit @ unit.T
+    m = len(u)
+    cosine = float((cos.sum() - cos.diagonal().sum()) / max(m * (m - 1), 1))
     loss = para - (cfg.lambda_adv * adv if adversary_on else 0.0)
-    return {"valid_loss": loss, "neg_valid_loss": -loss, "valid_loss_para": para, "valid_loss_adv": adv}
+    return {"valid_loss_para": para, "neg_valid_loss_para": -para, "valid_loss": loss, "valid_loss_adv": adv,
+            "valid_loss_adv_average_bag": average_bag_loss(torch.cat(bags), dis.form),
+            "u_norm_mean": float(u.norm(dim=-1).mean()), "u_cosine_mean": cosine}
 
 
 # ---------------------------------------------------------------- export, load, evaluate
@@ -444,4 +543,5 @@ def prepare_data(cfg: ParaBARTConfig, progress: bool = True) -> str:
 SPEC = MethodSpec("parabart", ParaBARTConfig, train_func, export_model, evaluate, prepare_data,
                   metric="stsb_dev_spearman", metric_label="STS-B dev Spearman",
                   columns=("src", "tgt", "tgt_parse", "src_bag"), evaluate_base=evaluate_base,
-                  selection=lambda cfg: "neg_valid_loss" if cfg.selection == "valid_loss" else "stsb_dev_spearman")
+                  selection=lambda cfg: {"valid_para_loss": "neg_valid_loss_para", "last": None}.get(cfg.selection,
+                                                                                                    "stsb_dev_spearman"))

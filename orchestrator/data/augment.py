@@ -391,19 +391,23 @@ def linearize(tree: Tree, max_depth: int | None = None) -> str:
     return lin(tree, 1)
 
 
-def constituent_bag(tree: Tree) -> dict[str, float]:
-    """ParaBART's bag of constituents: each node label's count / total (phrase labels and POS tags)."""
-    counts: Counter[str] = Counter()
+def constituent_bag(tree: Tree) -> dict[str, int]:
+    """ParaBART's bag of constituents, counted as the reference code counts it: every token of the
+    linearized tree under a ``ROOT`` node (as CoreNLP's trees have it) - each node's label (phrase labels
+    and POS tags), ``ROOT`` once, and each bracket, so ``(`` and ``)`` each count the nodes. Raw counts;
+    the trainer smooths (+1 per tag) and normalises them into D's target."""
+    counts: Counter[str] = Counter({"ROOT": 1, "(": 1, ")": 1})
 
     def walk(node: Tree) -> None:
         counts[node[0]] += 1
+        counts["("] += 1
+        counts[")"] += 1
         for k in node[1]:
             if isinstance(k, tuple):
                 walk(k)
 
     walk(tree)
-    total = sum(counts.values())
-    return {k: v / total for k, v in sorted(counts.items())}
+    return dict(sorted(counts.items()))
 
 
 def top_constituents(tree: Tree) -> list[str]:

@@ -410,9 +410,16 @@ class CorpusBlock(StrictModel):
     augment: AugmentConfig = AugmentConfig()
 
 
+# What the rows mean, beside the config: bumped whenever a view or column changes meaning (2: SIFTER's Z
+# keeps pronouns, Y's backbone is the main clause's core, the constituent bag holds the reference code's
+# counts), so a cache built by older code is never read as this code's.
+ROW_FORMAT = 2
+
+
 def corpus_key(input_uri: str, corpus_cfg_json: str) -> str:
-    """Content address of an augmented corpus: the input files' bytes (local) or key + size (s3) + config."""
-    h = hashlib.sha256(corpus_cfg_json.encode())
+    """Content address of an augmented corpus: the input files' bytes (local) or key + size (s3) + config
+    + :data:`ROW_FORMAT`."""
+    h = hashlib.sha256(f"{ROW_FORMAT}\x00{corpus_cfg_json}".encode())
     for f in input_files(input_uri):
         if storage.is_s3(f):  # a bucket key is stable (local paths are not); its size + ETag, not its bytes
             h.update(f.encode())

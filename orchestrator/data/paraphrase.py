@@ -21,7 +21,7 @@ from pydantic import Field
 
 from orchestrator import storage
 from orchestrator.config import StrictModel
-from orchestrator.data.corpus import CorpusConfig, run_pipeline
+from orchestrator.data.corpus import ROW_FORMAT, CorpusConfig, run_pipeline
 from orchestrator.data.labelled import read_labelled
 from orchestrator.errors import ConfigError
 
@@ -109,7 +109,7 @@ def prepare_paraphrase_data(data: ParaphraseData, storage_root: str, *, progress
         files = ", ".join(f.path for f in data.pairs)
         raise ConfigError(f"data.valid_pairs={data.valid_pairs} would hold out more than half of the {unique} "
                          f"paraphrase pairs read from {files}; lower it (at most {unique // 2})")
-    key = hashlib.sha256(json.dumps([pairs, data.valid_pairs, data.parse_max_depth]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(json.dumps([pairs, data.valid_pairs, data.parse_max_depth, ROW_FORMAT]).encode()).hexdigest()[:16]
     out = storage.join(storage.absolute(storage_root), "parabart", key)
     return storage.build_committed(out, lambda folder: _build(pairs, data, folder, progress))
 
