@@ -80,10 +80,11 @@ def test_triple_fallbacks():
     assert A.backbone_view(slept, rng, source="triple", fallback="none") is None
 
 
-def test_deletion_removes_articles_conjunctions_pronouns():
-    assert A.deletion_view(CHASE) == "dog chased cat saw."
+def test_deletion_removes_articles_and_conjunctions_and_keeps_pronouns():
+    assert A.deletion_view(CHASE) == "dog chased cat she saw it."
     assert A.deletion_view(CAT) == "cat sat on mat."
     assert A.deletion_view(CAT, classes=["pron"]) == CAT.text  # configurable: nothing to remove
+    assert A.deletion_view(CHASE, classes=["article", "cconj", "sconj", "pron"]) == "dog chased cat saw."
     # 'this' is a DET but not an article: kept
     this = P("this/DET/DT/2/det cat/NOUN/NN/0/root")
     assert A.deletion_view(this) == "this cat"
@@ -91,7 +92,8 @@ def test_deletion_removes_articles_conjunctions_pronouns():
 
 def test_deletion_never_empty():
     only = P("He/PRON/PRP/0/root and/CCONJ/CC/1/cc she/PRON/PRP/1/conj ./PUNCT/./1/punct")
-    assert A.deletion_view(only) == only.text
+    assert A.deletion_view(only, classes=["cconj", "pron"]) == only.text
+    assert A.deletion_view(only) == "He she."  # the paper's classes: the pronouns stay
 
 
 @pytest.mark.parametrize("ratio", [0.0, 0.3, 0.5, 0.6, 0.7, 1.0])
@@ -216,3 +218,30 @@ def test_coordinated_clauses_and_appositive_comma_follow_ptb():
     appos = P("Vinken/PROPN/NNP/5/nsubj ,/PUNCT/,/1/punct chairman/NOUN/NN/1/appos ,/PUNCT/,/5/punct "
               "joined/VERB/VBD/0/root ./PUNCT/./5/punct")
     assert A.linearize(A.dep_to_tree(appos), 3) == "(S (NP (NNP) (,) (NP) (,)) (VP (VBD)) (.))"
+
+
+# The paper's worked example (SIFTER, Section 3), parsed by the shipped spaCy pipeline; and ESimCSE's sentence.
+EXAMPLE = "I like this apple because it looks so fresh and I think it should be delicious."
+
+
+@pytest.fixture(scope="module")
+def spacy_parser():
+    from orchestrator.data.parsing import SpacyParser
+
+    return SpacyParser()
+
+
+def test_the_papers_worked_example_gives_its_backbone_and_its_z(spacy_parser):
+    parse = spacy_parser.parse_batch([EXAMPLE])[0]
+    assert A.backbone_view(parse, random.Random(0), source="rule") == EXAMPLE + " I like apple"
+    assert A.backbone_view(parse, random.Random(0), source="triple") == EXAMPLE + " I like apple"
+    assert A.deletion_view(parse) == "I like this apple it looks so fresh I think it should be delicious."
+
+
+def test_a_sentences_pronouns_survive_z(spacy_parser):
+    text = "She sold her old car and bought a bicycle because she wanted to save money."
+    parse = spacy_parser.parse_batch([text])[0]
+    z = A.deletion_view(parse)
+    assert z == "She sold her old car bought bicycle she wanted to save money."
+    assert [w for w in z.split() if w.lower() in ("she", "her")] == ["She", "her", "she"]
+    assert A.backbone_view(parse, random.Random(0), source="rule") == text + " She sold car"

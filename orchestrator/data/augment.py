@@ -2,10 +2,14 @@
 
 SIFTER (Section 3) builds two views of each sentence X:
 
-* **Y = X + backbone** - the first two layers of the dependency tree (the root and its direct
-  dependents, in sentence order) for a short sentence, a subject-relation-object *triple* of
-  phrases from the parse otherwise (the paper's rule; either one alone is configurable);
-* **Z = X without useless words** - articles, conjunctions and pronouns removed.
+* **Y = X + backbone** - the top two layers of the dependency tree for a short sentence: the main
+  clause's root and its direct dependents, in sentence order, less punctuation, articles, conjunctions
+  and dependent clauses (:func:`core_backbone`: the paper's worked example, "I like this apple because it
+  looks so fresh and I think it should be delicious." → "I like apple"); a subject-relation-object
+  *triple* of phrases from the parse otherwise (the paper's rule; either one alone is configurable);
+* **Z = X without useless words** - articles and conjunctions (coordinating and subordinating) removed,
+  as the paper says ("articles do not change the semantics of sentences, while conjunctions contain
+  less semantic information"); pronouns stay. The word classes are configurable.
 
 TSDAE corrupts a sentence by deleting a fixed fraction of its words (:func:`tsdae_noise`, called
 by the trainer each epoch); ESimCSE duplicates a few words (:func:`repetition`). ParaBART needs a
@@ -27,7 +31,7 @@ from collections.abc import Sequence
 from orchestrator.data.parsing import Parse
 
 ARTICLES = frozenset({"a", "an", "the"})
-DELETION_CLASSES = ("article", "cconj", "sconj", "pron")
+DELETION_CLASSES = ("article", "cconj", "sconj")  # the paper's; "pron" may be added
 SUBJ = ("nsubj", "nsubjpass", "nsubj:pass", "csubj", "csubj:pass", "csubjpass", "expl")
 OBJ = ("obj", "dobj", "iobj", "dative", "attr", "oprd")
 
@@ -45,6 +49,25 @@ def backbone(parse: Parse, *, keep_punct: bool = False) -> list[int]:
     if not keep_punct:
         keep = [i for i in keep if parse.tokens[i].upos != "PUNCT"]
     return keep
+
+
+# the root's dependents that are not the main clause's backbone: a dependent clause or a coordinated one (its
+# head word alone is no argument: "looks" of "because it looks so fresh"), and the words that join them
+NOT_BACKBONE = ("advcl", "ccomp", "xcomp", "conj", "parataxis", "relcl", "acl", "acl:relcl", "cc", "mark",
+                "discourse", "dep", "punct")
+
+
+def core_backbone(parse: Parse) -> list[int]:
+    """SIFTER's "top two layers", read so that the paper's worked example gives its backbone: the main
+    clause's root (the first root: a parser may split a sentence into several) and its direct dependents,
+    without punctuation, dependent or coordinated clauses (:data:`NOT_BACKBONE`) and Z's useless words."""
+    roots = [i for i, t in enumerate(parse.tokens) if t.head < 0]
+    if not roots:
+        return []
+    root = roots[0]
+    return [i for i, t in enumerate(parse.tokens)
+            if i == root or (t.head == root and t.deprel not in NOT_BACKBONE and t.upos != "PUNCT"
+                             and not is_useless(t))]
 
 
 def triples(parse: Parse) -> list[tuple[int, int, int]]:
@@ -144,7 +167,7 @@ def backbone_view(parse: Parse, rng: random.Random, *, source: str = "backbone",
         elif fallback == "none":
             return None
     if words is None:
-        words = [parse.tokens[i].text for i in backbone(parse)]
+        words = [parse.tokens[i].text for i in core_backbone(parse)]
     if not words:
         return parse.text
     return f"{parse.text} {' '.join(words)}"
@@ -161,7 +184,8 @@ def is_useless(token, classes: Sequence[str] = DELETION_CLASSES) -> bool:
 
 
 def deletion_view(parse: Parse, classes: Sequence[str] = DELETION_CLASSES) -> str:
-    """Z = X without articles, conjunctions and pronouns; never empty (X itself if all would go)."""
+    """Z = X without the words of ``classes`` (the paper's: articles and conjunctions); never empty (X itself
+    if all would go)."""
     toks = parse.tokens
     kept = [i for i, t in enumerate(toks) if not is_useless(t, classes)]
     if not any(toks[i].upos != "PUNCT" for i in kept):

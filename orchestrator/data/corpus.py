@@ -33,6 +33,7 @@ import time
 import unicodedata
 from collections import Counter
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -66,7 +67,8 @@ class AugmentConfig(StrictModel):
                                  description="rule: tree layers for short sentences, a triple otherwise (SIFTER)")
     rule_max_words: int = Field(20, ge=1, description="rule: sentences of at most this many tokens use the tree layers")
     backbone_fallback: str = Field("backbone", pattern="^(backbone|copy|none)$")
-    deletion_classes: list[str] = ["article", "cconj", "sconj", "pron"]
+    deletion_classes: list[Literal["article", "cconj", "sconj", "pron"]] = Field(
+        ["article", "cconj", "sconj"], description="Z deletes these: articles and conjunctions (the paper's); pron")
     parse_max_depth: int | None = Field(None, ge=1, description="linearized parse: cut the tree here (None: whole)")
 
 
