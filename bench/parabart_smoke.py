@@ -1,10 +1,10 @@
 """ParaBART vs its λ_adv = 0 ablation vs the untrained encoder, from the smoke sweep: STS Pearson
 (the paper's metric), QQP-Easy / QQP-Hard accuracy, and the TreeDepth / TopConst probes.
 
-Run the sweep first, then this script on its name:
+Run the sweep first (the ``seeds`` preset: 3 paired seeds of each variant), then this script on its name:
 
-    python jobs/parabart_sweep.py --preset smoke --name parabart-smoke
-    python bench/parabart_smoke.py --name parabart-smoke
+    python jobs/parabart_sweep.py --preset seeds --name parabart-seeds
+    python bench/parabart_smoke.py --name parabart-seeds --preset seeds
 """
 
 from __future__ import annotations
@@ -32,6 +32,65 @@ def evaluate_extra(model_dir: str) -> dict:
     return {**syntax.qqp_easy_hard(enc), **syntax.probes(enc)}
 
 
+COLUMNS = [("sts_avg", "STS avg"), ("sts_senteval", "SentEval avg"), ("qqp_easy_best_acc", "QQP-Easy best"),
+           ("qqp_hard_best_acc", "QQP-Hard best"), ("probe_tree_depth_acc", "TreeDepth ↓"),
+           ("probe_top_const_acc", "TopConst ↓"), ("probe_bshift_ours_acc", "BShift ↓")]
+
+
+def paired(diffs: list[float]) -> str:
+    """Mean of paired differences (×100) with its 95% t interval; "indistinguishable" where it crosses 0."""
+    import statistics
+
+    from scipy import stats
+
+    n = len(diffs)
+    m = statistics.fmean(diffs)
+    if n < 2:
+        return f"{m * 100:+.2f} (n=1)"
+    half = stats.t.ppf(0.975, n - 1) * statistics.stdev(diffs) / n ** 0.5
+    verdict = "indistinguishable" if m - half <= 0 <= m + half else ("higher" if m > 0 else "lower")
+    return f"{m * 100:+.2f} [{(m - half) * 100:+.2f}, {(m + half) * 100:+.2f}] {verdict}"
+
+
+def summary(rows: list[dict]) -> list[str]:
+    """Mean ± std per variant over seeds, D's loss beside the average bag's, and paired differences (same seed)
+    against "w/o adversarial loss" and against the base (measured once, in the same run)."""
+    import statistics
+
+    base, trials = rows[0], rows[1:]
+    variants = list(dict.fromkeys(r["variant"] for r in trials))
+    md = ["## Over seeds (mean ± std; the base measured once in the same run)", "",
+          "| variant | n | " + " | ".join(c for _, c in COLUMNS) + " | D valid loss | average-bag loss | ū mean cosine |",
+          "|---|---:|" + "---:|" * (len(COLUMNS) + 3),
+          "| base (untouched E_sem) | 1 | " + " | ".join(f"{base[k] * 100:.2f}" for k, _ in COLUMNS) + " | | | |"]
+    for v in variants:
+        rs = [r for r in trials if r["variant"] == v]
+
+        def ms(vals, scale=100.0):
+            vals = [x * scale for x in vals if x is not None]
+            if not vals:
+                return "-"
+            d = 2 if scale != 1 else 4
+            return f"{statistics.fmean(vals):.{d}f} ± {statistics.stdev(vals) if len(vals) > 1 else 0:.{d}f}"
+
+        md.append(f"| {v} | {len(rs)} | " + " | ".join(ms([r[k] for r in rs]) for k, _ in COLUMNS)
+                  + f" | {ms([r['d_valid_loss'] for r in rs], 1)} | {ms([r['avg_bag_loss'] for r in rs], 1)}"
+                  f" | {ms([r['u_cosine_mean'] for r in rs], 1)} |")
+    md += ["", "Paired differences ×100, mean [95% t interval] over seeds:", "",
+           "| variant | against | STS avg | SentEval avg | QQP-Hard best | TopConst |", "|---|---|---|---|---|---|"]
+    ref = "w/o adversarial loss"
+    keys = ["sts_avg", "sts_senteval", "qqp_hard_best_acc", "probe_top_const_acc"]
+    for v in variants:
+        rs = {r["seed"]: r for r in trials if r["variant"] == v}
+        md.append(f"| {v} | base | " + " | ".join(paired([r[k] - base[k] for r in rs.values()]) for k in keys) + " |")
+        if v != ref:
+            other = {r["seed"]: r for r in trials if r["variant"] == ref}
+            common = sorted(set(rs) & set(other))
+            md.append(f"| {v} | {ref} | " + " | ".join(paired([rs[s][k] - other[s][k] for s in common]) for k in keys)
+                      + " |")
+    return md
+
+
 def base_folder(base: dict) -> str:
     """The untouched model's folder, from the base label ``base (<model>, <pooling>)``."""
     from orchestrator.models import resolve_model_source
@@ -42,6 +101,7 @@ def base_folder(base: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--name", default="parabart-smoke")
+    ap.add_argument("--preset", default="seeds", help="the sweep preset the run used (for the command line printed)")
     ap.add_argument("--outputs", default=str(ROOT / "outputs"))
     args = ap.parse_args()
     out = Path(args.outputs)
@@ -57,24 +117,33 @@ def main() -> None:
         v = t["params"].get("variant", t["params"])
         label = ("ParaBART" if v.get("lambda_adv") else "w/o adversarial loss" if v.get("syntax_guidance", True)
                  else "w/o AL and SG")
+        last = t["history"][-1] if t.get("history") else {}
         rows.append({"model": f"{label} (λ_adv={v.get('lambda_adv'):g}, syntax guidance {v.get('syntax_guidance', True)})",
+                     "variant": label, "seed": t["params"].get("train.seed"),
                      "trial": t["trial"], "dev_stsb_spearman": t["best_dev"],
+                     "selected_step": (t.get("best") or {}).get("step"),
+                     "d_valid_loss": last.get("valid_loss_adv"), "avg_bag_loss": last.get("valid_loss_adv_average_bag"),
+                     "u_cosine_mean": last.get("u_cosine_mean"), "u_norm_mean": last.get("u_norm_mean"),
                      "sts": {k: t["test"][f"sts_{k}_pearson_all"] for k in TASKS},
                      "sts_avg": t["test"]["sts_avg_pearson_all"], "sts_senteval": t["test"]["sts_senteval_avg_pearson"],
                      **evaluate_extra(str(folder))})
         print(rows[-1])
     md = [f"# ParaBART smoke (`{args.name}`): STS Pearson, QQP-Easy/Hard, probes (all ×100)", "",
-          "Sweep: `python jobs/parabart_sweep.py --preset smoke` (120 steps, batch 16, bert2bert from MiniLM, the "
-          "paper's learning rates, the checkpoint with the lowest paraphrase validation loss; "
-          "training pairs: the shipped mix of MRPC train, PAWS-X en dev, PIT-2015 dev and QQP duplicates disjoint "
-          "from the QQP-Easy/Hard pool, both ways, shuffled: 17,710 directed pairs); then "
-          "`python bench/parabart_smoke.py --name NAME`. Mean pooling everywhere. STS: Pearson ×100, SimCSE's \"all\" per "
-          "task; 'SentEval avg' = the paper's aggregation (Pearson averaged over each task's subsets, then tasks).", "",
-          "| model | STS-B dev ρ | " + " | ".join(TASKS) + " | STS avg | SentEval avg | QQP-Easy best | QQP-Hard best | "
-          "QQP-Easy dev-thr | QQP-Hard dev-thr | TreeDepth ↓ | TopConst ↓ | BShift (ours) ↓ |",
-          "|---|" + "---:|" * (len(TASKS) + 10)]
+          f"Sweep: `python jobs/parabart_sweep.py --preset {args.preset} --name {args.name}` (120 steps, batch 16, "
+          "bert2bert from MiniLM, the paper's learning rates, the checkpoint with the lowest paraphrase validation "
+          "loss L_para; training pairs: the shipped mix of MRPC train, PAWS-X en dev, PIT-2015 dev and QQP duplicates "
+          "disjoint from the QQP-Easy/Hard pool, both ways, shuffled: 17,710 directed pairs); then "
+          f"`python bench/parabart_smoke.py --name {args.name}`. Mean pooling everywhere. STS: Pearson ×100, SimCSE's "
+          "\"all\" per task; 'SentEval avg' = the paper's aggregation (Pearson averaged over each task's subsets, then "
+          "tasks).", ""]
+    md += summary(rows)
+    md += ["", "## Every trial", "",
+          "| model | seed | STS-B dev ρ | " + " | ".join(TASKS) + " | STS avg | SentEval avg | QQP-Easy best | "
+          "QQP-Hard best | QQP-Easy dev-thr | QQP-Hard dev-thr | TreeDepth ↓ | TopConst ↓ | BShift (ours) ↓ |",
+          "|---|---|" + "---:|" * (len(TASKS) + 10)]
     for r in rows:
-        md.append(f"| {r['model']} | {r['dev_stsb_spearman'] * 100:.2f} | " + " | ".join(f"{r['sts'][k] * 100:.2f}" for k in TASKS)
+        md.append(f"| {r['model']} | {r.get('seed', '')} | {r['dev_stsb_spearman'] * 100:.2f} | "
+                  + " | ".join(f"{r['sts'][k] * 100:.2f}" for k in TASKS)
                   + f" | {r['sts_avg'] * 100:.2f} | {r['sts_senteval'] * 100:.2f} | {r['qqp_easy_best_acc'] * 100:.2f}"
                   f" | {r['qqp_hard_best_acc'] * 100:.2f} | {r['qqp_easy_dev_threshold_acc'] * 100:.2f}"
                   f" | {r['qqp_hard_dev_threshold_acc'] * 100:.2f} | {r['probe_tree_depth_acc'] * 100:.2f}"
