@@ -37,19 +37,11 @@ COLUMNS = [("sts_avg", "STS avg"), ("sts_senteval", "SentEval avg"), ("qqp_easy_
            ("probe_top_const_acc", "TopConst ↓"), ("probe_bshift_ours_acc", "BShift ↓")]
 
 
-def paired(diffs: list[float]) -> str:
-    """Mean of paired differences (×100) with its 95% t interval; "indistinguishable" where it crosses 0."""
-    import statistics
+def paired(a: dict, b) -> str:
+    """Mean of the paired differences a − b (×100, by seed; ``b`` a number: the base) with its 95% t interval."""
+    from orchestrator.stats import paired_difference
 
-    from scipy import stats
-
-    n = len(diffs)
-    m = statistics.fmean(diffs)
-    if n < 2:
-        return f"{m * 100:+.2f} (n=1)"
-    half = stats.t.ppf(0.975, n - 1) * statistics.stdev(diffs) / n ** 0.5
-    verdict = "indistinguishable" if m - half <= 0 <= m + half else ("higher" if m > 0 else "lower")
-    return f"{m * 100:+.2f} [{(m - half) * 100:+.2f}, {(m + half) * 100:+.2f}] {verdict}"
+    return paired_difference(a, b).describe(scale=100)
 
 
 def summary(rows: list[dict]) -> list[str]:
@@ -82,12 +74,12 @@ def summary(rows: list[dict]) -> list[str]:
     keys = ["sts_avg", "sts_senteval", "qqp_hard_best_acc", "probe_top_const_acc"]
     for v in variants:
         rs = {r["seed"]: r for r in trials if r["variant"] == v}
-        md.append(f"| {v} | base | " + " | ".join(paired([r[k] - base[k] for r in rs.values()]) for k in keys) + " |")
+        md.append(f"| {v} | base | " + " | ".join(paired({s: r[k] for s, r in rs.items()}, base[k]) for k in keys)
+                  + " |")
         if v != ref:
             other = {r["seed"]: r for r in trials if r["variant"] == ref}
-            common = sorted(set(rs) & set(other))
-            md.append(f"| {v} | {ref} | " + " | ".join(paired([rs[s][k] - other[s][k] for s in common]) for k in keys)
-                      + " |")
+            md.append(f"| {v} | {ref} | " + " | ".join(
+                paired({s: r[k] for s, r in rs.items()}, {s: r[k] for s, r in other.items()}) for k in keys) + " |")
     return md
 
 
