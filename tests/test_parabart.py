@@ -21,12 +21,12 @@ from trainers.parabart import (
     build_model,
     discriminator,
     discriminator_optimizer,
-    generate,
     main_loss,
     parameter_groups,
     parse_tokens,
     word_dropout,
 )
+from trainers.parabart_generate import generate
 
 ROWS = {
     "src": ["the cat sat on the mat .", "a man is playing a guitar ."],
@@ -248,7 +248,8 @@ def test_generation_projects_only_the_next_token_and_gets_the_full_projections_l
 def test_generation_from_a_saved_model(tiny_bert_dir, tmp_path):
     from sentence_transformers import SentenceTransformer
 
-    from trainers.parabart import export_model, load_parabart
+    from trainers.parabart import export_model
+    from trainers.parabart_generate import load_parabart
 
     cfg, model, dis, batcher = setup(tiny_bert_dir)
     ckpt = tmp_path / "ckpt"
@@ -281,7 +282,7 @@ def test_parabart_under_ray_train(engine, ray_cluster, tiny_bert_dir, parabart_s
     in the checkpoint, export, STS test, generation."""
     from orchestrator.drivers.registry import get_method
     from orchestrator.drivers.train import build_trainer, export_and_test, fit
-    from trainers.parabart import load_parabart
+    from trainers.parabart_generate import load_parabart
 
     lines = parabart_store / "pairs.tsv"
     src = Path(__file__).resolve().parents[1] / "data" / "paraphrase" / "mrpc-train.tsv"
@@ -453,7 +454,8 @@ def test_a_bart_model_exports_an_encoder_sentence_transformers_runs_as_an_encode
 
     from orchestrator.evaluation.encode import HFEncoder
     from orchestrator.models import load_encoder
-    from trainers.parabart import export_model, load_parabart
+    from trainers.parabart import export_model
+    from trainers.parabart_generate import load_parabart
 
     if arch == "bart-folder":
         cfg, model, dis, batcher = setup(tiny_bart_dir)

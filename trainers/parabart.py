@@ -20,13 +20,9 @@ up to ``parse_max_length`` (160) tokens, from the corpus pipeline.
   input embeddings through the output layer. L_para = −Σ_t log P(y_t | y_<t, ū, V).
   ``syntax_guidance: false`` drops V (memory [ū] alone): with λ_adv = 0 it is the paper's
   "w/o AL and SG" ablation.
-* **Syntax discriminator** D, the reference code's form: a LayerNorm without parameters, then a linear
-  layer to every constituent tag (phrase labels, POS tags, ``ROOT`` and the two brackets), trained with a
-  binary cross-entropy per tag, averaged over the tags, against the *source's* bag of constituents h:
-  the tree's counts (:func:`~orchestrator.data.augment.constituent_bag`) plus one for every tag,
-  normalised to sum to 1. L_adv = mean_t BCE(σ(D(ū))_t, h_t). The LayerNorm matters: without it the
-  encoder could defeat D by scaling ū. ``discriminator: softmax`` is our earlier form (no LayerNorm,
-  softmax cross-entropy against the unsmoothed share of labels only), kept to reproduce old results.
+* **Syntax discriminator** D (``trainers/parabart_adversary.py``, the reference code's form): a LayerNorm
+  without parameters, then a linear layer to every constituent tag, trained with a binary cross-entropy per
+  tag against the *source's* bag of constituents (counts + 1, normalised): L_adv = mean_t BCE(σ(D(ū))_t, h_t).
 
 Training alternates, each step: (1) update D alone to minimise L_adv on ū.detach(); (2) update
 E_sem, E_syn and the decoder on L_para − λ_adv·L_adv with the updated D - the encoder learns to
@@ -43,10 +39,9 @@ checkpoint is chosen on the paraphrase validation loss L_para alone on ``data.va
 pairs (``selection: valid_para_loss``; the paper tunes on the generation loss, and choosing on
 L_para − λ·L_adv would reward the checkpoint that fools D most), the last one (``last``), or STS-B dev
 (``stsb_dev``). Every evaluation logs D's validation loss beside the loss of the best constant guess (the
-average bag: D below it has learnt something) and ū's mean norm and mean pairwise cosine. D is a module of its own, outside the
-main model: the main model runs under DDP or DeepSpeed ZeRO (the shared ``deepspeed`` block) with
-one forward and one backward per step (D's step only sees ū.detach()); D's small gradients are
-averaged across workers by hand, and D and its optimiser travel in every checkpoint.
+average bag: D below it has learnt something) and ū's mean norm and mean pairwise cosine. D is a module
+of its own, outside the main model, which runs under DDP or DeepSpeed ZeRO with one forward and one backward
+per step; D's gradients are averaged across workers by hand; D and its optimiser travel in every checkpoint.
 
 Backbones (``architecture``)
     ``bart`` with a BART folder (the paper: a copy of ``facebook/bart-base``): E_sem = BART's
@@ -74,7 +69,6 @@ Example
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -99,6 +93,14 @@ from orchestrator.evaluation.suite import evaluate_sts
 from orchestrator.export import export_encoder, standalone_encoder
 from orchestrator.spec import BaseResult, MethodSpec, measure_base
 from trainers import common
+from trainers.parabart_adversary import (  # noqa: F401  (the recipe's names, re-exported)
+    Discriminator,
+    adv_loss,
+    adversary_step,
+    average_bag_loss,
+    bag_targets,
+    discriminator,
+)
 
 
 # ---------------------------------------------------------------- config
@@ -209,29 +211,6 @@ class ParaBART(nn.Module):
         return logits, u
 
 
-class Discriminator(nn.Module):
-    """D: ū → one logit per constituent tag (the tag vocabulary less padding and unknown).
-    ``reference``: LayerNorm without parameters, then linear (the reference code's ``Discriminator``);
-    ``softmax``: linear alone (the loss applies the softmax)."""
-
-    def __init__(self, hidden_size: int, n_tags: int, form: str = "reference"):
-        super().__init__()
-        self.form = form
-        self.norm = nn.LayerNorm(hidden_size, elementwise_affine=False) if form == "reference" else nn.Identity()
-        self.linear = nn.Linear(hidden_size, n_tags)
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.linear.weight.dtype
-
-    def forward(self, u: torch.Tensor) -> torch.Tensor:
-        return self.linear(self.norm(u.to(self.dtype)))  # D stays fp32 when ZeRO runs the model in bf16
-
-
-def discriminator(model: ParaBART, form: str = "reference") -> Discriminator:
-    return Discriminator(model.hidden_size, len(model.tag_vocab) - 2, form)
-
-
 def discriminator_optimizer(dis: nn.Module, cfg: ParaBARTConfig) -> torch.optim.Optimizer:
     """D's own AdamW at E_sem's learning rate (the paper's 2e-5) unless ``lr_discriminator``, weight decay as the
     main groups."""
@@ -302,37 +281,6 @@ def para_loss(logits: torch.Tensor, tgt_ids: torch.Tensor, tgt_mask: torch.Tenso
     return F.cross_entropy(logits, tgt_ids[:, 1:][tgt_mask[:, 1:].bool()])
 
 
-def bag_targets(bags: list[str], tags: Vocab, form: str = "reference") -> torch.Tensor:
-    """D's targets from the sources' bags (JSON tag → count). ``reference``: one plus each tag's count,
-    normalised over the tags (the reference code's ``synt_bow``); ``softmax``: each label's share of the
-    tree's nodes, brackets and ``ROOT`` left out. Tags outside the training vocabulary are not counted."""
-    out = torch.zeros(len(bags), len(tags) - 2)
-    for i, b in enumerate(bags):
-        for tag, count in json.loads(b).items():
-            if tag in tags.index and (form == "reference" or tag not in ("(", ")", "ROOT")):
-                out[i, tags.index[tag] - 2] += count
-    if form == "reference":
-        out += 1.0
-    return out / out.sum(-1, keepdim=True).clamp_min(1e-12)
-
-
-def adv_loss(dis_logits: torch.Tensor, bags: torch.Tensor, form: str = "reference") -> torch.Tensor:
-    """L_adv: ``reference``: binary cross-entropy with logits per tag, averaged over tags and the batch
-    (``nn.BCEWithLogitsLoss()``); ``softmax``: −Σ_t h(t) log softmax(D(ū))_t, averaged over the batch."""
-    if form == "reference":
-        return F.binary_cross_entropy_with_logits(dis_logits, bags)
-    return -(bags * F.log_softmax(dis_logits, dim=-1)).sum(-1).mean()
-
-
-def average_bag_loss(bags: torch.Tensor, form: str = "reference") -> float:
-    """The loss of the best constant guess - the average bag of ``bags`` - on ``bags``: a D whose loss is not
-    below it has learnt nothing about a sentence's syntax from ū."""
-    mean = bags.mean(0, keepdim=True).clamp(1e-12, 1 - 1e-12)
-    if form == "reference":
-        return float(F.binary_cross_entropy(mean.expand_as(bags), bags))
-    return float(-(bags * mean.log()).sum(-1).mean())
-
-
 class Batch:
     """Tokenised source (word-dropped), target, target parse and source bag tensors."""
 
@@ -361,16 +309,6 @@ class Batch:
         return {k: v.to(device) for k, v in out.items()}
 
 
-def adversary_step(dis: Discriminator, opt_dis: torch.optim.Optimizer, u: torch.Tensor, bags: torch.Tensor) -> float:
-    """(1) D alone minimises L_adv on ū.detach(): no gradient reaches the encoders."""
-    opt_dis.zero_grad(set_to_none=True)
-    loss = adv_loss(dis(u.detach()), bags, dis.form)
-    loss.backward()
-    common.average_gradients(dis.parameters())
-    opt_dis.step()
-    return float(loss.detach())
-
-
 def main_loss(model: nn.Module, dis: Discriminator, b: dict, cfg: ParaBARTConfig, adversary_on: bool, opt_dis=None,
               fit_discriminator: bool | None = None):
     """One ParaBART step's loss for the encoders and decoder: L_para − λ·L_adv once ``adversary_on``,
@@ -389,29 +327,6 @@ def main_loss(model: nn.Module, dis: Discriminator, b: dict, cfg: ParaBARTConfig
     l_adv = adv_loss(dis(u), b["bags"], dis.form)
     loss = l_para - cfg.lambda_adv * l_adv
     return loss, {**logs, "loss_adv": float(l_adv.detach()), "loss": float(loss.detach())}
-
-
-# ---------------------------------------------------------------- generation
-@torch.inference_mode()
-def generate(model: ParaBART, batcher: Batch, sources: list[str], parses: list[str], max_new_tokens: int = 40) -> list[str]:
-    """Greedy decoding of paraphrases of ``sources`` shaped like the linearized ``parses``."""
-    model.eval()
-    tok = batcher.tok
-    rows = {"src": sources, "tgt": [""] * len(sources), "tgt_parse": parses, "src_bag": ["{}"] * len(sources)}
-    b = batcher(rows, train=False)
-    u = model.embed(b["src_ids"], b["src_mask"])
-    v = model.syntax(b["parse_ids"], b["parse_mask"])
-    out = torch.full((len(sources), 1), tok.cls_token_id, dtype=torch.long)
-    done = torch.zeros(len(sources), dtype=torch.bool)
-    for _ in range(max_new_tokens):
-        logits = model.decode(u, v, b["parse_mask"], out, torch.ones_like(out), keep=1)  # the next token only
-        nxt = logits[:, -1].argmax(-1)
-        nxt = torch.where(done, torch.full_like(nxt, tok.pad_token_id), nxt)
-        out = torch.cat([out, nxt[:, None]], dim=1)
-        done |= nxt == tok.sep_token_id
-        if done.all():
-            break
-    return tok.batch_decode(out, skip_special_tokens=True)
 
 
 # ---------------------------------------------------------------- the per-worker loop (Ray Train)
@@ -490,7 +405,7 @@ def validation_loss(model: ParaBART, dis: Discriminator, batcher: Batch, rows: d
 def export_model(cfg: ParaBARTConfig, checkpoint_dir, out_dir):
     """E_sem as a sentence encoder (mean pooling; loads with ``SentenceTransformer``) +
     ``parabart.pt`` (the whole model and its two vocabularies) + ``generator/`` (the backbone's
-    config and tokenizer) + ``parabart_config.json``, for generation (:func:`load_parabart`)."""
+    config and tokenizer) + ``parabart_config.json``, for generation (``trainers.parabart_generate``)."""
     state = common.load_module_state(checkpoint_dir)
     model, tokenizer = build_model(cfg, Vocab(state["_extra_state"]["syntax"]), Vocab(state["_extra_state"]["tags"]))
     model.load_state_dict(state)
@@ -504,18 +419,6 @@ def export_model(cfg: ParaBARTConfig, checkpoint_dir, out_dir):
                           max_seq_length=cfg.eval.max_length,
                           extra_files={"parabart_config.json": cfg.model_dump_json(indent=2)},
                           write_more=generator_files)
-
-
-def load_parabart(model_dir) -> tuple[ParaBART, Batch]:
-    """The saved model for generation: ``generate(model, batcher, [src], [parse])``."""
-    d = Path(model_dir)
-    cfg = ParaBARTConfig.model_validate_json((d / "parabart_config.json").read_text())
-    state = torch.load(d / "parabart.pt", map_location="cpu", weights_only=True)
-    syntax, tags = Vocab(state["_extra_state"]["syntax"]), Vocab(state["_extra_state"]["tags"])
-    model, tokenizer = build_model(cfg, syntax, tags, skeleton=d / "generator")
-    model.load_state_dict(state)
-    model.eval()
-    return model, Batch(tokenizer, syntax, tags, cfg)
 
 
 def evaluate(cfg: ParaBARTConfig, model_dir, tasks: list[str] | None = None):

@@ -67,8 +67,7 @@ class AugmentConfig(StrictModel):
                                  description="rule: tree layers for short sentences, a triple otherwise (SIFTER)")
     rule_max_words: int = Field(20, ge=1, description="rule: sentences of at most this many tokens use the tree layers")
     backbone_fallback: str = Field("backbone", pattern="^(backbone|copy|none)$")
-    deletion_classes: list[Literal["article", "cconj", "sconj", "pron"]] = Field(
-        ["article", "cconj", "sconj"], description="Z deletes these: articles and conjunctions (the paper's); pron")
+    deletion_classes: list[Literal["article", "cconj", "sconj", "pron"]] = ["article", "cconj", "sconj"]  # the paper's
     parse_max_depth: int | None = Field(None, ge=1, description="linearized parse: cut the tree here (None: whole)")
 
 
@@ -412,15 +411,10 @@ class CorpusBlock(StrictModel):
     augment: AugmentConfig = AugmentConfig()
 
 
-# What the rows mean, beside the config: bumped whenever a view or column changes meaning (2: SIFTER's Z
-# keeps pronouns, Y's backbone is the main clause's core, the constituent bag holds the reference code's
-# counts), so a cache built by older code is never read as this code's.
-ROW_FORMAT = 2
-
+ROW_FORMAT = 2  # bumped when a column changes meaning (2: Z keeps pronouns, Y's core backbone, bag counts)
 
 def corpus_key(input_uri: str, corpus_cfg_json: str) -> str:
-    """Content address of an augmented corpus: the input files' bytes (local) or key + size (s3) + config
-    + :data:`ROW_FORMAT`."""
+    """Content address of an augmented corpus: input bytes (local) or key + size (s3), config, ROW_FORMAT."""
     h = hashlib.sha256(f"{ROW_FORMAT}\x00{corpus_cfg_json}".encode())
     for f in input_files(input_uri):
         if storage.is_s3(f):  # a bucket key is stable (local paths are not); its size + ETag, not its bytes
