@@ -80,7 +80,33 @@ def summary(rows: list[dict]) -> list[str]:
             other = {r["seed"]: r for r in trials if r["variant"] == ref}
             md.append(f"| {v} | {ref} | " + " | ".join(
                 paired({s: r[k] for s, r in rs.items()}, {s: r[k] for s, r in other.items()}) for k in keys) + " |")
-    return md
+    return verdict(base, trials) + [""] + md
+
+
+def verdict(base: dict, trials: list[dict]) -> list[str]:
+    """The issue's targets and the base comparison, said plainly from the figures."""
+    import statistics
+
+    from orchestrator.stats import paired_difference
+
+    def mean(v, k):
+        return statistics.fmean(r[k] for r in trials if r["variant"] == v)
+
+    full, no_al = "ParaBART", "w/o adversarial loss"
+    if not any(r["variant"] == full for r in trials) or not any(r["variant"] == no_al for r in trials):
+        return []
+    gap = (mean(full, "sts_avg") - mean(no_al, "sts_avg")) * 100
+    top = (mean(full, "probe_top_const_acc") - mean(no_al, "probe_top_const_acc")) * 100
+    lines = ["## Verdict", "",
+             f"- ParaBART's mean STS avg is {gap:+.2f} points from \"w/o adversarial loss\" (target: within 1.0): "
+             f"**{'met' if abs(gap) <= 1.0 else 'not met'}**.",
+             f"- TopConst: ParaBART {top:+.2f} points against \"w/o adversarial loss\" (target: below it): "
+             f"**{'met' if top < 0 else 'not met'}**."]
+    for v in dict.fromkeys(r["variant"] for r in trials):
+        d = paired_difference({r["seed"]: r["sts_avg"] for r in trials if r["variant"] == v}, base["sts_avg"])
+        word = {"higher": "beats", "lower": "is below", "indistinguishable": "is indistinguishable from"}[d.verdict]
+        lines.append(f"- {v} {word} the untouched encoder on STS avg: {d.describe(scale=100)} (95% t interval over seeds).")
+    return lines
 
 
 def base_folder(base: dict) -> str:
