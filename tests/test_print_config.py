@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.drivers import sweep_job, train_job
+from orchestrator.drivers import compare, sweep_job, train_job
 from orchestrator.drivers.registry import method_names
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,6 +33,7 @@ JOBS = {
     **{f"train:{m}": (lambda: train_job.main("doc"), ["--method", m]) for m in method_names()
        if (ROOT / "configs" / m / "smoke.yaml").is_file()},  # siamese runs through siamese_experiments
     "siamese_experiments": (lambda: siamese_main()(), []),
+    "compare": (lambda: compare.main("doc"), []),
 }
 
 
@@ -54,5 +55,8 @@ def test_print_config_round_trips(job, tmp_path, monkeypatch, capsys):
     # an override on top of the printed file still applies (the file is a config, not a frozen dump)
     key = "base.train.seed=7" if job == "siamese_experiments" else "train.seed=7"
     again = yaml.safe_load(printed(monkeypatch, capsys, run, [*extra, "--config", str(tmp_path / "job.yaml"), key]))
-    seed = again["base"]["train"]["seed"] if job.startswith(("sweep", "siamese")) else again["train"]["seed"]
+    if job == "compare":  # every arm's config
+        seed = {a["config"]["train"]["seed"] for a in again["arms"].values()}.pop()
+    else:
+        seed = again["base"]["train"]["seed"] if job.startswith(("sweep", "siamese")) else again["train"]["seed"]
     assert seed == 7

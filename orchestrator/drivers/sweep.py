@@ -166,9 +166,15 @@ def trial_fn(tune_config: dict, *, method: str, base: MethodConfig, shards: str,
     unfinished and calls this again (seen in the kill/resume test); the ``done`` marker written
     after training makes that call replay the recorded reports to Tune instead.
     """
-    spec = get_method(method)
     params = tune_config["params"]
-    cfg = trial_config(base, params, "sweep trial")
+    train_trial(get_method(method), trial_config(base, params, "sweep trial"), params, shards=shards,
+                sweep_dir=sweep_dir, tracking=tracking)
+
+
+def train_trial(spec, cfg: MethodConfig, params: dict, *, shards: str, sweep_dir: str,
+                tracking: dict | None = None) -> None:
+    """Inside a Tune trial: train ``cfg`` once (or replay a finished trial's reports), every evaluation
+    recorded in the sweep's storage; shared by the sweeps and ``jobs/compare.py``."""
     trial = ray.tune.get_context().get_trial_name()
     reports, done = reports_uri(sweep_dir, trial), storage.join(sweep_dir, "done", trial)
     if storage.exists(done):

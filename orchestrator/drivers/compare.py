@@ -1,0 +1,444 @@
+"""``jobs/compare.py``: K seeds × N arms on one base model, paired by seed, with confidence intervals.
+
+An *arm* is any method's config (a preset file + overrides) on the same base model, trained for the same
+number of steps and tested on the same tasks. Every arm runs once per seed; two runs with one seed see the
+same data order (arms of one method read the same shards) and start their new parts (an MLP head, a
+decoder) from the same draw, so the seed's noise cancels in their difference. The untouched base model is
+measured once per test-time pooling the arms are read with, in the same run. Then
+:mod:`orchestrator.drivers.leaderboard` gives each arm's mean ± std, its paired difference against the
+base and against the reference arm with a 95% interval, and its training-loss level (a saturated arm
+tests nothing).
+
+    plan = resolve(args)       # the compare file, every arm's config validated, the arms checked comparable
+    result = run(plan, parent) # data, the base per pooling, Tune over arm × seed (each trial trains and tests)
+    summary = publish(...)     # child runs, the leaderboard (Markdown, JSON, plot) on the parent run,
+                               # the winner registered only when its interval against the base is above 0
+
+Resumable: a killed driver continues with ``--name NAME --resume``; a trial that finished training is not
+trained again (its reports are replayed), one whose test finished is not tested again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import mlflow
+import ray
+import ray.tune
+import torch
+from pydantic import Field, field_validator
+from ray import tune
+from ray.tune.search import BasicVariantGenerator
+
+from orchestrator import storage, tracking
+from orchestrator.config import (
+    REPO_ROOT,
+    EncoderMethodConfig,
+    MethodConfig,
+    StrictModel,
+    apply_overrides,
+    config_hash,
+    read_yaml,
+    resolve_config_path,
+    set_path,
+    validate,
+    with_params,
+)
+from orchestrator.drivers import leaderboard as lb
+from orchestrator.drivers import publish as pub
+from orchestrator.drivers.cli import job_parser, location_overrides, print_config
+from orchestrator.drivers.cluster import concurrent_trials, init_ray, shutdown_ray
+from orchestrator.drivers.registry import get_method
+from orchestrator.drivers.sweep import (
+    ProgressLines,
+    refuse_existing,
+    reports_uri,
+    sweep_dir,
+    sweeps_root,
+    train_trial,
+    trial_name,
+    trial_row,
+)
+from orchestrator.drivers.train import (
+    Outcome,
+    checkpoint_at,
+    export_and_test,
+    materializes,
+    preflight,
+    worker_cores,
+)
+from orchestrator.errors import ConfigError
+from orchestrator.evaluation.encode import test_time_pooling
+from orchestrator.models import pooling_for
+from orchestrator.spec import MethodSpec
+
+
+class ArmConfig(StrictModel):
+    method: str
+    config: str | dict[str, Any] = Field(..., description="the method's preset file (relative to the repo root), "
+                                         "or the whole config inline")
+    overrides: dict[str, Any] = Field({}, description="dotted keys set on this arm's config")
+
+
+class RegisterBlock(StrictModel):
+    arm: str = Field("best", description="the arm to register (`best`: the one ranked first)")
+    name: str | None = Field(None, description="registered model name (default: the arm's tracking."
+                             "registry_model_name, else its method)")
+    alias: str = "candidate"
+
+
+class CompareJobConfig(StrictModel):
+    """A compare file: the seeds, the arms, the reference arm, the statistics and the optional registration."""
+
+    seeds: list[int] = Field(..., min_length=1)
+    arms: dict[str, ArmConfig] = Field(..., min_length=1)
+    reference: str | None = Field(None, description="the arm every other one is set against (default: the first)")
+    common_overrides: dict[str, Any] = Field({}, description="dotted keys set on every arm (steps, batch, eval)")
+    headline: str | None = Field(None, description="the test figure arms are ranked and gated on (default: the "
+                                 "method's headline, e.g. sts_avg_spearman_all)")
+    confidence: float = Field(0.95, gt=0, lt=1)
+    interval: Literal["t", "bootstrap"] = "t"
+    max_concurrent_trials: int | None = Field(None, ge=1)
+    registration: RegisterBlock | None = None
+
+    @field_validator("seeds")
+    @classmethod
+    def _distinct(cls, v):
+        if len(set(v)) != len(v):
+            raise ValueError(f"seeds must be distinct: {v}")
+        return v
+
+
+def parse_args(doc: str) -> argparse.Namespace:
+    ap = job_parser(doc, "compare")
+    ap.add_argument("--resume", action="store_true", help="continue the comparison NAME after a crash (needs --name)")
+    ap.add_argument("--out", help="also write the leaderboard here (FILE.md, with FILE.json and FILE.png beside it)")
+    return ap.parse_args()
+
+
+# ---------------------------------------------------------------- 1. resolve
+@dataclass
+class ComparePlan:
+    name: str
+    job: CompareJobConfig
+    arms: dict[str, tuple[MethodSpec, MethodConfig]]  # every arm's validated config (train.seed set per trial)
+    exp_id: str
+    resume: bool = False
+    progress: bool = True
+    verbose: bool = False
+
+    @property
+    def first(self) -> MethodConfig:
+        return next(iter(self.arms.values()))[1]
+
+
+def arm_config(job: CompareJobConfig, name: str, source: str, cli: list[str]) -> tuple[MethodSpec, MethodConfig]:
+    arm = job.arms[name]
+    spec = get_method(arm.method)
+    if isinstance(arm.config, dict):
+        data, where = dict(arm.config), f"{source}: arms.{name}.config"
+    else:
+        path = Path(arm.config) if Path(arm.config).is_absolute() else REPO_ROOT / arm.config
+        data, where = read_yaml(path), str(path)
+    data["method"] = arm.method  # one preset serves simcse and sifter_simcse
+    for key, value in {**job.common_overrides, **arm.overrides}.items():
+        set_path(data, key.split("."), value, f"{source}: arms.{name}: {key}")
+    return spec, validate(spec.config_cls, apply_overrides(data, cli), f"{where} (arm {name!r} of {source})")
+
+
+def check_comparable(arms: dict[str, tuple[MethodSpec, MethodConfig]], source: str) -> None:
+    """Arms differ in their method and settings, never in what they are measured against: one base model,
+    equal steps (and global batch), one test, one storage. Each difference is refused with its arm named."""
+    def facts(spec, cfg):
+        return {"the base model (model.name_or_path)": getattr(getattr(cfg, "model", None), "name_or_path", None),
+                "the step budget (train.max_steps)": cfg.train.max_steps,
+                "the global batch (train.batch_size × scaling.num_workers)":
+                    cfg.train.batch_size * cfg.scaling.num_workers,
+                "the test tasks (eval.tasks)": getattr(getattr(cfg, "eval", None), "tasks", None),
+                "the test's max_length (eval.max_length)": getattr(getattr(cfg, "eval", None), "max_length", None),
+                "the test (the method's evaluation)": getattr(spec.evaluate, "__qualname__", repr(spec.evaluate)),
+                "the run storage (run.storage)": cfg.run.storage}
+    (first, (s0, c0)), *rest = arms.items()
+    want = facts(s0, c0)
+    if c0.train.max_steps is None:
+        raise ConfigError(f"{source}: arm {first!r}: a comparison runs every arm for equal steps; set train.max_steps")
+    for name, (spec, cfg) in rest:
+        for what, value in facts(spec, cfg).items():
+            if value != want[what]:
+                raise ConfigError(f"{source}: arm {name!r} differs from arm {first!r} in {what}: {value!r} vs "
+                                  f"{want[what]!r}; arms are compared on the same base, steps and test")
+
+
+def resolve(args: argparse.Namespace) -> ComparePlan:
+    if args.resume and not args.name:
+        raise ConfigError("--resume needs --name (the comparison to continue)")
+    path = Path(args.config or resolve_config_path(args.preset, "compare"))
+    job = validate(CompareJobConfig, apply_overrides(read_yaml(path), [o.removeprefix("compare.") for o in args.overrides
+                                                                        if o.startswith("compare.")]), str(path))
+    cli = [o for o in args.overrides if not o.startswith("compare.")] + location_overrides(args)
+    arms = {name: arm_config(job, name, str(path), cli) for name in job.arms}
+    reference = job.reference or next(iter(job.arms))
+    if reference not in arms:
+        raise ConfigError(f"{path}: reference {reference!r} is not one of the arms ({', '.join(arms)})")
+    if job.registration is not None and job.registration.arm not in ("best", *arms):
+        raise ConfigError(f"{path}: registration.arm {job.registration.arm!r}: expected best or one of {', '.join(arms)}")
+    job = job.model_copy(update={"reference": reference})
+    check_comparable(arms, str(path))
+    if args.print_config:
+        inline = {n: a.model_copy(update={"config": arms[n][1].model_dump(mode="json"), "overrides": {}})
+                  for n, a in job.arms.items()}
+        return ComparePlan("", job.model_copy(update={"arms": inline, "common_overrides": {}}), arms, "")
+    exp_ids = {preflight(cfg) for _, cfg in arms.values()}  # resolves each arm's pooling, too
+    name = storage.safe_name(args.name or f"compare-{time.strftime('%Y%m%d-%H%M%S')}", "--name")
+    plan = ComparePlan(name, job, arms, sorted(exp_ids)[0], args.resume, not args.no_progress, args.verbose)
+    if not args.resume:
+        refuse_existing(plan.first.run.storage, name)
+    return plan
+
+
+def test_pooling(cfg: MethodConfig) -> str:
+    return test_time_pooling(pooling_for(cfg)) if isinstance(cfg, EncoderMethodConfig) else "-"
+
+
+# ---------------------------------------------------------------- 2. run
+def tests_uri(where: str, trial: str) -> str:
+    return storage.join(where, "tests", f"{trial}.json")
+
+
+def compare_trial(tune_config: dict, *, arms: dict[str, tuple[str, MethodConfig]], shards: dict[str, str],
+                  sweep_dir: str, tracking: dict | None = None) -> None:
+    """One Tune trial: arm ``params.arm`` trained with ``params.seed`` (or its reports replayed), then its
+    selected checkpoint tested here, on the cores its workers held; the test kept in the storage."""
+    params = tune_config["params"]
+    method, base = arms[params["arm"]]
+    spec = get_method(method)
+    cfg = with_params(base, {"train.seed": params["seed"]}, f"arm {params['arm']}, seed {params['seed']}")
+    train_trial(spec, cfg, params, shards=shards[params["arm"]], sweep_dir=sweep_dir, tracking=tracking)
+    trial = ray.tune.get_context().get_trial_name()
+    if storage.exists(tests_uri(sweep_dir, trial)):
+        return
+    row = arm_row(spec, cfg, trial, params, sweep_dir)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(threads, min(os.cpu_count() or 1, worker_cores(cfg) + 1)))  # the workers are gone
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            outcome = Outcome(checkpoint_at(row["checkpoint_path"]), row["best"], row["history"])
+            _, report = export_and_test(spec, cfg, outcome, Path(tmp) / "model")
+    finally:
+        torch.set_num_threads(threads)
+    storage.write_bytes(tests_uri(sweep_dir, trial), json.dumps(
+        {"checkpoint_path": row["checkpoint_path"], "metrics": report.metrics, "headline": report.headline}).encode())
+
+
+def arm_row(spec: MethodSpec, cfg: MethodConfig, trial: str, params: dict, where: str) -> dict:
+    """The trial's row from its recorded reports: a config without a dev score keeps its last checkpoint."""
+    records = json.loads(storage.read_bytes(reports_uri(where, trial)))
+    has_dev = spec.has_dev(cfg) if spec.has_dev else True
+    return trial_row(trial, params, records, spec.metric if has_dev else "step",
+                     spec.selection_metric(cfg) if has_dev else None)
+
+
+@dataclass
+class CompareResult:
+    rows: list[dict]  # every trial, with its arm, seed and test metrics
+    board: dict
+    wall_s: float
+
+
+def measure_bases(plan: ComparePlan, where: str) -> dict[str, dict]:
+    """The untouched model once per test-time pooling the arms are read with (kept in the storage: a resumed
+    comparison does not measure it again)."""
+    out = {}
+    for spec, cfg in plan.arms.values():
+        pooling = test_pooling(cfg)
+        if pooling in out or spec.evaluate_base is None:
+            continue
+        uri = storage.join(where, "base", f"{pooling}.json")
+        if not storage.exists(uri):
+            b = spec.evaluate_base(cfg)
+            storage.write_bytes(uri, json.dumps({"label": b.label, "dev": b.dev, "test": b.test.metrics}).encode())
+        out[pooling] = json.loads(storage.read_bytes(uri))
+    return out
+
+
+def run(plan: ComparePlan, parent_id: str | None = None) -> CompareResult:
+    init_ray(quiet=not plan.verbose)
+    t0 = time.time()
+    root, where = sweeps_root(plan.first.run.storage), sweep_dir(plan.first.run.storage, plan.name)
+    shards = {name: spec.prepare_data(cfg, progress=plan.progress) for name, (spec, cfg) in plan.arms.items()}
+    bases = measure_bases(plan, where)
+    if parent_id:
+        tracking.log_metrics({f"base_{p}_test_{k}": v for p, b in bases.items() for k, v in b["test"].items()})
+    live = {"uri": tracking.resolve_tracking_uri(plan.first.tracking.tracking_uri), "experiment_id": plan.exp_id,
+            "parent_run_id": parent_id, "sweep": plan.name} if parent_id else None
+    trainable = tune.with_resources(tune.with_parameters(
+        compare_trial, arms={n: (spec.name, cfg) for n, (spec, cfg) in plan.arms.items()}, shards=shards,
+        sweep_dir=where, tracking=live), {"CPU": 1})
+    concurrent = min(concurrent_trials(cfg, plan.job.max_concurrent_trials, streams=not materializes(cfg, shards[n]))
+                     for n, (_, cfg) in plan.arms.items())
+    first_spec = next(iter(plan.arms.values()))[0]
+    if plan.resume and tune.Tuner.can_restore(where):
+        tuner = tune.Tuner.restore(where, trainable=trainable, resume_unfinished=True, resume_errored=True)
+    else:  # new (resolve() refused a name in use), or killed before any trial started: the base is kept
+        space = {"arm": tune.grid_search(list(plan.arms)), "seed": tune.grid_search(plan.job.seeds)}
+        tuner = tune.Tuner(
+            trainable, param_space={"params": space},
+            tune_config=tune.TuneConfig(num_samples=1, search_alg=BasicVariantGenerator(max_concurrent=concurrent),
+                                        trial_name_creator=trial_name, trial_dirname_creator=trial_name),
+            run_config=tune.RunConfig(name=plan.name, storage_path=root, verbose=1 if plan.verbose else 0,
+                                      callbacks=[] if plan.verbose else [ProgressLines(first_spec.metric,
+                                                                                        first_spec.metric_label)],
+                                      failure_config=tune.FailureConfig(max_failures=0)))
+    grid = tuner.fit()
+    rows = collect(plan, grid, where)
+    board = leaderboard(plan, rows, bases)
+    return CompareResult(rows, board, time.time() - t0)
+
+
+def collect(plan: ComparePlan, grid, where: str) -> list[dict]:
+    """Every trial's row: its arm and seed, its reports, its test (None when it failed)."""
+    from orchestrator.drivers.sweep import name_of
+
+    rows = []
+    for r in grid:
+        params = r.config.get("params", {})
+        trial_id = (r.metrics or {}).get("trial_id")
+        name = name_of(trial_id, params) if trial_id else (Path(r.path).name if r.path else "?")
+        spec, base = plan.arms[params["arm"]]
+        cfg = with_params(base, {"train.seed": params["seed"]}, f"arm {params['arm']}")
+        error = str(r.error).splitlines()[0][:300] if r.error else None
+        if storage.exists(reports_uri(where, name)):
+            row = arm_row(spec, cfg, name, params, where)
+        else:
+            row = trial_row(name, params, [], spec.metric)
+        test_file = tests_uri(where, name)
+        test = json.loads(storage.read_bytes(test_file)) if storage.exists(test_file) else None
+        row.update(arm=params["arm"], seed=params["seed"], method=spec.name, error=error, stopped_early=False,
+                   test=test["metrics"] if test else {}, headline=test["headline"] if test else None)
+        rows.append(row)
+    return rows
+
+
+def leaderboard(plan: ComparePlan, rows: list[dict], bases: dict[str, dict]) -> dict:
+    arms = {n: lb.ArmRuns(n, spec.name, test_pooling(cfg)) for n, (spec, cfg) in plan.arms.items()}
+    for r in rows:
+        if not r["test"]:
+            continue
+        losses = [h["loss"] for h in r["history"] if isinstance(h.get("loss"), int | float)]
+        arms[r["arm"]].runs[r["seed"]] = {"test": r["test"], "dev": r["best_dev"],
+                                          "loss_first": losses[0] if losses else None,
+                                          "loss_last": losses[-1] if losses else None}
+    headline = plan.job.headline or next((r["headline"] for r in rows if r.get("headline")), "sts_avg_spearman_all")
+    return lb.build(list(arms.values()), bases, reference=plan.job.reference, headline=headline,
+                    confidence=plan.job.confidence, interval=plan.job.interval)
+
+
+# ---------------------------------------------------------------- 3. publish
+def publish(plan: ComparePlan, result: CompareResult, parent_id: str, out: str | None = None) -> dict:
+    board = result.board
+    for name, (spec, _) in plan.arms.items():
+        pub.log_trials(plan.exp_id, parent_id, plan.name, [r for r in result.rows if r["arm"] == name], spec.metric)
+    h = board["headline"]
+    metrics = {}
+    for r in board["rows"]:
+        metrics[f"{r['arm']}_{h}_mean"] = r["mean"][h]
+        for side in ("vs_base", "vs_reference"):
+            if r[side] is not None:
+                metrics.update({f"{r['arm']}_{side}_{k}": r[side][k] for k in ("mean", "low", "high")})
+    tracking.log_metrics({k: v for k, v in metrics.items() if v is not None and math.isfinite(v)})
+    md = lb.markdown(board)
+    report_dir = Path("outputs") / "reports" / plan.name
+    report_dir.mkdir(parents=True, exist_ok=True)
+    (report_dir / "leaderboard.md").write_text(f"# Comparison `{plan.name}`\n\n{md}\n")
+    (report_dir / "leaderboard.json").write_text(lb.dumps(board))
+    lb.plot(board, report_dir / "leaderboard.png")
+    registered = register(plan, result, parent_id) if plan.job.registration else None
+    gate = lb.gate_text(lb.winner(board, plan.job.registration.arm), h) if plan.job.registration else None
+    if registered:
+        gate += f" → registered {registered['name']} v{registered['version']} @{registered['alias']}"
+    mlflow.log_artifacts(str(report_dir), "leaderboard")
+    mlflow.log_metric("wall_s", result.wall_s)
+    if out:
+        write_out(Path(out), plan, board, md, result.wall_s)
+    return {"comparison": plan.name, "trials": len(result.rows),
+            "failed": [r["trial"] for r in result.rows if not r["test"]], "ranked": [r["arm"] for r in board["rows"]],
+            "report": str(report_dir / "leaderboard.md"), "wall_s": round(result.wall_s, 1),
+            "registered": registered, "gate": gate, "leaderboard": md}
+
+
+def register(plan: ComparePlan, result: CompareResult, parent_id: str) -> dict | None:
+    """The winner's representative run (the seed closest to its arm's mean) registered when the gate passes;
+    idempotent (a resumed comparison registers nothing twice)."""
+    row = lb.winner(result.board, plan.job.registration.arm)
+    if not row["gate"]:
+        return None
+    h = result.board["headline"]
+    spec, base = plan.arms[row["arm"]]
+    runs = [r for r in result.rows if r["arm"] == row["arm"] and r["test"]]
+    rep = min(runs, key=lambda r: abs(r["test"][h] - row["mean"][h]))
+    cfg = with_params(base, {"train.seed": rep["seed"]}, "winner")
+    reg_name = plan.job.registration.name or cfg.tracking.registry_model_name or spec.name.replace("_", "-")
+    tags = {"compare": plan.name, "arm": row["arm"], "seed": str(rep["seed"]), "run_id": parent_id,
+            "config_hash": config_hash(cfg), "test_metric": h, "test_score": f"{rep['test'][h]:.6f}",
+            "gate_low": f"{row['vs_base']['low']:.6f}"}
+    version = tracking.find_version(reg_name, {"compare": plan.name})
+    if version is None:
+        model_dir = Path("outputs") / "models" / plan.name
+        outcome = Outcome(checkpoint_at(rep["checkpoint_path"]), rep["best"], rep["history"])
+        export_and_test(spec, cfg, outcome, model_dir, tested=_report(rep))
+        info = (spec.log_model or tracking.log_sentence_encoder)(model_dir, name="winner_model")
+        desc = (f"comparison {plan.name}: arm {row['arm']} (seed {rep['seed']}, the run nearest its arm's mean)\n\n"
+                f"{lb.gate_text(row, h)}\n\n{lb.markdown(result.board)}")
+        version = tracking.register(info.model_uri, reg_name, alias=plan.job.registration.alias,
+                                    description=desc[:5000], tags=tags)
+    return {"name": reg_name, "version": version, "alias": plan.job.registration.alias, "arm": row["arm"],
+            "seed": rep["seed"]}
+
+
+def _report(row: dict):
+    from orchestrator.evaluation.suite import TestReport
+
+    return TestReport("test (measured in its trial)", row["test"], row["headline"], "", {})
+
+
+def write_out(md_path: Path, plan: ComparePlan, board: dict, md: str, wall_s: float) -> None:
+    md_path.parent.mkdir(parents=True, exist_ok=True)
+    command = "python " + " ".join(["jobs/compare.py", *sys.argv[1:]])
+    md_path.write_text(f"# Comparison `{plan.name}`\n\nCommand: `{command}`. Wall time {wall_s / 60:.1f} min on "
+                       f"{os.cpu_count()} cores.\n\n{md}\n")
+    md_path.with_suffix(".json").write_text(lb.dumps({**board, "name": plan.name, "command": command, "wall_s": wall_s,
+                                                      "job": plan.job.model_dump(mode="json")}))
+    lb.plot(board, md_path.with_suffix(".png"))
+
+
+def main(doc: str) -> int:
+    args = parse_args(doc)
+    plan = resolve(args)
+    if args.print_config:
+        return print_config(plan.job)
+    parent = (tracking.find_run(plan.exp_id, {"sieve.sweep": plan.name, "sieve.role": "compare"})
+              if plan.resume else None)
+    with mlflow.start_run(run_id=parent.info.run_id if parent else None, experiment_id=plan.exp_id,
+                          run_name=None if parent else plan.name) as parent_run:
+        if parent is None:
+            mlflow.set_tags({"sieve.sweep": plan.name, "sieve.role": "compare",
+                             "sieve.arms": ", ".join(plan.arms)})
+            tracking.log_params({"seeds": plan.job.seeds, "reference": plan.job.reference,
+                                 **{f"arm.{n}": cfg.model_dump(mode="json") for n, (_, cfg) in plan.arms.items()}})
+        result = run(plan, parent_run.info.run_id)
+        summary = publish(plan, result, parent_run.info.run_id, out=args.out)
+    shutdown_ray()
+    print(json.dumps({k: v for k, v in summary.items() if k not in ("gate", "leaderboard")}, indent=2))
+    print(summary["leaderboard"])
+    if summary["gate"]:
+        print(summary["gate"])
+    return 0

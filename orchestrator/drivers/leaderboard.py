@@ -1,0 +1,213 @@
+"""A comparison's leaderboard, from its runs: which arm wins on my data, and is the difference real?
+
+Input: every arm's runs keyed by seed (each run's test metrics, dev score and training-loss level) and the
+untouched base measured once per test-time pooling. Per arm: mean ± std over seeds of every headline
+test figure; the paired difference (:mod:`orchestrator.stats`) against the base read with the arm's own
+pooling and against the named reference arm, each with its interval and verdict ("indistinguishable"
+where it crosses 0); the loss level at the end of training, flagged when saturated (a loss near 0
+carries no gradient: such an arm tests nothing). Arms are ranked by their mean headline figure.
+
+Pure functions of plain data (no Ray, no MLflow): the job (:mod:`orchestrator.drivers.compare`) feeds
+them, tests feed them synthetic runs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass, field
+
+from orchestrator.stats import PairedDifference, gate, paired_difference
+
+SATURATED_LOSS = 1e-3  # a contrastive loss this low at the end of training: the batch's negatives are trivial
+
+
+@dataclass
+class ArmRuns:
+    """One arm's runs: ``runs[seed] = {"test": {metric: value}, "dev": float, "loss_first": .., "loss_last": ..}``."""
+
+    name: str
+    method: str
+    pooling: str  # test-time pooling: which base measurement it stands beside
+    runs: dict[int, dict] = field(default_factory=dict)
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    if not values:
+        return math.nan, math.nan
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else math.nan)
+
+
+def metric_keys(test: dict[str, float], headline: str) -> list[str]:
+    """Per-task STS Spearman 'all' and every non-STS figure, the headline last."""
+    keys = [k for k in test if k != headline and (not k.startswith("sts_") or
+                                                  (k.endswith("_spearman_all") and not k.startswith("sts_avg")))]
+    return [*keys, headline]
+
+
+def build(arms: list[ArmRuns], bases: dict[str, dict], *, reference: str | None, headline: str,
+          confidence: float = 0.95, interval: str = "t") -> dict:
+    """The leaderboard as plain JSON-able data. ``bases[pooling] = {"label", "dev", "test": {...}}``.
+
+    Every paired difference uses the seeds both sides ran (a failed run drops its pair, and ``n`` says so);
+    the reference arm's own row has no difference against itself."""
+    by_name = {a.name: a for a in arms}
+    if reference is not None and reference not in by_name:
+        raise ValueError(f"reference arm {reference!r} is not one of the arms ({', '.join(by_name)})")
+    first = next((r["test"] for a in arms for r in a.runs.values() if r.get("test")), {})
+    keys = metric_keys(first, headline) if first else [headline]
+    rows = []
+    for a in arms:
+        scores = {s: r["test"][headline] for s, r in a.runs.items() if headline in r.get("test", {})}
+        base = bases.get(a.pooling)
+        row = {"arm": a.name, "method": a.method, "pooling": a.pooling, "seeds": sorted(scores), "n": len(scores),
+               "mean": {}, "std": {}, "base": base["label"] if base else None}
+        for k in keys:
+            row["mean"][k], row["std"][k] = _mean_std([r["test"][k] for r in a.runs.values() if k in r["test"]])
+        row["dev_mean"], row["dev_std"] = _mean_std([r["dev"] for r in a.runs.values()
+                                                     if r.get("dev") is not None and math.isfinite(r["dev"])])
+        losses = [r["loss_last"] for r in a.runs.values() if r.get("loss_last") is not None]
+        row["loss_first"], _ = _mean_std([r["loss_first"] for r in a.runs.values() if r.get("loss_first") is not None])
+        row["loss_last"], _ = _mean_std(losses)
+        row["saturated"] = bool(losses) and row["loss_last"] < SATURATED_LOSS
+        row["vs_base"] = (_diff(scores, base["test"][headline], confidence, interval)
+                          if base is not None and scores and headline in base["test"] else None)
+        row["vs_reference"] = None
+        if reference is not None and a.name != reference:
+            ref = by_name[reference]
+            ref_scores = {s: r["test"][headline] for s, r in ref.runs.items() if headline in r.get("test", {})}
+            common = sorted(set(scores) & set(ref_scores))
+            if common:
+                row["vs_reference"] = _diff({s: scores[s] for s in common}, {s: ref_scores[s] for s in common},
+                                            confidence, interval)
+        row["gate"] = gate(_as_diff(row["vs_base"])) if row["vs_base"] else False
+        rows.append(row)
+    rows.sort(key=lambda r: -r["mean"][headline] if math.isfinite(r["mean"].get(headline, math.nan)) else math.inf)
+    return {"headline": headline, "keys": keys, "reference": reference, "confidence": confidence,
+            "interval": interval, "bases": bases, "rows": rows}
+
+
+def _diff(a, b, confidence: float, interval: str) -> dict:
+    d = paired_difference(a, b, confidence=confidence, method=interval)
+    return {"n": d.n, "mean": d.mean, "low": d.low, "high": d.high, "verdict": d.verdict,
+            "confidence": d.confidence, "method": d.method}
+
+
+def _as_diff(d: dict) -> PairedDifference:
+    return PairedDifference(d["n"], d["mean"], d["low"], d["high"], d["confidence"], d["method"])
+
+
+def winner(board: dict, arm: str = "best") -> dict:
+    """The row registration considers: the named arm, or the one ranked first (``best``)."""
+    rows = board["rows"]
+    if arm == "best":
+        return rows[0]
+    for r in rows:
+        if r["arm"] == arm:
+            return r
+    raise ValueError(f"register.arm {arm!r} is not one of the arms ({', '.join(r['arm'] for r in rows)})")
+
+
+def gate_text(row: dict, headline: str) -> str:
+    """The registration rule and its figures, one paragraph (a registered version's description says it)."""
+    d = row["vs_base"]
+    if d is None:
+        return f"{row['arm']}: no base measurement to gate on; not registered"
+    ci = _as_diff(d).describe(scale=100)
+    rule = (f"gate: register only when the lower bound of the {d['confidence']:.0%} interval of {row['arm']} − base "
+            f"({row['base']}) on {headline} is above 0, over {d['n']} seed(s): {ci}")
+    return f"{rule} → {'passed' if row['gate'] else 'not passed'}"
+
+
+def _x100(v) -> str:
+    return "–" if v is None or not math.isfinite(v) else f"{v * 100:.2f}"
+
+
+def _pm(mean, std) -> str:
+    if mean is None or not math.isfinite(mean):
+        return "–"
+    return f"{mean * 100:.2f} ± {std * 100:.2f}" if std is not None and math.isfinite(std) else f"{mean * 100:.2f}"
+
+
+def _ci(d: dict | None) -> str:
+    if d is None:
+        return "–"
+    if d["n"] < 2:
+        return f"{d['mean'] * 100:+.2f} (1 pair: no interval)"
+    return _as_diff(d).describe(scale=100)
+
+
+def _loss(row: dict) -> str:
+    if row["loss_last"] is None or not math.isfinite(row["loss_last"]):
+        return "–"
+    return f"{row['loss_first']:.3g} → {row['loss_last']:.3g}" + (" **saturated**" if row["saturated"] else "")
+
+
+def short(key: str) -> str:
+    return key.removeprefix("sts_").removesuffix("_spearman_all").replace("avg", "avg")
+
+
+def markdown(board: dict) -> str:
+    """The leaderboard: the bases first, then the arms ranked; a second table per task."""
+    h, ref = board["headline"], board["reference"]
+    conf = f"{board['confidence']:.0%} CI, {'t over seed pairs' if board['interval'] == 't' else 'bootstrap'}"
+    lines = [f"Ranked by mean {h} (×100) over seeds. Δ: paired by seed, mean [{conf}]; "
+             "\"indistinguishable\" where the interval contains 0. Loss: the training loss at the first and the last "
+             f"evaluation (mean over seeds); below {SATURATED_LOSS:g} the arm trains on no signal.", "",
+             f"| arm | method | pooling | n | {short(h)} ×100 | Δ vs base | Δ vs {ref or 'reference'} | dev ×100 | loss |",
+             "|---|---|---|---:|---:|---|---|---:|---|"]
+    for pooling, b in board["bases"].items():
+        lines.append(f"| **{b['label']}** (untouched, this run) | – | {pooling} | – | {_x100(b['test'].get(h))} | – | – "
+                     f"| {_x100(b.get('dev'))} | – |")
+    for r in board["rows"]:
+        name = f"**{r['arm']}**" if r["arm"] == ref else r["arm"]
+        lines.append(f"| {name} | {r['method']} | {r['pooling']} | {r['n']} | {_pm(r['mean'][h], r['std'][h])} | "
+                     f"{_ci(r['vs_base'])} | {'(reference)' if r['arm'] == ref else _ci(r['vs_reference'])} | "
+                     f"{_pm(r['dev_mean'], r['dev_std'])} | {_loss(r)} |")
+    keys = board["keys"]
+    lines += ["", "Every test figure, mean ± std over seeds (×100):", "",
+              "| arm | " + " | ".join(short(k) for k in keys) + " |", "|---|" + "---:|" * len(keys)]
+    for b in board["bases"].values():
+        lines.append(f"| {b['label']} | " + " | ".join(_x100(b["test"].get(k)) for k in keys) + " |")
+    for r in board["rows"]:
+        lines.append(f"| {r['arm']} | " + " | ".join(_pm(r["mean"][k], r["std"][k]) for k in keys) + " |")
+    return "\n".join(lines)
+
+
+def plot(board: dict, path) -> None:
+    """Each arm's Δ headline vs its base with its interval as error bars (a horizontal bar chart)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in board["rows"] if r["vs_base"] is not None]
+    fig, ax = plt.subplots(figsize=(7, 0.5 * len(rows) + 1.5))
+    for i, r in enumerate(rows):
+        d = r["vs_base"]
+        finite = math.isfinite(d["low"]) and math.isfinite(d["high"])
+        err = [[(d["mean"] - d["low"]) * 100], [(d["high"] - d["mean"]) * 100]] if finite else None
+        ax.barh(i, d["mean"] * 100, xerr=err, capsize=4,
+                color="tab:green" if r["gate"] else ("tab:gray" if d["verdict"] == "indistinguishable" else "tab:red"))
+    ax.set_yticks(range(len(rows)), [f"{r['arm']} ({r['pooling']})" for r in rows])
+    ax.axvline(0, color="black", linewidth=0.8)
+    ax.set_xlabel(f"Δ {board['headline']} vs the untouched base, ×100 ({board['confidence']:.0%} CI)")
+    ax.invert_yaxis()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def dumps(board: dict) -> str:
+    """JSON with non-finite numbers as null."""
+    def clean(x):
+        if isinstance(x, float) and not math.isfinite(x):
+            return None
+        if isinstance(x, dict):
+            return {str(k): clean(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [clean(v) for v in x]
+        return x
+
+    return json.dumps(clean(board), indent=2)

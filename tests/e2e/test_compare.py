@@ -1,0 +1,100 @@
+"""``jobs/compare.py`` end to end on the session's local Ray cluster, on a tiny random BERT: 2 arms × 2 seeds,
+the driver killed after the first trial finished and resumed; every trial trained once and tested once, the
+leaderboard on the MLflow parent run (one child run per trial) and as the console's last lines, the
+registration gate applied."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+def compare_file(tmp_path: Path, model_dir: Path) -> Path:
+    cfg = {
+        "seeds": [1, 2],
+        "reference": "simcse",
+        "arms": {"simcse": {"method": "simcse", "config": "configs/simcse/smoke.yaml"},
+                 "sifter": {"method": "sifter_simcse", "config": "configs/sifter_simcse/smoke.yaml"}},
+        "common_overrides": {"model.name_or_path": str(model_dir), "model.max_length": 16, "train.batch_size": 8,
+                             "train.max_steps": 2, "train.eval_steps": 2, "data.limit": 120, "data.parser_workers": 1,
+                             "eval.tasks": ["stsb"], "eval.max_length": 32, "scaling.num_workers": 1},
+        "max_concurrent_trials": 1,
+        "registration": {"arm": "best"},
+    }
+    p = tmp_path / "compare.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    return p
+
+
+def run_job(tmp_path, store, *args, **kw):
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    return subprocess.Popen([sys.executable, str(ROOT / "jobs" / "compare.py"), *args, "--no-progress",
+                             "--storage", str(store)], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def test_compare_killed_and_resumed_trains_and_tests_each_trial_once(ray_cluster, tiny_bert_dir, tmp_path):
+    store = tmp_path / "store"
+    cfg = compare_file(tmp_path, tiny_bert_dir)
+    proc = run_job(tmp_path, store, "--config", str(cfg), "--name", "cmp", start_new_session=True)
+    where = store / "sweeps" / "cmp"
+    deadline = time.time() + 600
+    while time.time() < deadline:  # one trial at a time: killed once the first one's test is kept
+        if (where / "tests").is_dir() and any((where / "tests").iterdir()):
+            break
+        if proc.poll() is not None:
+            pytest.fail("the comparison ended before it could be killed:\n" + proc.stdout.read()[-3000:])
+        time.sleep(0.5)
+    else:
+        pytest.fail("no trial finished in time")
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+    tested_before = {p.stem for p in (where / "tests").iterdir()}
+    assert (where / "base" / "mean.json").is_file()  # the base, measured once, kept for the resume
+
+    proc = run_job(tmp_path, store, "--config", str(cfg), "--name", "cmp", "--resume")
+    out, _ = proc.communicate(timeout=800)
+    assert proc.returncode == 0, out[-4000:]
+    starts = [p.name.rsplit("-", 1)[0] for p in (where / "invocations").iterdir()]
+    assert len(set(starts)) == 4 and all(starts.count(t) == 1 for t in tested_before), starts  # trained once
+    tests = sorted(p.stem for p in (where / "tests").iterdir())
+    assert len(tests) == 4 and tested_before <= set(tests)
+    lines = out.strip().splitlines()
+    summary = json.loads(out[out.rindex('\n{\n  "comparison"'):out.index("\n}", out.rindex('\n{\n  "comparison"')) + 2])
+    assert summary["trials"] == 4 and not summary["failed"] and sorted(summary["ranked"]) == ["sifter", "simcse"]
+    assert any(line.startswith("| **base (") for line in lines)  # the leaderboard, the base first
+    assert lines[-1].startswith("gate: register only when the lower bound")
+    board = json.loads((tmp_path / "outputs" / "reports" / "cmp" / "leaderboard.json").read_text())
+    assert {r["arm"]: r["n"] for r in board["rows"]} == {"simcse": 2, "sifter": 2}
+    sifter = next(r for r in board["rows"] if r["arm"] == "sifter")
+    assert sifter["vs_reference"]["n"] == 2 and sifter["seeds"] == [1, 2]
+    registered = summary["registered"]
+    assert (registered is not None) == next(r for r in board["rows"] if r["arm"] == summary["ranked"][0])["gate"]
+
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    exp = mlflow.get_experiment_by_name("sieve")
+    parents = mlflow.search_runs([exp.experiment_id], filter_string="tags.`sieve.role` = 'compare'",
+                                 output_format="list")
+    assert len(parents) == 1
+    children = mlflow.search_runs([exp.experiment_id], filter_string="tags.`sieve.role` = 'trial'",
+                                  output_format="list")
+    assert sorted(c.data.tags["sieve.trial"] for c in children) == tests
+    assert all(c.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for c in children)
+    assert all("test_sts_avg_spearman_all" in c.data.metrics for c in children)
+    artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(parents[0].info.run_id, "leaderboard")}
+    assert {"leaderboard/leaderboard.md", "leaderboard/leaderboard.json", "leaderboard/leaderboard.png"} <= artifacts
+    assert "sifter_vs_reference_low" in parents[0].data.metrics

@@ -1,0 +1,138 @@
+"""``jobs/compare.py``'s statistics and checks without Ray: the leaderboard from synthetic runs with a known
+answer, the pairing by seed, the registration gate both ways, and the refusals of arms that are not
+comparable. The job end to end (Ray, MLflow, a driver killed and resumed): tests/e2e/test_compare.py."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from orchestrator.config import validate
+from orchestrator.drivers import leaderboard as lb
+from orchestrator.drivers.compare import CompareJobConfig, arm_config, check_comparable
+from orchestrator.errors import ConfigError
+
+H = "sts_avg_spearman_all"
+
+
+def runs(effect: float, seeds=range(1, 6), spread: float = 0.03, noise: float = 0.001, rng_seed: int = 0,
+         loss: float = 0.5, shared: dict | None = None) -> dict:
+    """Runs whose headline is a seed term shared by every arm (what pairing cancels) + ``effect`` + noise."""
+    rng = random.Random(rng_seed)
+    shared = shared or {s: random.Random(1000 + s).gauss(0, spread) for s in seeds}
+    out = {}
+    for s in seeds:
+        v = 0.75 + shared[s] + effect + rng.gauss(0, noise)
+        out[s] = {"test": {"sts_stsb_spearman_all": v + 0.01, H: v}, "dev": v + 0.05, "loss_first": 2.0,
+                  "loss_last": loss}
+    return out
+
+
+BASE = {"mean": {"label": "base (default, mean)", "dev": 0.80, "test": {"sts_stsb_spearman_all": 0.76, H: 0.75}}}
+
+
+def board(**arms):
+    return lb.build([lb.ArmRuns(n, "sifter_simcse", "mean", r) for n, r in arms.items()], BASE,
+                    reference="simcse", headline=H)
+
+
+def row(b, arm):
+    return next(r for r in b["rows"] if r["arm"] == arm)
+
+
+def test_a_known_paired_difference_is_found_with_an_interval_that_covers_it():
+    b = board(simcse=runs(0.0, rng_seed=1), sifter=runs(0.004, rng_seed=2))
+    d = row(b, "sifter")["vs_reference"]
+    assert d["n"] == 5 and d["mean"] == pytest.approx(0.004, abs=0.0015)
+    assert d["low"] < 0.004 < d["high"] and d["verdict"] == "higher"
+    assert [r["arm"] for r in b["rows"]] == ["sifter", "simcse"]  # ranked by the mean headline
+    # the seed term (sd 0.03) is 7× the effect: unpaired, the arms' std would swamp it
+    assert row(b, "sifter")["std"][H] > 0.01 and d["high"] - d["low"] < 0.004
+
+
+def test_arms_that_differ_only_by_noise_are_indistinguishable():
+    for k in range(5):
+        b = board(simcse=runs(0.0, rng_seed=10 + k), sifter=runs(0.0, rng_seed=20 + k))
+        assert row(b, "sifter")["vs_reference"]["verdict"] == "indistinguishable", k
+        assert "indistinguishable" in lb.markdown(b)
+
+
+def test_pairing_uses_the_same_seed_on_both_sides():
+    sim, sif = runs(0.0, rng_seed=1), runs(0.004, rng_seed=2)
+    listed_backwards = dict(reversed(list(sif.items())))
+    assert row(board(simcse=sim, sifter=listed_backwards), "sifter")["vs_reference"] == \
+        row(board(simcse=sim, sifter=sif), "sifter")["vs_reference"]
+    # each SIFTER run set against another seed's SimCSE run: the effect drowns in the seed term
+    seeds = list(sif)
+    broken = {s: sif[seeds[(i + 1) % len(seeds)]] for i, s in enumerate(seeds)}
+    assert row(board(simcse=sim, sifter=broken), "sifter")["vs_reference"]["verdict"] == "indistinguishable"
+
+
+def test_a_failed_run_drops_its_pair_and_n_says_so():
+    sif = runs(0.004, rng_seed=2)
+    del sif[3]
+    b = board(simcse=runs(0.0, rng_seed=1), sifter=sif)
+    assert row(b, "sifter")["vs_reference"]["n"] == 4 and row(b, "sifter")["n"] == 4
+
+
+def test_the_registration_gate_both_ways():
+    up = board(simcse=runs(0.0, rng_seed=1), sifter=runs(0.05, rng_seed=2, spread=0.002))
+    assert row(up, "sifter")["gate"] and lb.winner(up)["arm"] == "sifter"
+    assert "→ passed" in lb.gate_text(row(up, "sifter"), H)
+    # mean above the base, but the interval reaches below it: not registered
+    spread_out = {s: {"test": {H: v}, "dev": v} for s, v in {1: 0.90, 2: 0.70, 3: 0.80}.items()}
+    wide = board(simcse=runs(0.0, seeds=[1, 2, 3], rng_seed=1), sifter=spread_out)
+    r = row(wide, "sifter")
+    assert r["mean"][H] > BASE["mean"]["test"][H] and r["vs_base"]["low"] < 0 and not r["gate"]
+    assert "→ not passed" in lb.gate_text(r, H)
+    with pytest.raises(ValueError, match="register.arm 'nope'"):
+        lb.winner(up, "nope")
+
+
+def test_a_saturated_arm_is_flagged_in_the_leaderboard():
+    b = board(simcse=runs(0.0, loss=1.3e-5), sifter=runs(0.0, rng_seed=3, loss=0.4))
+    assert row(b, "simcse")["saturated"] and not row(b, "sifter")["saturated"]
+    md = lb.markdown(b)
+    assert "**saturated**" in md and md.count("**saturated**") == 1
+    assert "base (default, mean)" in md and "(reference)" in md
+
+
+def test_one_seed_gives_no_interval_and_no_gate():
+    b = board(simcse=runs(0.0, seeds=[1]), sifter=runs(0.05, seeds=[1]))
+    assert not row(b, "sifter")["gate"] and "1 pair: no interval" in lb.markdown(b)
+
+
+# ---------------------------------------------------------------- the compare file
+def job(**kw):
+    data = {"seeds": [1, 2], "arms": {
+        "simcse": {"method": "simcse", "config": "configs/simcse/smoke.yaml"},
+        "sifter": {"method": "sifter_simcse", "config": "configs/sifter_simcse/smoke.yaml"}}, **kw}
+    return validate(CompareJobConfig, data, "compare.yaml")
+
+
+def arms_of(j):
+    return {n: arm_config(j, n, "compare.yaml", []) for n in j.arms}
+
+
+def test_arms_on_equal_terms_pass_and_each_difference_is_refused_by_name():
+    check_comparable(arms_of(job()), "compare.yaml")
+    for key, value, what in [("train.max_steps", 80, "step budget"), ("model.name_or_path", "/elsewhere", "base model"),
+                             ("eval.tasks", ["stsb"], "test tasks"), ("train.batch_size", 8, "global batch")]:
+        j = job()
+        j.arms["sifter"].overrides[key] = value
+        with pytest.raises(ConfigError, match=f"arm 'sifter' differs from arm 'simcse' in the {what}"):
+            check_comparable(arms_of(j), "compare.yaml")
+
+
+def test_bad_compare_files_get_one_clear_line():
+    with pytest.raises(ConfigError, match="seeds must be distinct"):
+        job(seeds=[1, 1])
+    with pytest.raises(ConfigError, match="unknown_key"):
+        job(unknown_key=3)
+    j = job()
+    j.arms["sifter"].overrides["lambda_xyz"] = 1
+    with pytest.raises(ConfigError, match="lambda_xyz"):
+        arms_of(j)
+    with pytest.raises(ConfigError, match="unknown method 'simsce'"):
+        arms_of(job(arms={"a": {"method": "simsce", "config": "configs/simcse/smoke.yaml"}}))
