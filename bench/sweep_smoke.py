@@ -59,7 +59,7 @@ def main() -> None:
     md += [f"| {r['trial']} | " + " | ".join(f"{h['stsb_dev_spearman'] * 100:.2f}" for h in r["history"]) + " |"
            for r in rows]
     md += ["", "Spearman `all` ×100, mean pooling (MiniLM's own) for the base and every trial. One seed per setting "
-           "here: the seeded comparison over 3 seeds is `method_compare_cpu.md`."]
+           "here: the seeded comparisons (5 seeds, `jobs/compare.py`) are `sifter_compare_cpu.md` and `sifter_compare_mean_cpu.md`."]
     write_results("sweep_smoke", {"sweep": name, "wall_min": wall, "lines": lines, "gate": gate, "base": base,
                                   "candidate_test": best, "trials": rows}, "\n".join(md))
 

@@ -78,7 +78,7 @@ from orchestrator.drivers.train import (
 )
 from orchestrator.errors import ConfigError
 from orchestrator.evaluation.encode import test_time_pooling
-from orchestrator.models import pooling_for
+from orchestrator.models import pooling_for, resolve_model_source, saved_pooling
 from orchestrator.spec import MethodSpec
 
 
@@ -255,10 +255,15 @@ class CompareResult:
 
 
 def measure_bases(plan: ComparePlan, where: str) -> dict[str, dict]:
-    """The untouched model once per test-time pooling the arms are read with (kept in the storage: a resumed
-    comparison does not measure it again)."""
+    """The untouched model once per test-time pooling the arms are read with, and with the model folder's own
+    pooling (how its user reads it today: a comparison in another pooling never hides a stronger base); kept
+    in the storage, so a resumed comparison does not measure it again."""
     out = {}
-    for spec, cfg in plan.arms.values():
+    variants = [*plan.arms.values()]
+    spec0, cfg0 = variants[0]
+    if isinstance(cfg0, EncoderMethodConfig) and (saved := saved_pooling(resolve_model_source(cfg0.model.name_or_path))):
+        variants.append((spec0, with_params(cfg0, {"model.pooling": saved}, "the base's own pooling")))
+    for spec, cfg in variants:
         pooling = test_pooling(cfg)
         if pooling in out or spec.evaluate_base is None:
             continue
