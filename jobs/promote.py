@@ -3,7 +3,7 @@
     python jobs/promote.py --model sifter-simcse --version 3 [--force] [--tracking-uri URI]
     python jobs/promote.py --model sifter-simcse --from-alias candidate      # what the last sweep proposed
 
-Refuses a version whose test score (tag ``test_score``: the method's headline test metric, set at registration)
+Refuses a version without the ``--metric`` tag, an empty flag, a version or alias that does not exist, and a version whose test score (tag ``test_score``: the method's headline test metric, set at registration)
 is below the current champion's, unless ``--force``. The alias move is one registry call, so a
 reader sees either the old or the new champion, never neither.
 """
@@ -17,7 +17,7 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
 from orchestrator import tracking
-from orchestrator.errors import TrackingError
+from orchestrator.errors import ConfigError, TrackingError
 
 
 def main() -> int:
@@ -32,6 +32,10 @@ def main() -> int:
     ap.add_argument("--tracking-uri")
     args = ap.parse_args()
 
+    for flag in ("model", "alias", "from_alias", "metric"):  # an empty flag would reach MLflow as its exception
+        value = getattr(args, flag)
+        if value is not None and not value.strip():
+            raise ConfigError(f"--{flag.replace('_', '-')} is empty")
     tracking.setup(args.tracking_uri, "sieve")
     if args.from_alias:
         args.version = tracking.alias_version(args.model, args.from_alias)
@@ -42,13 +46,17 @@ def main() -> int:
     except MlflowException:
         raise TrackingError(f"model {args.model!r} has no version {args.version}") from None
     new = tracking.version_metric(args.model, args.version, args.metric)
+    if new is None:  # nothing to compare: never promote on a score that is not there
+        have = sorted(MlflowClient().get_model_version(args.model, str(args.version)).tags)
+        raise ConfigError(f"--metric {args.metric!r}: {args.model} v{args.version} has no such tag (its tags: "
+                          f"{', '.join(have) or 'none'})")
     current = tracking.alias_version(args.model, args.alias)
     if current == args.version:
         print(f"{args.model}@{args.alias} is already version {args.version}")
         return 0
     if current is not None and not args.force:
         old = tracking.version_metric(args.model, current, args.metric)
-        if new is None or (old is not None and new < old):
+        if old is not None and new < old:
             raise TrackingError(
                 f"refusing to promote {args.model} v{args.version} ({args.metric}={new}) over "
                 f"@{args.alias} v{current} ({args.metric}={old}); pass --force to do it anyway")

@@ -41,6 +41,16 @@ def test_promote_moves_champion_and_refuses_worse(embedded_tracking, tiny_bert_d
     res = promote(embedded_tracking, "--version", "99")
     assert res.returncode == 2 and res.stderr.strip() == "error: model 'enc' has no version 99"
 
+    # #39.3: what it cannot compare is refused, and @champion stays where it is (v2, forced above)
+    res = promote(embedded_tracking, "--version", str(good), "--metric", "test_nope")
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.strip() == "error: --metric 'test_nope': enc v1 has no such tag (its tags: test_score)"
+    res = promote(embedded_tracking, "--version", str(good), "--alias", " ")
+    assert res.returncode == 2 and res.stderr.strip() == "error: --alias is empty"
+    res = promote(embedded_tracking, "--from-alias", "nope")
+    assert res.returncode == 2 and res.stderr.strip() == "error: model 'enc' has no alias 'nope'"
+    assert tracking.alias_version("enc", "champion") == worse
+
 
 @pytest.mark.slow
 def test_a_champion_set_through_the_rest_api_is_what_the_next_job_reads(mlflow_server, tiny_bert_dir, tmp_path,

@@ -221,6 +221,37 @@ def test_a_record_the_server_refuses_is_kept_aside_and_never_holds_back_the_othe
     assert [r.info.run_name for r in runs] == ["b-good"] and runs[0].data.metrics["test_sts_avg"] == 0.7
 
 
+def test_a_malformed_pending_record_is_set_aside_and_the_good_ones_beside_it_are_logged(tiny_bert_dir, tmp_path):
+    """#39.3: one record that is not JSON, one that is JSON but not a record: each moved to ``rejected/`` with a
+    line naming its file, before any MLflow call (no half-logged run); the good record after them is logged.
+    Before, the first bad file stopped the sync with a TrackingError and nothing after it was logged."""
+    import mlflow
+
+    from orchestrator.drivers import publish
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    pending = tmp_path / "pending"
+    pending.mkdir()
+    (pending / "a-cut.json").write_text('{"record_id": "x", "params": {')  # cut short by a full disk
+    (pending / "b-shape.json").write_text(json.dumps({"record_id": "y", "params": [1, 2]}))
+    good = publish.run_record(experiment="sync", run_name="c-good", method="sifter_simcse", params={"a": 1},
+                              history=[{"step": 2, "stsb_dev_spearman": 0.5}], metrics={"test_sts_avg": 0.7},
+                              model_dir=str(tiny_bert_dir))
+    (pending / "c-good.json").write_text(json.dumps(good))
+    done, refused = publish.sync_pending(uri, str(pending))
+    assert [Path(p).name for p, _ in done] == ["c-good.json"]
+    assert [(Path(p).name, r.split(": ", 1)[1]) for p, r in refused] == [
+        ("a-cut.json", "not a pending run record (Expecting property name enclosed in double quotes)"),
+        ("b-shape.json", "not a pending run record (missing or mistyped: experiment, run_name, method, params, "
+                         "history, metrics, texts, tags)")]
+    assert all(r.startswith(str(pending)) for _, r in refused)  # each line names its file
+    assert sorted(p.name for p in (pending / "rejected").iterdir()) == ["a-cut.json", "b-shape.json"]
+    assert sorted(p.name for p in pending.iterdir()) == ["rejected"]
+    client = mlflow.MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("sync").experiment_id])
+    assert [r.info.run_name for r in runs] == ["c-good"]
+
+
 def test_what_waits_for_the_server_and_what_is_refused():
     """The rule that decides it: an unreachable server, a 5xx, a refused credential or rate limit, the
     artifact store - waited for; an invalid value, a missing run, a client-side bug - refused."""

@@ -289,6 +289,23 @@ def log_or_defer(record: dict, tracking_uri: str | None, pending: str) -> str | 
                                "jobs/sync_tracking.py does not retry") from None
 
 
+RECORD_SHAPE = {"record_id": str, "experiment": str, "run_name": str, "method": str, "params": dict, "history": list,
+                "metrics": dict, "texts": dict, "tags": dict}
+
+
+def check_record(record) -> None:
+    """A pending record as :func:`run_record` writes it, or ValueError naming what is wrong (before any MLflow
+    call: a malformed record never leaves a half-logged run)."""
+    if not isinstance(record, dict):
+        raise ValueError(f"a JSON object expected, not {type(record).__name__}")
+    wrong = [k for k, t in RECORD_SHAPE.items() if not isinstance(record.get(k), t)]
+    if wrong:
+        raise ValueError(f"missing or mistyped: {', '.join(wrong)}")
+    if not all(isinstance(h, dict) and isinstance(h.get("metrics"), dict) and isinstance(h.get("step"), int)
+               for h in record["history"]):
+        raise ValueError("history: each entry needs a step and its metrics")
+
+
 def sync_pending(tracking_uri: str | None, pending: str) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     """Log every pending record; a logged record's file is removed after it is in MLflow (a crash in
     between is harmless: the replay is idempotent). Returns ((file, run id) per logged record, (file,
@@ -298,18 +315,21 @@ def sync_pending(tracking_uri: str | None, pending: str) -> tuple[list[tuple[str
     done, refused = [], []
     for name in sorted(f for f in storage.list_files(pending) if f.endswith(".json") and "/" not in f):
         path = storage.join(pending, name)
+        data = storage.read_bytes(path)
         try:
-            data = storage.read_bytes(path)
             record = json.loads(data)
-        except json.JSONDecodeError as exc:
-            raise TrackingError(f"{path}: not a pending run record ({exc.msg})") from None
-        try:
+            check_record(record)
             run_id = replay(record, tracking_uri)
-        except (TrackingRejected, ModelSourceError, ConfigError, DataError) as exc:  # the record's, not the server's
+        except (json.JSONDecodeError, UnicodeDecodeError, ValueError, TrackingRejected,
+                ModelSourceError, ConfigError, DataError) as exc:  # the record's fault, not the server's
             aside = storage.join(pending, REJECTED, name)
             storage.write_bytes(aside, data)
             storage.remove(path)
-            refused.append((aside, str(exc)))
+            if isinstance(exc, json.JSONDecodeError | UnicodeDecodeError | ValueError):
+                why = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc).splitlines()[0][:200]
+                refused.append((aside, f"{path}: not a pending run record ({why})"))
+            else:
+                refused.append((aside, str(exc)))
             continue
         storage.remove(path)
         done.append((path, run_id))
