@@ -384,3 +384,38 @@ def test_storage_keys_and_names_that_would_escape_are_refused(tmp_path):
         with pytest.raises(StorageError, match="--name"):
             storage.safe_name(name, "--name")
     assert storage.safe_name("smoke-2026.12_01", "--name") == "smoke-2026.12_01"
+
+
+def test_a_checkpoint_whose_extra_state_file_holds_a_pickled_callable_is_refused(tmp_path):
+    """#39.1: a ZeRO checkpoint's module extra state is read from our own file, weights-only: one that
+    holds a callable (what a writer of the run's storage could plant) is refused, naming the file, before
+    DeepSpeed reads anything; tensors and plain containers (ParaBART's vocabularies) come back."""
+    import torch
+
+    from orchestrator.errors import DataError
+    from trainers.checkpoint import EXTRA_STATE, extra_states, load_module_state, read_extra_states
+
+    class WithVocab(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = torch.nn.Linear(2, 2)
+            self.vocab = ["<pad>", "NP", "VP"]
+
+        def get_extra_state(self):
+            return {"tags": self.vocab}
+
+        def set_extra_state(self, state):
+            self.vocab = state["tags"]
+
+    outer = torch.nn.Sequential(WithVocab())
+    assert extra_states(outer) == {"0._extra_state": {"tags": ["<pad>", "NP", "VP"]}}
+    good = tmp_path / "good"
+    good.mkdir()
+    torch.save(extra_states(outer), good / EXTRA_STATE)
+    assert read_extra_states(good) == {"0._extra_state": {"tags": ["<pad>", "NP", "VP"]}}
+
+    bad = tmp_path / "bad"
+    (bad / "ds").mkdir(parents=True)  # a ZeRO checkpoint's layout; DeepSpeed is never reached
+    torch.save({"_extra_state": os.system}, bad / EXTRA_STATE)
+    with pytest.raises(DataError, match=rf"{bad / EXTRA_STATE}: refused - not a weights-only file"):
+        load_module_state(bad)

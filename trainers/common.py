@@ -26,6 +26,7 @@ import torch.distributed.nn.functional as dist_nn
 from transformers import get_scheduler
 
 from orchestrator import tracking
+from trainers.checkpoint import EXTRA_STATE, extra_states, load_module_state  # noqa: F401 - recipes read it here
 from trainers.fault_injection import maybe_inject_failure
 from trainers.ingest import Ingest
 
@@ -169,6 +170,8 @@ class Stepper:
                   "extra_modules": {k: m.state_dict() for k, m in self.extra_modules.items()}}
         if self.deepspeed:
             self.model.save_checkpoint(str(directory), tag="ds", client_state=extras)
+            if rank() == 0:  # a module's extra state (ParaBART's vocabularies) in a file read weights-only
+                torch.save(extra_states(self.module), directory / EXTRA_STATE)
         elif rank() == 0:
             torch.save({"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
                         "scheduler": self.scheduler.state_dict(), **extras}, directory / "model.pt")
@@ -409,28 +412,3 @@ def resumed_checkpoint():
         return
     with ckpt.as_directory() as d:
         yield Path(d)
-
-
-def load_module_state(checkpoint_dir) -> dict:
-    """The full (consolidated) module state dict from a plain or a DeepSpeed ZeRO checkpoint.
-
-    ZeRO-3 shards (and ZeRO-1/2 partitioned optimizer states) are merged into one fp32 state
-    dict with DeepSpeed's own ``zero_to_fp32`` logic, so export and evaluation need no cluster.
-    """
-    checkpoint_dir = Path(checkpoint_dir)
-    if (checkpoint_dir / "model.pt").is_file():
-        return torch.load(checkpoint_dir / "model.pt", map_location="cpu", weights_only=True)["model"]
-    if (checkpoint_dir / "ds").is_dir():
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint  # lazy: ZeRO only
-
-        state = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir), tag="ds")
-        # zero_to_fp32 merges parameters and buffers only; a module's extra state (e.g. ParaBART's
-        # vocabularies) is in rank 0's model-states file, which holds the unpartitioned entries
-        ranks = sorted((checkpoint_dir / "ds").glob("*model_states.pt"))
-        if ranks:
-            # DeepSpeed's own file pickles its config objects: it loads only without weights_only, as
-            # DeepSpeed itself loads it (engine.load_checkpoint); our own files are weights_only
-            module = torch.load(ranks[0], map_location="cpu", weights_only=False).get("module") or {}
-            state.update({k: v for k, v in module.items() if k.endswith("_extra_state")})
-        return state
-    raise FileNotFoundError(f"{checkpoint_dir}: neither model.pt nor a DeepSpeed 'ds' checkpoint")

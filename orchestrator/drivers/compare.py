@@ -60,6 +60,7 @@ from orchestrator.drivers.cluster import concurrent_trials, init_ray, shutdown_r
 from orchestrator.drivers.registry import get_method
 from orchestrator.drivers.sweep import (
     ProgressLines,
+    name_of,
     refuse_existing,
     reports_uri,
     sweep_dir,
@@ -78,6 +79,7 @@ from orchestrator.drivers.train import (
 )
 from orchestrator.errors import ConfigError
 from orchestrator.evaluation.encode import test_time_pooling
+from orchestrator.evaluation.suite import TestReport
 from orchestrator.models import pooling_for, resolve_model_source, saved_pooling
 from orchestrator.spec import MethodSpec
 
@@ -311,8 +313,6 @@ def run(plan: ComparePlan, parent_id: str | None = None) -> CompareResult:
 
 def collect(plan: ComparePlan, grid, where: str) -> list[dict]:
     """Every trial's row: its arm and seed, its reports, its test (None when it failed)."""
-    from orchestrator.drivers.sweep import name_of
-
     rows = []
     for r in grid:
         params = r.config.get("params", {})
@@ -409,9 +409,7 @@ def register(plan: ComparePlan, result: CompareResult, parent_id: str) -> dict |
             "seed": rep["seed"]}
 
 
-def _report(row: dict):
-    from orchestrator.evaluation.suite import TestReport
-
+def _report(row: dict) -> TestReport:
     return TestReport("test (measured in its trial)", row["test"], row["headline"], "", {})
 
 

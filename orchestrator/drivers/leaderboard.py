@@ -177,10 +177,10 @@ def markdown(board: dict) -> str:
 
 def plot(board: dict, path) -> None:
     """Each arm's Δ headline vs its base with its interval as error bars (a horizontal bar chart)."""
-    import matplotlib
+    import matplotlib  # lazy: only the plot needs matplotlib (the statistics are imported by the job's workers)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after use("Agg"): no display here
 
     rows = [r for r in board["rows"] if r["vs_base"] is not None]
     fig, ax = plt.subplots(figsize=(7, 0.5 * len(rows) + 1.5))

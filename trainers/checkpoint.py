@@ -1,0 +1,55 @@
+"""Reading a training checkpoint back into one module state dict, for export and evaluation: a plain
+``model.pt`` or a DeepSpeed ZeRO checkpoint (any stage, merged with DeepSpeed's ``zero_to_fp32``). Every
+file our code reads here is loaded weights-only; a module's extra state under ZeRO is in our own
+``extra_state.pt``, so DeepSpeed's model-states file (which pickles its config objects) is never
+unpickled by us.
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import torch
+
+from orchestrator.errors import DataError
+
+EXTRA_STATE = "extra_state.pt"
+
+
+def extra_states(module: torch.nn.Module) -> dict:
+    """Every submodule's ``get_extra_state()`` under its state-dict key (``<name>._extra_state``)."""
+    return {f"{name}._extra_state" if name else "_extra_state": m.get_extra_state()
+            for name, m in module.named_modules()
+            if type(m).get_extra_state is not torch.nn.Module.get_extra_state}
+
+
+def read_extra_states(checkpoint_dir: Path) -> dict:
+    """The extra states a ZeRO checkpoint keeps in :data:`EXTRA_STATE`, loaded weights-only: a file holding
+    anything but tensors and plain containers (a pickled callable) is refused, naming the file."""
+    path = Path(checkpoint_dir) / EXTRA_STATE
+    if not path.is_file():
+        return {}
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise DataError(f"{path}: refused - not a weights-only file ({str(exc).splitlines()[0][:160]})") from None
+
+
+def load_module_state(checkpoint_dir) -> dict:
+    """The full (consolidated) module state dict from a plain or a DeepSpeed ZeRO checkpoint.
+
+    ZeRO-3 shards (and ZeRO-1/2 partitioned optimizer states) are merged into one fp32 state
+    dict with DeepSpeed's own ``zero_to_fp32`` logic, so export and evaluation need no cluster.
+    """
+    checkpoint_dir = Path(checkpoint_dir)
+    if (checkpoint_dir / "model.pt").is_file():
+        return torch.load(checkpoint_dir / "model.pt", map_location="cpu", weights_only=True)["model"]
+    if (checkpoint_dir / "ds").is_dir():
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint  # lazy: ZeRO only
+
+        # zero_to_fp32 merges parameters and buffers only; a module's extra state (e.g. ParaBART's
+        # vocabularies) is in our own file beside the checkpoint, read (and refused if need be) first
+        extra = read_extra_states(checkpoint_dir)
+        return {**get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir), tag="ds"), **extra}
+    raise FileNotFoundError(f"{checkpoint_dir}: neither model.pt nor a DeepSpeed 'ds' checkpoint")
