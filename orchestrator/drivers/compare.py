@@ -212,7 +212,7 @@ def test_pooling(cfg: MethodConfig) -> str:
 
 
 # ---------------------------------------------------------------- 2. run
-def tests_uri(where: str, trial: str) -> str:
+def tests_uri(where: str, trial: str) -> str:  # a trial's test, kept: never measured twice
     return storage.join(where, "tests", f"{trial}.json")
 
 
@@ -257,9 +257,8 @@ class CompareResult:
 
 
 def measure_bases(plan: ComparePlan, where: str) -> dict[str, dict]:
-    """The untouched model once per test-time pooling the arms are read with, and with the model folder's own
-    pooling (how its user reads it today: a comparison in another pooling never hides a stronger base); kept
-    in the storage, so a resumed comparison does not measure it again."""
+    """The untouched model once per test-time pooling the arms are read with, and with the folder's own (a
+    comparison in another pooling never hides a stronger base); kept, so a resume does not measure it again."""
     out = {}
     variants = [*plan.arms.values()]
     spec0, cfg0 = variants[0]
@@ -399,7 +398,8 @@ def register(plan: ComparePlan, result: CompareResult, parent_id: str) -> dict |
     if version is None:
         model_dir = Path("outputs") / "models" / plan.name
         outcome = Outcome(checkpoint_at(rep["checkpoint_path"]), rep["best"], rep["history"])
-        export_and_test(spec, cfg, outcome, model_dir, tested=_report(rep))
+        export_and_test(spec, cfg, outcome, model_dir,  # tested in its trial: not measured again
+                        tested=TestReport("test (measured in its trial)", rep["test"], rep["headline"], "", {}))
         info = (spec.log_model or tracking.log_sentence_encoder)(model_dir, name="winner_model")
         desc = (f"comparison {plan.name}: arm {row['arm']} (seed {rep['seed']}, the run nearest its arm's mean)\n\n"
                 f"{lb.gate_text(row, h)}\n\n{lb.markdown(result.board)}")
@@ -407,10 +407,6 @@ def register(plan: ComparePlan, result: CompareResult, parent_id: str) -> dict |
                                     description=desc[:5000], tags=tags)
     return {"name": reg_name, "version": version, "alias": plan.job.registration.alias, "arm": row["arm"],
             "seed": rep["seed"]}
-
-
-def _report(row: dict) -> TestReport:
-    return TestReport("test (measured in its trial)", row["test"], row["headline"], "", {})
 
 
 def write_out(md_path: Path, plan: ComparePlan, board: dict, md: str, wall_s: float) -> None:
@@ -424,10 +420,17 @@ def write_out(md_path: Path, plan: ComparePlan, board: dict, md: str, wall_s: fl
 
 
 def main(doc: str) -> int:
+    t0 = time.time()
     args = parse_args(doc)
     plan = resolve(args)
     if args.print_config:
         return print_config(plan.job)
+    published = storage.join(sweep_dir(plan.first.run.storage, plan.name), "published.json")
+    if plan.resume and storage.exists(published):  # finished and published: its record, no Ray
+        print(json.loads(storage.read_bytes(published))["console"])
+        print(f"comparison {plan.name!r} had finished and was published: nothing trained, nothing new registered "
+              f"(its record {published}, read in {time.time() - t0:.1f} s)")
+        return 0
     parent = (tracking.find_run(plan.exp_id, {"sieve.sweep": plan.name, "sieve.role": "compare"})
               if plan.resume else None)
     with mlflow.start_run(run_id=parent.info.run_id if parent else None, experiment_id=plan.exp_id,
@@ -440,8 +443,8 @@ def main(doc: str) -> int:
         result = run(plan, parent_run.info.run_id)
         summary = publish(plan, result, parent_run.info.run_id, out=args.out)
     shutdown_ray()
-    print(json.dumps({k: v for k, v in summary.items() if k not in ("gate", "leaderboard")}, indent=2))
-    print(summary["leaderboard"])
-    if summary["gate"]:
-        print(summary["gate"])
+    console = "\n".join([json.dumps({k: v for k, v in summary.items() if k not in ("gate", "leaderboard")}, indent=2),
+                         summary["leaderboard"], *([summary["gate"]] if summary["gate"] else [])])
+    storage.write_bytes(published, json.dumps({"summary": summary, "console": console}, default=str).encode())
+    print(console)
     return 0

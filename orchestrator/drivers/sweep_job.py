@@ -41,6 +41,7 @@ from orchestrator.drivers.sweep import (
     refuse_existing,
     reports_uri,
     run_sweep,
+    sweep_dir,
     trial_config,
     trial_row,
     trial_rows,
@@ -313,11 +314,30 @@ def publish_outage(exc: BaseException, plan: SweepPlan) -> TrackingError | None:
                       f"python jobs/{plan.default_dir}.py --name {plan.name} --resume")
 
 
+PUBLISHED = "published.json"  # in the sweep's storage, written last: the sweep trained, tested and published
+
+
+def answer_finished(plan: SweepPlan, t0: float) -> bool:
+    """``--resume`` of a sweep that finished and published: its recorded summary, in seconds - no Ray, no
+    corpus, no base measured again. False when the sweep has not finished publishing (resume as usual)."""
+    uri = storage.join(sweep_dir(plan.base.run.storage, plan.name), PUBLISHED)
+    if not storage.exists(uri):
+        return False
+    done = json.loads(storage.read_bytes(uri))
+    print(done["console"])
+    print(f"sweep {plan.name!r} had finished and was published: nothing trained, nothing new registered "
+          f"(its record {uri}, read in {time.time() - t0:.1f} s)")
+    return True
+
+
 def main(doc: str, default_dir: str) -> int:
+    t0 = time.time()
     args = parse_args(doc, default_dir)
     plan = resolve(args, default_dir)
     if args.print_config:
         return print_config(plan.job)
+    if plan.resume and answer_finished(plan, t0):
+        return 0
     parent = (tracking.find_run(plan.exp_id, {"sieve.sweep": plan.name, "sieve.role": "sweep"})
               if plan.resume else None)
     try:
@@ -333,9 +353,11 @@ def main(doc: str, default_dir: str) -> int:
     except Exception as exc:
         raise publish_outage(exc, plan) or exc  # noqa: B904 - the outage line replaces MLflow's retries' traceback
     shutdown_ray()
-    print(result.test.table)
+    console = result.test.table
     if result.base is not None:
-        print(f"\ncandidate − base ({result.base.label}), ×100:\n" + compare_table(result.base.test, result.test))
-    print(json.dumps({k: v for k, v in summary.items() if k != "gate"}, indent=2))
-    print(summary["gate"])
+        console += f"\n\ncandidate − base ({result.base.label}), ×100:\n" + compare_table(result.base.test, result.test)
+    console += "\n" + json.dumps({k: v for k, v in summary.items() if k != "gate"}, indent=2) + "\n" + summary["gate"]
+    storage.write_bytes(storage.join(sweep_dir(plan.base.run.storage, plan.name), PUBLISHED),
+                        json.dumps({"summary": summary, "console": console}, default=str).encode())
+    print(console)
     return 0

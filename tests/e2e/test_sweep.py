@@ -230,6 +230,9 @@ def test_killed_driver_resumes_without_rerunning_finished_trials(ray_cluster, ti
         entry[0] = json.dumps({**trial, "status": "RUNNING"})
     assert len(state["trial_data"]) == 2
     state_file.write_text(json.dumps(state))
+    published = sweep_dir / "published.json"  # written last by the first resume: the sweep had finished
+    assert json.loads(published.read_text())["summary"]["trials"] == 2
+    published.unlink()  # as if killed before its publish ended: Tune's state is all the resume has
     proc = run_job(tmp_path, store, "--config", str(cfg), "--name", "resumable", "--resume")
     out, _ = proc.communicate(timeout=800)
     assert proc.returncode == 0, out[-4000:]
@@ -250,3 +253,11 @@ def test_killed_driver_resumes_without_rerunning_finished_trials(ray_cluster, ti
     versions = mlflow.MlflowClient().search_model_versions("name = 'sifter-simcse'")
     assert [v.tags.get("sieve.publish") for v in versions] == ["sweep:resumable"]
     assert "nothing new registered" in out.strip().splitlines()[-1]
+    # #39.4: a finished, published sweep resumed again answers from its record: no Ray, nothing trained
+    proc = run_job(tmp_path, store, "--config", str(cfg), "--name", "resumable", "--resume")
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-4000:]
+    assert "Started a local Ray instance" not in out and "Connecting to existing Ray" not in out
+    assert out.strip().splitlines()[-1].startswith("sweep 'resumable' had finished and was published: nothing trained")
+    assert sorted(p.name.rsplit("-", 1)[0] for p in invocations.iterdir()) == sorted(starts)
+    assert len(mlflow.MlflowClient().search_model_versions("name = 'sifter-simcse'")) == 1
