@@ -187,3 +187,25 @@ def test_backbone_view_keeps_its_backbone_under_the_length_limit():
     assert "y" in views and identical["y"] == 0
     # a short sentence keeps sentence and backbone both
     assert backbone_view_ids(tok, X[0], Y[0], 32) == tok(Y[0], truncation=True, max_length=32)["input_ids"]
+
+
+def test_simcse_info_nce_equals_sentence_transformers_mnrl_on_the_same_embeddings():
+    """#40.5: one InfoNCE term is sentence-transformers' MultipleNegativesRankingLoss (cosine, in-batch
+    negatives) at scale 1/τ, on the same embeddings - the loss and its gradient."""
+    import torch
+    from sentence_transformers.sentence_transformer.losses.multiple_negatives_ranking import (
+        MultipleNegativesRankingLoss,
+    )
+
+    from trainers.sifter_simcse import info_nce
+
+    torch.manual_seed(0)
+    a, b = torch.randn(8, 16, requires_grad=True), torch.randn(8, 16, requires_grad=True)
+    ours = info_nce(a, b, temperature=0.05)
+    (ga, gb) = torch.autograd.grad(ours, (a, b))
+    mnrl = MultipleNegativesRankingLoss(model=torch.nn.Identity(), scale=1 / 0.05)
+    theirs = mnrl.compute_loss_from_embeddings([a, b], labels=None)
+    (ta, tb) = torch.autograd.grad(theirs, (a, b))
+    assert ours.item() == pytest.approx(theirs.item(), rel=1e-6)
+    assert torch.allclose(ga, ta, atol=1e-6) and torch.allclose(gb, tb, atol=1e-6)
+    assert info_nce(a, b, temperature=0.1).item() != pytest.approx(theirs.item(), rel=1e-3)  # τ matters
