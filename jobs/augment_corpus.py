@@ -17,18 +17,19 @@ import _bootstrap
 
 from orchestrator.config import load_config
 from orchestrator.data.corpus import CorpusConfig, input_files, run_pipeline
+from orchestrator.drivers.cli import HelpFormatter
 from orchestrator.drivers.cluster import init_ray
 from orchestrator.storage import build_committed, join, read_bytes
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("--input", help="text / tsv / parquet file or directory, local or s3://")
     ap.add_argument("--output", required=True, help="output directory, local or s3://")
     ap.add_argument("--config", help="YAML with CorpusConfig keys (defaults otherwise)")
-    ap.add_argument("--parser", choices=["spacy", "stanza"])
+    ap.add_argument("--parser", choices=["spacy", "stanza"], help="parser backend (default: the config's, spacy)")
     ap.add_argument("--workers", type=int, help="parser actors")
-    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bars")
     ap.add_argument("overrides", nargs="*", help="key=value config overrides, e.g. parser.batch_size=128")
     args = ap.parse_args()
 

@@ -18,6 +18,7 @@ import _bootstrap
 import mlflow
 
 from orchestrator import storage, tracking
+from orchestrator.drivers.cli import HelpFormatter
 from orchestrator.errors import ConfigError
 from orchestrator.evaluation import sts
 from orchestrator.evaluation.encode import POOLINGS, HFEncoder
@@ -26,7 +27,7 @@ from orchestrator.seed import seed_everything
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("--model", default="default", help="local folder, s3:// URI, models:/name@alias, runs:/id/path, "
                     "or 'default'")
     ap.add_argument("--tracking-uri", help="MLflow tracking URI for models:/ and runs:/ (default: env, else ./mlruns)")
@@ -36,10 +37,10 @@ def main() -> int:
     ap.add_argument("--tasks", default=",".join(sts.SEVEN_TASKS), help="comma-separated; '' for none")
     ap.add_argument("--sts-file", action="append", default=[], help="extra TSV(s) with sentence1, sentence2, score")
     ap.add_argument("--json", help="write results here (local path or s3://)")
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--max-length", type=int, default=128)
-    ap.add_argument("--seed", type=int, default=42)
-    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--batch-size", type=int, default=64, help="sentences per forward pass")
+    ap.add_argument("--max-length", type=int, default=128, help="tokens per sentence (longer ones are cut)")
+    ap.add_argument("--seed", type=int, default=42, help="torch / numpy / python seed")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = ap.parse_args()
 
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]

@@ -17,19 +17,21 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
 from orchestrator import tracking
+from orchestrator.drivers.cli import HelpFormatter
 from orchestrator.errors import ConfigError, TrackingError
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    ap.add_argument("--model", required=True, help="registered model name, e.g. sifter-simcse")
     src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--version", type=int)
+    src.add_argument("--version", type=int, help="the version to promote")
     src.add_argument("--from-alias", help="promote the version this alias points at (e.g. candidate)")
-    ap.add_argument("--alias", default="champion")
-    ap.add_argument("--metric", default="test_score")
-    ap.add_argument("--force", action="store_true")
-    ap.add_argument("--tracking-uri")
+    ap.add_argument("--alias", default="champion", help="the alias to move")
+    ap.add_argument("--metric", default="test_score", help="the version tag compared "
+                    "with the current alias holder's (higher is better; set at registration)")
+    ap.add_argument("--force", action="store_true", help="promote even when it scores below the current holder")
+    ap.add_argument("--tracking-uri", help="MLflow tracking URI (default: env MLFLOW_TRACKING_URI, else ./mlruns)")
     args = ap.parse_args()
 
     for flag in ("model", "alias", "from_alias", "metric"):  # an empty flag would reach MLflow as its exception

@@ -19,10 +19,11 @@ import sys
 import _bootstrap
 
 from orchestrator.drivers import publish
+from orchestrator.drivers.cli import HelpFormatter
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("--tracking-uri", help="MLflow tracking URI (default: env, else embedded ./mlruns)")
     ap.add_argument("--storage", default="outputs", help="the run storage whose tracking-pending/ to log")
     ap.add_argument("--pending", help="the pending folder itself (default: <storage>/tracking-pending)")

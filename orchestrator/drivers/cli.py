@@ -21,12 +21,18 @@ from pydantic import BaseModel
 from orchestrator.config import storage_root
 
 
-class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """The docstring as written, and every flag's default in ``--help``."""
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The docstring as written, and every flag's default in ``--help`` (every job uses it) - where it has
+    one: no "(default: None)" beside a help that says what happens without the flag, nor on switches."""
+
+    def _get_help_string(self, action):
+        if action.default in (None, False, argparse.SUPPRESS) or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
 
 
 def job_parser(doc: str, preset_dir: str | None) -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=doc, formatter_class=_Formatter)
+    ap = argparse.ArgumentParser(description=doc, formatter_class=HelpFormatter)
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--preset", default="smoke", help=f"configs/{preset_dir or '<method>'}/<preset>.yaml")
     src.add_argument("--config", help="a YAML config file (e.g. one written by --print-config)")
