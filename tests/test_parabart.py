@@ -304,6 +304,9 @@ def test_parabart_under_ray_train(engine, ray_cluster, tiny_bert_dir, parabart_s
     with outcome.best_checkpoint.as_directory() as d:
         blob = (torch.load(Path(d) / "model.pt", weights_only=False) if engine == "ddp" else
                 torch.load(next((Path(d) / "ds").glob("*model_states.pt")), weights_only=False))
+        if engine == "zero2":  # #39.1: the vocabularies (module extra state) in our own weights-only file
+            extra = torch.load(Path(d) / "extra_state.pt", weights_only=True)
+            assert set(extra["_extra_state"]) == {"syntax", "tags"}
     assert set(blob["extra_modules"]["discriminator"]) == {"linear.weight", "linear.bias"}  # D travels with it
     assert blob["extra_optimizers"]["discriminator"]["state"]  # and so does its optimiser
     out, report = export_and_test(method, cfg, outcome, tmp_path / "model", tasks=["stsb"])

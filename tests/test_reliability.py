@@ -419,3 +419,12 @@ def test_a_checkpoint_whose_extra_state_file_holds_a_pickled_callable_is_refused
     torch.save({"_extra_state": os.system}, bad / EXTRA_STATE)
     with pytest.raises(DataError, match=rf"{bad / EXTRA_STATE}: refused - not a weights-only file"):
         load_module_state(bad)
+
+    # DeepSpeed's own loads (resume, zero_to_fp32) pass weights_only=False: while it reads, each is weights-only
+    from trainers.checkpoint import deepspeed_reads_weights_only
+
+    planted = tmp_path / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    torch.save({"optimizer_state_dict": {}, "hook": os.system}, planted)
+    with deepspeed_reads_weights_only(), pytest.raises(DataError, match=f"{planted}: refused"):
+        torch.load(planted, map_location="cpu", weights_only=False)
+    assert torch.load(planted, weights_only=False)["hook"] is os.system  # and torch.load is itself again after

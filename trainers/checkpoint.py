@@ -1,13 +1,13 @@
 """Reading a training checkpoint back into one module state dict, for export and evaluation: a plain
 ``model.pt`` or a DeepSpeed ZeRO checkpoint (any stage, merged with DeepSpeed's ``zero_to_fp32``). Every
-file our code reads here is loaded weights-only; a module's extra state under ZeRO is in our own
-``extra_state.pt``, so DeepSpeed's model-states file (which pickles its config objects) is never
-unpickled by us.
+file read here is loaded weights-only, DeepSpeed's included (:func:`deepspeed_reads_weights_only`); a
+module's extra state under ZeRO is in our own ``extra_state.pt``.
 """
 
 from __future__ import annotations
 
 import pickle
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -15,6 +15,40 @@ import torch
 from orchestrator.errors import DataError
 
 EXTRA_STATE = "extra_state.pt"
+
+
+def deepspeed_globals() -> list:
+    """The DeepSpeed classes its checkpoint files pickle (ZeRO-2 and -3 optimizer states), allowed by name and
+    nothing else."""
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler  # lazy: ZeRO only
+    from deepspeed.runtime.zero.config import ZeroStageEnum  # lazy: ZeRO only
+    from deepspeed.utils.tensor_fragment import fragment_address  # lazy: ZeRO only
+
+    return [LossScaler, ZeroStageEnum, fragment_address]
+
+
+@contextmanager
+def deepspeed_reads_weights_only():
+    """While DeepSpeed reads a checkpoint (``engine.load_checkpoint``, ``zero_to_fp32``), every ``torch.load``
+    it makes is weights-only with :func:`deepspeed_globals` allowed: its own calls pass
+    ``weights_only=False``, which would run whatever a writer of the run's storage planted there."""
+    real = torch.load
+    allowed = deepspeed_globals()
+
+    def load(*args, **kwargs):
+        kwargs["weights_only"] = True
+        try:
+            with torch.serialization.safe_globals(allowed):
+                return real(*args, **kwargs)
+        except pickle.UnpicklingError as exc:
+            where = args[0] if args else kwargs.get("f", "a checkpoint file")
+            raise DataError(f"{where}: refused - not a weights-only file ({str(exc).splitlines()[0][:160]})") from None
+
+    torch.load = load
+    try:
+        yield
+    finally:
+        torch.load = real
 
 
 def extra_states(module: torch.nn.Module) -> dict:
@@ -51,5 +85,6 @@ def load_module_state(checkpoint_dir) -> dict:
         # zero_to_fp32 merges parameters and buffers only; a module's extra state (e.g. ParaBART's
         # vocabularies) is in our own file beside the checkpoint, read (and refused if need be) first
         extra = read_extra_states(checkpoint_dir)
-        return {**get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir), tag="ds"), **extra}
+        with deepspeed_reads_weights_only():
+            return {**get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir), tag="ds"), **extra}
     raise FileNotFoundError(f"{checkpoint_dir}: neither model.pt nor a DeepSpeed 'ds' checkpoint")

@@ -26,7 +26,12 @@ import torch.distributed.nn.functional as dist_nn
 from transformers import get_scheduler
 
 from orchestrator import tracking
-from trainers.checkpoint import EXTRA_STATE, extra_states, load_module_state  # noqa: F401 - recipes read it here
+from trainers.checkpoint import (  # noqa: F401 - recipes read load_module_state here
+    EXTRA_STATE,
+    deepspeed_reads_weights_only,
+    extra_states,
+    load_module_state,
+)
 from trainers.fault_injection import maybe_inject_failure
 from trainers.ingest import Ingest
 
@@ -189,7 +194,8 @@ class Stepper:
 
     def _load(self, directory: Path) -> dict:
         if self.deepspeed:
-            _, blob = self.model.load_checkpoint(str(directory), tag="ds")
+            with deepspeed_reads_weights_only():  # its own loads pass weights_only=False
+                _, blob = self.model.load_checkpoint(str(directory), tag="ds")
             blob = blob or {}
         else:
             blob = torch.load(directory / "model.pt", map_location="cpu", weights_only=True)
