@@ -31,7 +31,7 @@ def deepspeed_globals() -> list:
 def deepspeed_reads_weights_only():
     """While DeepSpeed reads a checkpoint (``engine.load_checkpoint``, ``zero_to_fp32``), every ``torch.load``
     it makes is weights-only with :func:`deepspeed_globals` allowed: its own calls pass
-    ``weights_only=False``, which would run whatever a writer of the run's storage planted there."""
+    full unpickling, which would run whatever a writer of the run's storage planted there."""
     real = torch.load
     allowed = deepspeed_globals()
 

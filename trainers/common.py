@@ -194,7 +194,7 @@ class Stepper:
 
     def _load(self, directory: Path) -> dict:
         if self.deepspeed:
-            with deepspeed_reads_weights_only():  # its own loads pass weights_only=False
+            with deepspeed_reads_weights_only():  # its own loads are not weights-only
                 _, blob = self.model.load_checkpoint(str(directory), tag="ds")
             blob = blob or {}
         else:
