@@ -30,8 +30,8 @@ def deepspeed_globals() -> list:
 @contextmanager
 def deepspeed_reads_weights_only():
     """While DeepSpeed reads a checkpoint (``engine.load_checkpoint``, ``zero_to_fp32``), every ``torch.load``
-    it makes is weights-only with :func:`deepspeed_globals` allowed: its own calls pass
-    full unpickling, which would run whatever a writer of the run's storage planted there."""
+    it makes is weights-only with :func:`deepspeed_globals` allowed: its own calls would unpickle
+    anything, and so run whatever a writer of the run's storage planted there."""
     real = torch.load
     allowed = deepspeed_globals()
 
