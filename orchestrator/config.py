@@ -246,6 +246,12 @@ class TrainLoopConfig(StrictModel):
     grad_clip: float | None = Field(None, gt=0)
     seed: int = 42
 
+    def planned_steps(self, rows_per_worker: int) -> int:
+        """The steps a run makes: ``max_steps``, unless ``epochs`` passes over the data end first (the schedule
+        is sized for these)."""
+        full = max(1, rows_per_worker // self.batch_size) * self.epochs
+        return min(self.max_steps, full) if self.max_steps else full
+
 
 class ScalingBlock(StrictModel):
     num_workers: int = Field(2, ge=1)

@@ -105,3 +105,24 @@ def test_storage_reference_expands_or_names_the_key(tmp_path, monkeypatch):
     p = tmp_path / "c.yaml"
     p.write_text("model:\n  name_or_path: ${SIEVE_STORAGE}/models/bert\n")
     assert load_config(Cfg, p).model.name_or_path == "s3://acme/models/bert"
+
+
+def test_steps_past_the_data_are_not_promised_and_the_schedule_fits_the_steps_run():
+    """#38.4: 37 rows per worker at batch 8 give 4 steps an epoch: max_steps 8 with 1 epoch runs 4, and the linear
+    schedule reaches 0 at step 4 (it was sized for 8: the run stopped at half the learning rate); 3 epochs
+    give the 8 asked for; without max_steps every epoch is run."""
+    import torch
+
+    from orchestrator.config import TrainLoopConfig
+    from trainers.common import make_stepper
+    from trainers.sifter_simcse import ContrastiveConfig
+
+    assert TrainLoopConfig(batch_size=8, max_steps=8).planned_steps(37) == 4
+    assert TrainLoopConfig(batch_size=8, max_steps=8, epochs=3).planned_steps(37) == 8
+    assert TrainLoopConfig(batch_size=8, epochs=2).planned_steps(37) == 8
+    cfg = ContrastiveConfig.model_validate({"train": {"batch_size": 8, "max_steps": 8, "lr": 1e-3}})
+    stepper = make_stepper(torch.nn.Linear(2, 2), cfg, rows_per_worker=37)
+    for _ in range(4):
+        stepper.optimizer.step()
+        stepper.scheduler.step()
+    assert stepper.optimizer.param_groups[0]["lr"] == 0.0

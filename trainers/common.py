@@ -269,8 +269,7 @@ def make_stepper(module: torch.nn.Module, cfg, rows_per_worker: int, groups: lis
                  **extras) -> Stepper:
     """The optimiser of a method config with the shared ``train`` / ``deepspeed`` blocks
     (``extras``: ``extra_modules`` / ``extra_optimizers`` saved with every checkpoint)."""
-    steps_per_epoch = max(1, rows_per_worker // cfg.train.batch_size)
-    total_steps = cfg.train.max_steps or steps_per_epoch * cfg.train.epochs
+    total_steps = cfg.train.planned_steps(rows_per_worker)
     gpu = device_for(cfg).type == "cuda"
     return Stepper(module, groups or param_groups(module, cfg.train.weight_decay), lr=cfg.train.lr,
                    schedule=cfg.train.lr_schedule, total_steps=total_steps, grad_clip=cfg.train.grad_clip,
@@ -292,7 +291,7 @@ def train_loop(cfg, stepper: Stepper, *, rows_per_worker: int, loss_fn, dev_fn, 
     state, so it survives a restart.
     """
     steps_per_epoch = max(1, rows_per_worker // cfg.train.batch_size)
-    total_steps = cfg.train.max_steps or steps_per_epoch * cfg.train.epochs
+    total_steps = cfg.train.planned_steps(rows_per_worker)
     state = {"step": 0, "epoch": 0, "best_dev": -math.inf, "restarts": 0, "history": []}
     with resumed_checkpoint() as ckpt_dir:
         if ckpt_dir is not None:

@@ -119,6 +119,10 @@ def build_trainer(spec: MethodSpec, cfg: MethodConfig, shards: str, *, name: str
     if rows_per_worker < cfg.train.batch_size:
         raise ConfigError(f"train.batch_size {cfg.train.batch_size}: each of {workers} workers gets only "
                           f"{rows_per_worker} rows from {shards}")
+    if cfg.train.max_steps and (steps := cfg.train.planned_steps(rows_per_worker)) < cfg.train.max_steps:
+        print(f"train.max_steps {cfg.train.max_steps}: {cfg.train.epochs} epoch(s) of {rows} rows give {steps} steps "
+              f"(global batch {cfg.train.batch_size * workers}); training runs {steps}, its schedule sized for "
+              f"{steps} - raise train.epochs to repeat the data", flush=True)
     resources = {"CPU": cfg.scaling.cpus_per_worker, **cfg.scaling.resources_per_worker}
     if cfg.scaling.use_gpu:
         resources.setdefault("GPU", 1)
