@@ -33,6 +33,11 @@ def catalogue(tmp: Path, tiny: Path) -> list[tuple[str, list[str], str]]:
     tsv_nan = write(tmp, "nan.tsv", "sentence1\tsentence2\tscore\na\tb\thigh\n")
     tsv_empty = write(tmp, "empty.tsv", "")
     tsv_utf8 = write(tmp, "utf8.tsv", b"sentence1\tsentence2\tscore\n\xff\tb\t1\n")
+    cmp = str(JOBS / "compare.py")
+    arms = ("arms:\n  a: {method: simcse, config: configs/simcse/smoke.yaml}\n"
+            "  b: {method: sifter_simcse, config: configs/sifter_simcse/smoke.yaml, overrides: {train.max_steps: 80}}\n")
+    unequal = write(tmp, "unequal.yaml", "seeds: [1, 2]\n" + arms)
+    typo = write(tmp, "typo.yaml", "seeds: [1, 2]\nrefrence: a\n" + arms)
     return [
         ("config: unknown key", [tr, "--method", "simcse", "--config", cfg], "bad_key.yaml: train.lrr: unknown key"),
         ("config: wrong type", [tr, "--method", "simcse", "train.lr=fast"], "train.lr: Input should be a valid number"),
@@ -45,6 +50,11 @@ def catalogue(tmp: Path, tiny: Path) -> list[tuple[str, list[str], str]]:
         ("config: malformed override", [tr, "--method", "simcse", "train.lr"], "expected key=value"),
         ("sweep: unknown space key", [sw, "sweep.space={nope: {grid: [1]}}"], "sweep.space.nope=1"),
         ("sweep: resume without name", [sw, "--resume"], "--resume needs --name"),
+        ("sweep: a float range on an integer key", [sw, "sweep.space={train.eval_steps: {uniform: [10, 20]}}"],
+         "sweep.space.train.eval_steps=13.7"),
+        ("compare: arms on unequal steps", [cmp, "--config", unequal], "arm 'b' differs from arm 'a' in the step budget"),
+        ("compare: unknown key", [cmp, "--config", typo], "typo.yaml: refrence: unknown key"),
+        ("compare: resume without name", [cmp, "--resume"], "--resume needs --name (the comparison to continue)"),
         ("experiments: resume without name", [ex, "--resume"], "--resume needs --name"),
         ("experiments: resume of nothing", [ex, "--name", "never", "--resume", "--storage", str(tmp / "st")],
          "--resume: no experiments 'never' at"),

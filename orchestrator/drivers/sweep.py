@@ -72,8 +72,15 @@ class Dimension(StrictModel):
         return self
 
     def candidates(self) -> list[Any]:
-        """Values that must validate against the method config (bounds for ranges)."""
-        return list(self.grid or self.choice or self.uniform or self.loguniform)
+        """Values that must validate against the method config: every grid / choice value; for a range its
+        bounds and an interior point a sampler can draw (a float range on an integer key fails here, not
+        inside a trial)."""
+        if self.uniform is not None:
+            return [*self.uniform, self.uniform[0] + (self.uniform[1] - self.uniform[0]) * 0.37]
+        if self.loguniform is not None:
+            lo, hi = self.loguniform
+            return [lo, hi, lo * (hi / lo) ** 0.37]
+        return list(self.grid or self.choice)
 
     def to_tune(self):
         if self.grid is not None:
