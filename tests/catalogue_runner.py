@@ -26,8 +26,8 @@ sys.path[:0] = [str(JOBS), str(ROOT)]
 
 import _bootstrap  # noqa: E402,F401 - the jobs' environment defaults (offline hub, no usage stats)
 
-import orchestrator.drivers.sweep_job  # noqa: E402,F401 - the jobs' heavy imports, once, before forking
-import orchestrator.drivers.compare  # noqa: E402,F401
+import orchestrator.drivers.compare  # noqa: E402,F401 - the jobs' heavy imports, once, before forking
+import orchestrator.drivers.sweep_job  # noqa: E402,F401
 import orchestrator.drivers.train_job  # noqa: E402,F401
 import orchestrator.models  # noqa: E402,F401
 

@@ -438,3 +438,21 @@ def test_a_checkpoint_whose_extra_state_file_holds_a_pickled_callable_is_refused
     with deepspeed_reads_weights_only(), pytest.raises(DataError, match=f"{planted}: refused"):
         torch.load(planted, map_location="cpu", weights_only=False)
     assert torch.load(planted, weights_only=False)["hook"] is os.system  # and torch.load is itself again after
+
+
+@pytest.mark.slow
+def test_a_job_without_ray_address_starts_its_own_ray_beside_another_cluster(ray_cluster):
+    """#38.3: with the session's Ray cluster running on this machine, a job not told where to go (no
+    RAY_ADDRESS) starts a private one - it used to join any ``gcs_server`` it found; with RAY_ADDRESS it
+    joins that cluster."""
+    code = ("import ray; from orchestrator.drivers.cluster import init_ray; init_ray(quiet=True); "
+            "print(ray.get_runtime_context().gcs_address)")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    alone = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert alone.returncode == 0, alone.stderr[-2000:]
+    port = ray_cluster.rsplit(":", 1)[1]
+    assert alone.stdout.strip().splitlines()[-1].rsplit(":", 1)[1] != port
+    told = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**env, "RAY_ADDRESS": ray_cluster}, cwd=ROOT)
+    assert told.returncode == 0, told.stderr[-2000:]
+    assert told.stdout.strip().splitlines()[-1].rsplit(":", 1)[1] == port

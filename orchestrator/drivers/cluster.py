@@ -1,11 +1,10 @@
-"""Connecting to Ray: the same code runs on a laptop and on a cluster.
+"""Connecting to Ray: the same code runs on a laptop and on a cluster, and joins only the cluster it is told to.
 
-* Under ``ray job submit`` (``RAY_ADDRESS`` set) or with a ``ray start`` cluster on this machine,
-  connect to it.
-* Otherwise start a local Ray with at least 4 logical CPUs: on a 2-core machine two 1-CPU
-  actors would otherwise take every CPU and a Ray Data read task would never run (a silent
-  hang seen here). ``RAY_ADDRESS=local`` always starts a new private local cluster (with the
-  same CPU floor), e.g. to run a job beside another job's cluster on one machine.
+* ``RAY_ADDRESS`` set (``ray job submit`` sets it; ``RAY_ADDRESS=auto`` joins a ``ray start`` cluster on
+  this machine; ``host:port`` any other): connect to it.
+* Otherwise start a private local Ray - never someone else's cluster that happens to run on the machine -
+  with at least 4 logical CPUs: on a 2-core machine two 1-CPU actors would otherwise take every CPU and a
+  Ray Data read task would never run (a silent hang seen here).
 """
 
 from __future__ import annotations
@@ -14,22 +13,9 @@ import os
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # before ray is imported
 
-import psutil  # noqa: E402
 import ray  # noqa: E402
 
 MIN_LOCAL_CPUS = 4
-
-
-def gcs_running() -> bool:
-    """Whether a Ray head runs on this machine. Ray's ``address="auto"`` would otherwise follow a stale
-    ``/tmp/ray/ray_current_cluster`` left by a killed cluster and wait a minute for a dead GCS."""
-    for proc in psutil.process_iter(["name"]):
-        try:
-            if "gcs_server" in (proc.info["name"] or ""):
-                return True
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return False
 
 
 def shutdown_ray() -> None:
@@ -47,18 +33,9 @@ def init_ray(*, num_cpus: int | None = None, quiet: bool = False) -> None:
     if address and address != "local":
         ray.init(**kwargs)
         return
-    if address == "local":  # a new private local cluster, even when another one runs on this machine
-        cpus = num_cpus or max(MIN_LOCAL_CPUS, os.cpu_count() or 1)
-        ray.init(address="local", num_cpus=cpus, include_dashboard=True, dashboard_host="127.0.0.1", **kwargs)
-        return
-    if gcs_running():  # a `ray start` cluster on this machine
-        try:
-            ray.init(address="auto", **kwargs)
-            return
-        except ConnectionError:
-            pass
+    # a new private local cluster (address="local": even when another one runs on this machine)
     cpus = num_cpus or max(MIN_LOCAL_CPUS, os.cpu_count() or 1)
-    ray.init(num_cpus=cpus, include_dashboard=True, dashboard_host="127.0.0.1", **kwargs)
+    ray.init(address="local", num_cpus=cpus, include_dashboard=True, dashboard_host="127.0.0.1", **kwargs)
 
 
 def concurrent_trials(cfg, requested: int | None, streams: bool = True) -> int:
