@@ -136,3 +136,22 @@ def test_bad_compare_files_get_one_clear_line():
         arms_of(j)
     with pytest.raises(ConfigError, match="unknown method 'simsce'"):
         arms_of(job(arms={"a": {"method": "simsce", "config": "configs/simcse/smoke.yaml"}}))
+
+
+def test_an_arm_read_a_weaker_way_is_set_against_the_strongest_base_too_and_gated_on_it():
+    """MiniLM read with [CLS] scores below MiniLM read with mean: an arm trained and read with [CLS] that beats
+    the [CLS] base but not the mean one is shown against both, and is not registered (never hidden behind a
+    weaker baseline)."""
+    bases = {"cls_before_pooler": {"label": "base (default, cls)", "dev": 0.79, "test": {H: 0.70}},
+             "mean": {"label": "base (default, mean)", "dev": 0.86, "test": {H: 0.79}}}
+    cls_runs = runs(0.0, spread=0.002)  # ≈ 0.75: +5 over the [CLS] base, −4 under the mean one
+    b = lb.build([lb.ArmRuns("sifter", "sifter_simcse", "cls_before_pooler", cls_runs)], bases, reference=None,
+                 headline=H)
+    r = b["rows"][0]
+    assert b["strongest_base"] == "mean" and r["vs_base"]["verdict"] == "higher"
+    assert r["vs_strongest_base"]["verdict"] == "lower" and not r["gate"]
+    assert "read its strongest way" in lb.gate_text(r, H) and "→ not passed" in lb.gate_text(r, H)
+    assert "**base (default, mean)** at 79.00" in lb.markdown(b)
+    same = lb.build([lb.ArmRuns("sifter", "sifter_simcse", "mean", runs(0.05, spread=0.002))], bases, reference=None,
+                    headline=H)
+    assert same["rows"][0]["vs_strongest_base"] is None and same["rows"][0]["gate"]

@@ -29,39 +29,39 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
 
 import mlflow
 import ray
 import ray.tune
 import torch
-from pydantic import Field, field_validator
 from ray import tune
 from ray.tune.search import BasicVariantGenerator
 
 from orchestrator import storage, tracking
 from orchestrator.config import (
-    REPO_ROOT,
     EncoderMethodConfig,
     MethodConfig,
-    StrictModel,
-    apply_overrides,
     config_hash,
-    read_yaml,
-    resolve_config_path,
-    set_path,
-    validate,
     with_params,
 )
 from orchestrator.drivers import leaderboard as lb
 from orchestrator.drivers import publish as pub
-from orchestrator.drivers.cli import job_parser, location_overrides, print_config
+from orchestrator.drivers.cli import job_parser, print_config
 from orchestrator.drivers.cluster import concurrent_trials, init_ray, shutdown_ray
+from orchestrator.drivers.compare_plan import (  # noqa: F401 - the compare file's models, re-exported
+    ArmConfig,
+    CompareJobConfig,
+    ComparePlan,
+    RegisterBlock,
+    arm_config,
+    check_comparable,
+    resolve,
+    test_pooling,
+)
 from orchestrator.drivers.registry import get_method
 from orchestrator.drivers.sweep import (
     ProgressLines,
     name_of,
-    refuse_existing,
     reports_uri,
     sweep_dir,
     sweeps_root,
@@ -74,141 +74,20 @@ from orchestrator.drivers.train import (
     checkpoint_at,
     export_and_test,
     materializes,
-    preflight,
     worker_cores,
 )
-from orchestrator.errors import ConfigError
-from orchestrator.evaluation.encode import test_time_pooling
 from orchestrator.evaluation.suite import TestReport
-from orchestrator.models import pooling_for, resolve_model_source, saved_pooling
+from orchestrator.models import resolve_model_source, saved_pooling
 from orchestrator.spec import MethodSpec
-
-
-class ArmConfig(StrictModel):
-    method: str
-    config: str | dict[str, Any] = Field(..., description="the method's preset file (relative to the repo root), "
-                                         "or the whole config inline")
-    overrides: dict[str, Any] = Field({}, description="dotted keys set on this arm's config")
-
-
-class RegisterBlock(StrictModel):
-    arm: str = Field("best", description="the arm to register (`best`: the one ranked first)")
-    name: str | None = Field(None, description="registered model name (default: the arm's tracking."
-                             "registry_model_name, else its method)")
-    alias: str = "candidate"
-
-
-class CompareJobConfig(StrictModel):
-    """A compare file: the seeds, the arms, the reference arm, the statistics and the optional registration."""
-
-    seeds: list[int] = Field(..., min_length=1)
-    arms: dict[str, ArmConfig] = Field(..., min_length=1)
-    reference: str | None = Field(None, description="the arm every other one is set against (default: the first)")
-    common_overrides: dict[str, Any] = Field({}, description="dotted keys set on every arm (steps, batch, eval)")
-    headline: str | None = Field(None, description="the test figure arms are ranked and gated on (default: the "
-                                 "method's headline, e.g. sts_avg_spearman_all)")
-    confidence: float = Field(0.95, gt=0, lt=1)
-    interval: Literal["t", "bootstrap"] = "t"
-    max_concurrent_trials: int | None = Field(None, ge=1)
-    registration: RegisterBlock | None = None
-
-    @field_validator("seeds")
-    @classmethod
-    def _distinct(cls, v):
-        if len(set(v)) != len(v):
-            raise ValueError(f"seeds must be distinct: {v}")
-        return v
 
 
 def parse_args(doc: str) -> argparse.Namespace:
     ap = job_parser(doc, "compare")
     ap.add_argument("--resume", action="store_true", help="continue the comparison NAME after a crash (needs --name)")
     ap.add_argument("--out", help="also write the leaderboard here (FILE.md, with FILE.json and FILE.png beside it)")
+    ap.add_argument("--status", action="store_true", help="the interim leaderboard of the comparison NAME's finished "
+                    "trials, read from its storage while it runs (no Ray, nothing trained)")
     return ap.parse_args()
-
-
-# ---------------------------------------------------------------- 1. resolve
-@dataclass
-class ComparePlan:
-    name: str
-    job: CompareJobConfig
-    arms: dict[str, tuple[MethodSpec, MethodConfig]]  # every arm's validated config (train.seed set per trial)
-    exp_id: str
-    resume: bool = False
-    progress: bool = True
-    verbose: bool = False
-
-    @property
-    def first(self) -> MethodConfig:
-        return next(iter(self.arms.values()))[1]
-
-
-def arm_config(job: CompareJobConfig, name: str, source: str, cli: list[str]) -> tuple[MethodSpec, MethodConfig]:
-    arm = job.arms[name]
-    spec = get_method(arm.method)
-    if isinstance(arm.config, dict):
-        data, where = dict(arm.config), f"{source}: arms.{name}.config"
-    else:
-        path = Path(arm.config) if Path(arm.config).is_absolute() else REPO_ROOT / arm.config
-        data, where = read_yaml(path), str(path)
-    data["method"] = arm.method  # one preset serves simcse and sifter_simcse
-    for key, value in {**job.common_overrides, **arm.overrides}.items():
-        set_path(data, key.split("."), value, f"{source}: arms.{name}: {key}")
-    return spec, validate(spec.config_cls, apply_overrides(data, cli), f"{where} (arm {name!r} of {source})")
-
-
-def check_comparable(arms: dict[str, tuple[MethodSpec, MethodConfig]], source: str) -> None:
-    """Arms differ in their method and settings, never in what they are measured against: one base model,
-    equal steps (and global batch), one test, one storage. Each difference is refused with its arm named."""
-    def facts(spec, cfg):
-        return {"the base model (model.name_or_path)": getattr(getattr(cfg, "model", None), "name_or_path", None),
-                "the step budget (train.max_steps)": cfg.train.max_steps,
-                "the global batch (train.batch_size × scaling.num_workers)":
-                    cfg.train.batch_size * cfg.scaling.num_workers,
-                "the test tasks (eval.tasks)": getattr(getattr(cfg, "eval", None), "tasks", None),
-                "the test's max_length (eval.max_length)": getattr(getattr(cfg, "eval", None), "max_length", None),
-                "the test (the method's evaluation)": getattr(spec.evaluate, "__qualname__", repr(spec.evaluate)),
-                "the run storage (run.storage)": cfg.run.storage}
-    (first, (s0, c0)), *rest = arms.items()
-    want = facts(s0, c0)
-    if c0.train.max_steps is None:
-        raise ConfigError(f"{source}: arm {first!r}: a comparison runs every arm for equal steps; set train.max_steps")
-    for name, (spec, cfg) in rest:
-        for what, value in facts(spec, cfg).items():
-            if value != want[what]:
-                raise ConfigError(f"{source}: arm {name!r} differs from arm {first!r} in {what}: {value!r} vs "
-                                  f"{want[what]!r}; arms are compared on the same base, steps and test")
-
-
-def resolve(args: argparse.Namespace) -> ComparePlan:
-    if args.resume and not args.name:
-        raise ConfigError("--resume needs --name (the comparison to continue)")
-    path = Path(args.config or resolve_config_path(args.preset, "compare"))
-    job = validate(CompareJobConfig, apply_overrides(read_yaml(path), [o.removeprefix("compare.") for o in args.overrides
-                                                                        if o.startswith("compare.")]), str(path))
-    cli = [o for o in args.overrides if not o.startswith("compare.")] + location_overrides(args)
-    arms = {name: arm_config(job, name, str(path), cli) for name in job.arms}
-    reference = job.reference or next(iter(job.arms))
-    if reference not in arms:
-        raise ConfigError(f"{path}: reference {reference!r} is not one of the arms ({', '.join(arms)})")
-    if job.registration is not None and job.registration.arm not in ("best", *arms):
-        raise ConfigError(f"{path}: registration.arm {job.registration.arm!r}: expected best or one of {', '.join(arms)}")
-    job = job.model_copy(update={"reference": reference})
-    check_comparable(arms, str(path))
-    if args.print_config:
-        inline = {n: a.model_copy(update={"config": arms[n][1].model_dump(mode="json"), "overrides": {}})
-                  for n, a in job.arms.items()}
-        return ComparePlan("", job.model_copy(update={"arms": inline, "common_overrides": {}}), arms, "")
-    exp_ids = {preflight(cfg) for _, cfg in arms.values()}  # resolves each arm's pooling, too
-    name = storage.safe_name(args.name or f"compare-{time.strftime('%Y%m%d-%H%M%S')}", "--name")
-    plan = ComparePlan(name, job, arms, sorted(exp_ids)[0], args.resume, not args.no_progress, args.verbose)
-    if not args.resume:
-        refuse_existing(plan.first.run.storage, name)
-    return plan
-
-
-def test_pooling(cfg: MethodConfig) -> str:
-    return test_time_pooling(pooling_for(cfg)) if isinstance(cfg, EncoderMethodConfig) else "-"
 
 
 # ---------------------------------------------------------------- 2. run
@@ -332,6 +211,29 @@ def collect(plan: ComparePlan, grid, where: str) -> list[dict]:
     return rows
 
 
+def interim(plan: ComparePlan, where: str) -> str:
+    """``--status``: the leaderboard of the trials tested so far (their records in the storage), said to be one."""
+    seen: dict[str, dict] = {}
+    for f in storage.list_files(storage.join(where, "invocations")):
+        rec = json.loads(storage.read_bytes(storage.join(where, "invocations", f)))
+        seen[rec["trial"]] = rec["params"]
+    rows = []
+    for trial, params in seen.items():
+        if not storage.exists(test_file := tests_uri(where, trial)):
+            continue
+        spec, base = plan.arms[params["arm"]]
+        row = arm_row(spec, with_params(base, {"train.seed": params["seed"]}, trial), trial, params, where)
+        test = json.loads(storage.read_bytes(test_file))
+        row.update(arm=params["arm"], seed=params["seed"], method=spec.name, test=test["metrics"],
+                   headline=test["headline"])
+        rows.append(row)
+    bases = {f.removesuffix(".json"): json.loads(storage.read_bytes(storage.join(where, "base", f)))
+             for f in storage.list_files(storage.join(where, "base"))}
+    total = len(plan.arms) * len(plan.job.seeds)
+    head = f"comparison {plan.name!r}, interim: {len(rows)} of {total} trials tested (its figures move as the rest end)"
+    return head + "\n\n" + (lb.markdown(leaderboard(plan, rows, bases)) if rows else "no trial tested yet")
+
+
 def leaderboard(plan: ComparePlan, rows: list[dict], bases: dict[str, dict]) -> dict:
     arms = {n: lb.ArmRuns(n, spec.name, test_pooling(cfg)) for n, (spec, cfg) in plan.arms.items()}
     for r in rows:
@@ -425,6 +327,9 @@ def main(doc: str) -> int:
     plan = resolve(args)
     if args.print_config:
         return print_config(plan.job)
+    if args.status:
+        print(interim(plan, sweep_dir(plan.first.run.storage, plan.name)))
+        return 0
     published = storage.join(sweep_dir(plan.first.run.storage, plan.name), "published.json")
     if plan.resume and storage.exists(published):  # finished and published: its record, no Ray
         print(json.loads(storage.read_bytes(published))["console"])

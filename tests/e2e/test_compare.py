@@ -62,6 +62,9 @@ def test_compare_killed_and_resumed_trains_and_tests_each_trial_once(ray_cluster
     proc.wait(30)
     tested_before = {p.stem for p in (where / "tests").iterdir()}
     assert (where / "base" / "mean.json").is_file()  # the base, measured once, kept for the resume
+    status = run_job(tmp_path, store, "--config", str(cfg), "--name", "cmp", "--status")
+    interim, _ = status.communicate(timeout=300)  # the finished trials' leaderboard, read from the storage
+    assert status.returncode == 0 and f"interim: {len(tested_before)} of 4 trials tested" in interim, interim[-2000:]
 
     proc = run_job(tmp_path, store, "--config", str(cfg), "--name", "cmp", "--resume")
     out, _ = proc.communicate(timeout=800)
