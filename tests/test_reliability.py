@@ -33,6 +33,8 @@ def catalogue(tmp: Path, tiny: Path) -> list[tuple[str, list[str], str]]:
     tsv_nan = write(tmp, "nan.tsv", "sentence1\tsentence2\tscore\na\tb\thigh\n")
     tsv_empty = write(tmp, "empty.tsv", "")
     tsv_utf8 = write(tmp, "utf8.tsv", b"sentence1\tsentence2\tscore\n\xff\tb\t1\n")
+    tsv_one = write(tmp, "one.tsv", "sentence1\tsentence2\tscore\na\tb\t1\n")
+    tsv_flat = write(tmp, "flat.tsv", "\ufeffsentence1\tsentence2\tscore\na\tb\t3\nc\td\t3\n")  # BOM + constant
     cmp = str(JOBS / "compare.py")
     arms = ("arms:\n  a: {method: simcse, config: configs/simcse/smoke.yaml}\n"
             "  b: {method: sifter_simcse, config: configs/sifter_simcse/smoke.yaml, overrides: {train.max_steps: 80}}\n")
@@ -65,6 +67,9 @@ def catalogue(tmp: Path, tiny: Path) -> list[tuple[str, list[str], str]]:
         ("eval: empty file", [ev, "--sts-file", tsv_empty, "--tasks", ""], "empty.tsv: empty file"),
         ("eval: invalid UTF-8", [ev, "--sts-file", tsv_utf8, "--tasks", ""], "utf8.tsv:2: not valid UTF-8"),
         ("eval: unknown task", [ev, "--tasks", "sts99"], "--tasks: unknown task(s) sts99"),
+        ("eval: one pair", [ev, "--sts-file", tsv_one, "--tasks", ""], "one.tsv: 1 pair: a correlation needs at least 2"),
+        ("eval: constant scores (and a BOM)", [ev, "--sts-file", tsv_flat, "--tasks", ""],
+         "flat.tsv: every score is 3: a correlation with constant scores is undefined"),
         ("model: hub id offline", [ev, "--model", "bert-base-uncased"], "model 'bert-base-uncased': not a local folder"),
         ("model: missing folder", [ev, "--model", str(tmp / "no" / "model")], "no such folder"),
         ("model: wrong architecture", [ev, "--model", str(gpt)], "is not a text encoder"),

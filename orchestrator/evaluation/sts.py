@@ -62,7 +62,7 @@ def read_sts_tsv(path: str | Path, name: str | None = None, score_column: str = 
     if not path.is_file():
         raise DataError(f"{path}: no such file")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a BOM (spreadsheet exports) is not part of the header
     except UnicodeDecodeError as exc:
         line = path.read_bytes()[: exc.start].count(b"\n") + 1
         raise DataError(f"{path}:{line}: not valid UTF-8") from None
@@ -94,6 +94,10 @@ def read_sts_tsv(path: str | Path, name: str | None = None, score_column: str = 
         subsets.append(row[col["subset"]] if "subset" in col else "all")
     if not scores:
         raise DataError(f"{path}: no data rows after the header")
+    if len(scores) < 2:
+        raise DataError(f"{path}: 1 pair: a correlation needs at least 2")
+    if min(scores) == max(scores):
+        raise DataError(f"{path}: every {score_column} is {scores[0]:g}: a correlation with constant scores is undefined")
     return STSData(name or path.stem, s1, s2, np.asarray(scores, dtype=np.float64), subsets)
 
 
