@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import _bootstrap
 import mlflow
@@ -49,9 +50,22 @@ def main() -> int:
         raise ConfigError(f"--tasks: unknown task(s) {', '.join(unknown)} (known: {', '.join(sts.TASK_FILES)})")
     if not tasks and not args.sts_file:
         raise ConfigError("--tasks is empty and no --sts-file given: nothing to evaluate")
-    # Validate every input file before loading the model (fail fast on bad input).
+    # Validate every input file and the output path before loading the model (fail fast on bad input).
     for f in args.sts_file:
         sts.read_sts_tsv(f)
+    for flag in ("model", "tracking_uri", "json"):
+        value = getattr(args, flag)
+        if value is not None and not value.strip():
+            raise ConfigError(f"--{flag.replace('_', '-')} is empty")
+    if args.json and not storage.is_s3(args.json):
+        out = Path(args.json)
+        if out.is_dir():
+            raise ConfigError(f"--json {args.json}: is a folder; give a file path (e.g. {out / 'sts.json'})")
+        above = out.parent
+        while not above.exists():  # the folders that are missing are made; one that is a file cannot be
+            above = above.parent
+        if not above.is_dir():
+            raise ConfigError(f"--json {args.json}: {above} is a file, not a folder")
 
     seed_everything(args.seed)
     if args.model.startswith(MLFLOW_SCHEMES):
