@@ -1,6 +1,6 @@
 """``jobs/compare.py``'s statistics and checks without Ray: the leaderboard from synthetic runs with a known
 answer, the pairing by seed, the registration gate both ways, and the refusals of arms that are not
-comparable. The job end to end (Ray, MLflow, a driver killed and resumed): tests/e2e/test_compare.py."""
+comparable. The job end to end (Ray, MLflow, a driver killed and resumed): tests/e2e/test_compare_job.py."""
 
 from __future__ import annotations
 
