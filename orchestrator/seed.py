@@ -1,8 +1,8 @@
-"""The one seed helper used everywhere (python, numpy, torch, Ray Data shuffles)."""
+"""Seeding a process that is not a training worker (``jobs/evaluate.py``, tests); training workers seed
+themselves from ``train.seed`` and their rank (``trainers/common.py``)."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import random
 
@@ -18,12 +18,3 @@ def seed_everything(seed: int, *, deterministic_torch: bool = True) -> None:
     torch.manual_seed(seed)
     if deterministic_torch:
         torch.use_deterministic_algorithms(True, warn_only=True)
-
-
-def derive_seed(seed: int, *names: object) -> int:
-    """A stable child seed for a named sub-task (a shard, a trial, an epoch).
-
-    Python's ``hash`` is salted per process, so this uses a fixed digest instead.
-    """
-    digest = hashlib.sha256(repr((seed, *names)).encode()).digest()
-    return int.from_bytes(digest[:4], "little")

@@ -253,16 +253,6 @@ def put_dir(local_dir: str | Path, uri: str) -> None:
         (tmp / COMPLETE_MARKER).write_bytes(b"")
 
 
-def latest_complete(parent: str) -> str | None:
-    """The last (by name: ``step-000123`` sorts by step) committed directory under ``parent``;
-    directories whose upload was interrupted (no ``_COMPLETE``) are passed over."""
-    for name in sorted(list_dirs(parent), reverse=True):
-        uri = join(parent, name)
-        if is_complete(uri):
-            return uri
-    return None
-
-
 def get_dir(uri: str, local_dir: str | Path, *, require_complete: bool = False) -> Path:
     """Copy everything below ``uri`` into ``local_dir`` (created). Errors if nothing is there."""
     local_dir = Path(local_dir)

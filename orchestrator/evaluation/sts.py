@@ -37,7 +37,6 @@ TASK_FILES = {
     "stsb_dev": "stsb-dev.tsv",
 }
 SEVEN_TASKS = ["sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr"]
-REQUIRED_COLUMNS = ("sentence1", "sentence2", "score")
 
 
 @dataclass
