@@ -322,6 +322,15 @@ def second_pass() -> None:
           "at 19.6 s; the trial resumed on it from the step-2 checkpoint in S3 (1 restart), finished at step 6 and "
           "was registered (version 1); the new node fetched the model from S3 into its own cache | the steps "
           "trained since the last checkpoint (step 2) | job ended 42.2 s after the loss |"]
+    finished = ROOT / "bench" / "results" / "resume_finished.json"  # measured by bench/resume_finished.py
+    if finished.is_file():
+        r = {row["run"].split(",")[0].split(" (")[0]: row for row in json.loads(finished.read_text())["rows"]}
+        fast, full = r["`--resume`"], r["`--resume` without the record"]
+        md.append(f"| `--resume` of a sweep that had finished and published (`bench/resume_finished.py`, the smoke "
+                     f"sweep) | answered from its record (`published.json`): no Ray, no corpus, no base measured, "
+                     f"nothing trained or registered (exit {fast['exit']}) "
+                     f"| nothing | **{fast['wall_s']:.1f} s**, against {full['wall_s']:.1f} s for the whole resume "
+                     "path it took before (#39.4) |")
     path = ROOT / "bench" / "results" / "faults.json"
     data = json.loads(path.read_text())
     data["second_pass"] = rows
