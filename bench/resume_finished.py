@@ -45,8 +45,7 @@ def main() -> int:
             ("`--resume` without the record (the whole path: Ray, corpus, base, Tune restore, publish)", full)]
     md = ["# `--resume` of a finished, published sweep (#39.4)", "",
           f"`python bench/resume_finished.py --name {args.name}` on this 2-core machine: the smoke sweep "
-          "(`jobs/sifter_sweep.py --preset smoke`), then its `--resume` twice, one after the other. Nothing else was "
-          "meant to run beside it; other work shared the cores part of the time (see the date's notes).", "",
+          "(`jobs/sifter_sweep.py --preset smoke`), then its `--resume` twice, one after the other.", "",
           "| run | wall (s) | exit | last line |", "|---|---:|---:|---|"]
     md += [f"| {what} | {t:.1f} | {rc} | {last[:180]} |" for what, (t, rc, last) in rows]
     md += ["", f"Resumed from its record: **{answered[0]:.1f} s** against {full[0]:.1f} s for the whole path "
