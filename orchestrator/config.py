@@ -326,6 +326,10 @@ class MethodConfig(StrictModel):
         """Every model folder / URI the run reads (checked before any Ray work)."""
         return []
 
+    def data_sources(self) -> list[tuple[str, str]]:
+        """(config key, path or URI) of every data file or folder the run reads (checked before any Ray work)."""
+        return []
+
 
 class EncoderMethodConfig(MethodConfig):
     """A method that trains a Transformer sentence encoder (``model``) and evaluates it (``eval``)."""

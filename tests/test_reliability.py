@@ -41,6 +41,10 @@ def catalogue(tmp: Path, tiny: Path) -> list[tuple[str, list[str], str]]:
     unequal = write(tmp, "unequal.yaml", "seeds: [1, 2]\n" + arms)
     typo = write(tmp, "typo.yaml", "seeds: [1, 2]\nrefrence: a\n" + arms)
     return [
+        ("data: missing corpus, before Ray", [tr, "--method", "simcse", f"data.corpus={tmp / 'nope.txt'}"],
+         "data.corpus: " + str(tmp / "nope.txt") + ": no such file or folder"),
+        ("data: missing labelled set", [tr, "--method", "sifter_lstm", "data.dev=data/sst2/nope.tsv"],
+         "data.dev: data/sst2/nope.tsv: no such file or folder"),
         ("config: unknown key", [tr, "--method", "simcse", "--config", cfg], "bad_key.yaml: train.lrr: unknown key"),
         ("config: wrong type", [tr, "--method", "simcse", "train.lr=fast"], "train.lr: Input should be a valid number"),
         ("config: negative lambda", [tr, "--method", "sifter_simcse", "lambda_xy=-1"], "lambda_xy: Input should be greater than or equal to 0"),

@@ -140,6 +140,9 @@ class ParaBARTConfig(EncoderMethodConfig):
     eval: EvalConfig = EvalConfig(batch_size=128, max_length=64)
     tracking: TrackingConfig = TrackingConfig(registry_model_name="parabart")
 
+    def data_sources(self) -> list[tuple[str, str]]:
+        return [(f"data.pairs[{i}].path", p.path) for i, p in enumerate(self.data.pairs)]
+
     @model_validator(mode="after")
     def _freeze_needs_a_plain_optimiser(self):
         if self.freeze_encoder_steps and self.deepspeed.stage > 0:

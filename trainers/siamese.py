@@ -75,6 +75,10 @@ class SiameseConfig(EncoderMethodConfig):
     train: TrainLoopConfig = TrainLoopConfig(lr=2e-5, batch_size=16, eval_steps=100)
     tracking: TrackingConfig = TrackingConfig(registry_model_name="siamese")
 
+    def data_sources(self) -> list[tuple[str, str]]:
+        return [*((f"train_sets[{i}].path", s.path) for i, s in enumerate(self.train_sets)),
+                *((f"test_sets[{i}].path", s.path) for i, s in enumerate(self.test_sets))]
+
     @model_validator(mode="after")
     def _naive_one_set(self):
         if self.mode == "naive" and len(self.train_sets) != 1:

@@ -103,6 +103,9 @@ class SifterLSTMConfig(MethodConfig):
     def model_sources(self) -> list[str]:
         return [self.embeddings_from]
 
+    def data_sources(self) -> list[tuple[str, str]]:
+        return [(f"data.{k}", getattr(self.data, k)) for k in ("train", "dev", "test")]
+
 
 # ---------------------------------------------------------------- the cell
 class SifterLSTM(nn.Module):

@@ -97,6 +97,9 @@ class ContrastiveConfig(EncoderMethodConfig):
     eval: EvalConfig = EvalConfig(batch_size=128, max_length=128)
     tracking: TrackingConfig = TrackingConfig(registry_model_name="sifter-simcse")
 
+    def data_sources(self) -> list[tuple[str, str]]:
+        return self.data.sources()
+
     @model_validator(mode="after")
     def _some_loss(self):
         if self.lambda_xx + self.lambda_xy + self.lambda_xz + self.lambda_yz <= 0:

@@ -104,6 +104,10 @@ class TSDAEConfig(EncoderMethodConfig):
     def model_sources(self) -> list[str]:
         return [self.model.name_or_path, *([self.decoder_name_or_path] if self.decoder_name_or_path else [])]
 
+    def data_sources(self) -> list[tuple[str, str]]:
+        extra = [("eval.dev_path", self.eval.dev_path)] if self.eval.dev_path else []
+        return [*self.data.sources(), *extra, *((f"eval.domain_paths.{k}", v) for k, v in self.eval.domain_paths.items())]
+
     @model_validator(mode="after")
     def _best_needs_a_dev_set(self):
         if self.eval.select == "best" and self.eval.dev is None:

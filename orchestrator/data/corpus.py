@@ -410,6 +410,9 @@ class CorpusBlock(StrictModel):
     drop_capitalised_splits: bool = Field(True, description="SIFTER's sentence-split filter; off for tweets")
     augment: AugmentConfig = AugmentConfig()
 
+    def sources(self, key: str = "data") -> list[tuple[str, str]]:
+        return [(f"{key}.shards", self.shards)] if self.shards else [(f"{key}.corpus", self.corpus)]
+
 
 ROW_FORMAT = 2  # bumped when a column changes meaning (2: Z keeps pronouns, Y's core backbone, bag counts)
 

@@ -37,7 +37,7 @@ from ray.train import (  # noqa: E402
 from ray.train.torch import TorchConfig, TorchTrainer  # noqa: E402
 
 from orchestrator import storage, tracking  # noqa: E402
-from orchestrator.config import EncoderMethodConfig, MethodConfig  # noqa: E402
+from orchestrator.config import EncoderMethodConfig, MethodConfig, repo_path  # noqa: E402
 from orchestrator.errors import ConfigError, DataError, SieveError  # noqa: E402
 from orchestrator.evaluation.encode import test_time_pooling  # noqa: E402
 from orchestrator.evaluation.suite import TestReport  # noqa: E402
@@ -50,6 +50,9 @@ def preflight(cfg: MethodConfig) -> str:
     """Fail fast, naming the URI or path: tracking server, storage, every model source. An encoder
     config's pooling is resolved here (config, else the model folder's own, else the method's), so
     every worker, report and MLflow param sees the one value. Returns the MLflow experiment id."""
+    for key, path in cfg.data_sources():  # first: nothing is created for a run whose data is not there
+        if not storage.exists(repo_path(path)):
+            raise DataError(f"{key}: {path}: no such file or folder")
     exp_id = tracking.setup(cfg.tracking.tracking_uri, cfg.tracking.experiment)
     storage.check_access(cfg.run.storage)
     for source in cfg.model_sources():
