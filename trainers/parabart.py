@@ -119,9 +119,8 @@ class ParaBARTConfig(EncoderMethodConfig):
     decoder_layers: int = Field(1, ge=1)
     lambda_adv: float = Field(0.1, ge=0)
     adversary_start_step: int = Field(0, ge=0, description="steps of plain L_para before the adversarial term")
-    discriminator: Literal["reference", "softmax"] = Field(
-        "reference", description="reference: LayerNorm + linear, BCE per tag on the smoothed bag (the reference "
-        "code); softmax: our earlier linear + softmax cross-entropy on label shares")
+    discriminator: Literal["reference", "softmax"] = Field("reference", description="reference: LayerNorm + linear, "
+                                                           "BCE per tag (the reference code); softmax: our earlier form")
     discriminator_warmup: Literal["idle", "fit"] = Field(
         "idle", description="before adversary_start_step D is not trained (idle, the reference code) or fitted "
         "on the detached embedding (fit)")
@@ -131,9 +130,8 @@ class ParaBARTConfig(EncoderMethodConfig):
     lr_syntax_decoder: float = Field(1e-4, gt=0, description="E_syn, the decoder and the output projection")
     syntax_guidance: bool = Field(True, description="false: the decoder sees ū alone (no E_syn)")
     tie_output: bool = Field(False, description="true: the output projection is E_sem's word-embedding matrix")
-    selection: Literal["valid_para_loss", "last", "stsb_dev"] = Field(
-        "valid_para_loss", description="checkpoint choice: paraphrase validation loss L_para (the paper), the "
-        "last checkpoint, or STS-B dev")
+    selection: Literal["valid_para_loss", "last", "stsb_dev"] = Field("valid_para_loss", description="checkpoint: "
+                                                                      "validation L_para (the paper), last, or STS-B dev")
     train: TrainLoopConfig = TrainLoopConfig(lr=2e-5, weight_decay=0.01, batch_size=64, eval_steps=500,
                                              grad_clip=1.0, lr_schedule="constant")
     data: ParaphraseData = ParaphraseData()
@@ -215,8 +213,7 @@ class ParaBART(nn.Module):
 
 
 def discriminator_optimizer(dis: nn.Module, cfg: ParaBARTConfig) -> torch.optim.Optimizer:
-    """D's own AdamW at E_sem's learning rate (the paper's 2e-5) unless ``lr_discriminator``, weight decay as the
-    main groups."""
+    """D's own AdamW at E_sem's learning rate (the paper's 2e-5) unless ``lr_discriminator``; the main decay."""
     return torch.optim.AdamW(common.param_groups(dis, cfg.train.weight_decay), lr=cfg.lr_discriminator or cfg.train.lr)
 
 

@@ -398,8 +398,7 @@ def run_pipeline(cfg: CorpusConfig, output: str, *, progress: bool = True) -> di
 
 # ---------------------------------------------------------------- the corpus a training run reads
 class CorpusBlock(StrictModel):
-    """A training config's corpus: augmented shards (a folder from ``augment_corpus``), or a raw
-    corpus that the job augments first (content-addressed, so it is done once per storage root)."""
+    """A training config's corpus: augmented shards (``augment_corpus``'s folder), or a raw corpus augmented first."""
 
     shards: str | None = None
     corpus: str = "data/corpus/wikisplit_sample.txt"
@@ -410,9 +409,8 @@ class CorpusBlock(StrictModel):
     drop_capitalised_splits: bool = Field(True, description="SIFTER's sentence-split filter; off for tweets")
     augment: AugmentConfig = AugmentConfig()
 
-    def sources(self, key: str = "data") -> list[tuple[str, str]]:
+    def sources(self, key: str = "data") -> list[tuple[str, str]]:  # what preflight checks exists
         return [(f"{key}.shards", self.shards)] if self.shards else [(f"{key}.corpus", self.corpus)]
-
 
 ROW_FORMAT = 2  # bumped when a column changes meaning (2: Z keeps pronouns, Y's core backbone, bag counts)
 
