@@ -94,6 +94,7 @@ def test_bad_input_catalogue(tmp_path, tiny_bert_dir, s3_endpoint):
     # one process imports the jobs' libraries once and forks a real process per case (catalogue_runner.py)
     spec = tmp_path / "cases.json"
     spec.write_text(json.dumps([{"name": n, "cmd": cmd, "cwd": str(tmp_path)} for n, cmd, _ in cases]))
+    sessions = set(Path("/tmp/ray").glob("session_2*"))  # a Ray started by a case would add one
     res = subprocess.run([sys.executable, str(ROOT / "tests" / "catalogue_runner.py"), str(spec),
                           str(tmp_path / "results.json")], capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -108,6 +109,15 @@ def test_bad_input_catalogue(tmp_path, tiny_bert_dir, s3_endpoint):
             failures.append(f"{name}: rc={rc} last={last!r}")
     assert failures == []
     assert not (tmp_path / "o").exists() and not (tmp_path / "outputs").exists()  # no partial output
+    assert set(Path("/tmp/ray").glob("session_2*")) == sessions  # no case started Ray
+    store = tmp_path / "mlruns" / "mlflow.db"
+    if store.exists():  # a case that reached the tracking preflight made the embedded store, and nothing in it
+        import mlflow
+
+        client = mlflow.MlflowClient(f"sqlite:///{store}")
+        experiments = client.search_experiments()
+        assert not client.search_runs([e.experiment_id for e in experiments]) if experiments else True
+        assert client.search_registered_models() == []
 
 
 @pytest.mark.slow
