@@ -242,12 +242,25 @@ def logged_models(run_id: str, name: str = "model") -> list[str]:
 SERVING_REQUIREMENTS = ["torch==2.13.0", "transformers==5.23.0", "sentence-transformers==6.2.0"]
 
 
+MODEL_DESCRIPTION = (
+    "Versions registered by Sieve's jobs. Aliases: **candidate** - the newest version that beat the untouched base "
+    "model in the job that registered it (the jobs move it); **champion** - the version in use, moved only by a "
+    "person. To promote: `python jobs/promote.py --model {name} --from-alias candidate` (refuses a version whose "
+    "`test_score` tag is below the champion's unless `--force`), or set the alias `champion` on a version in this "
+    "page's version list (Aliases → Add) - which skips that check, so compare the versions' `test_score` tags "
+    "first. Each version's description is its model card: what was trained, on what, and its scores beside the "
+    "base's.")
+
+
 def register(model_uri: str, name: str, *, alias: str | None = None, description: str | None = None,
              tags: dict[str, str] | None = None) -> int:
-    """Register ``model_uri`` as a new version of ``name``; optionally point ``alias`` at it."""
+    """Register ``model_uri`` as a new version of ``name``; optionally point ``alias`` at it. The registered
+    model gets :data:`MODEL_DESCRIPTION` (what its aliases mean, how to promote) when it has none."""
     try:
         mv = mlflow.register_model(model_uri, name, tags=tags)
         client = MlflowClient()
+        if not client.get_registered_model(name).description:
+            client.update_registered_model(name, description=MODEL_DESCRIPTION.format(name=name))
         if description:
             client.update_model_version(name, mv.version, description=description)
         if alias:

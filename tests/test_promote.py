@@ -26,6 +26,8 @@ def test_promote_moves_champion_and_refuses_worse(embedded_tracking, tiny_bert_d
     good = tracking.register(info.model_uri, "enc", alias="candidate", tags={"test_score": "0.70"})
     worse = tracking.register(info.model_uri, "enc", tags={"test_score": "0.60"})
 
+    desc = mlflow.MlflowClient().get_registered_model("enc").description  # #38.1: what the aliases mean
+    assert "**champion**" in desc and "jobs/promote.py --model enc --from-alias candidate" in desc
     res = promote(embedded_tracking, "--version", str(good))
     assert res.returncode == 0, res.stderr
     assert tracking.alias_version("enc", "champion") == good
