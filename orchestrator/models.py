@@ -75,6 +75,10 @@ def _from_mlflow(uri: str, cache_dir) -> Path:
         except Exception as exc:  # noqa: BLE001
             raise ModelSourceError(f"model {uri!r}: no such registered model or alias ({str(exc).splitlines()[0]})") from None
         pinned = f"models:/{model}/{version}"
+        if alias == "champion" and (line := champion_set_by_hand(mlflow.MlflowClient(), model, int(version))):
+            if line not in _WARNED:  # a job resolves its model more than once: said once
+                _WARNED.add(line)
+                print(line, flush=True)
     try:
         root = storage.cached_copy(pinned, pinned, lambda dest: mlflow.artifacts.download_artifacts(
             pinned, dst_path=str(dest)), Path(cache_dir or _CACHE))
@@ -87,6 +91,26 @@ def _from_mlflow(uri: str, cache_dir) -> Path:
         if (folder / "config.json").is_file():
             return folder
     raise ModelSourceError(f"model {uri!r}: the logged model holds no transformers folder (config.json)")
+
+
+CHAMPION_TAG = "sieve.champion"  # the version jobs/promote.py last made champion (a registered-model tag)
+_WARNED: set[str] = set()
+
+
+def champion_set_by_hand(client, model: str, version: int) -> str | None:
+    """One warning line when ``@champion`` points where ``jobs/promote.py`` did not put it (the UI's alias editor
+    skips its check) and scores below the version promote.py had made champion (``test_score`` tags)."""
+    try:
+        promoted = client.get_registered_model(model).tags.get(CHAMPION_TAG)
+        if promoted is None or int(promoted) == version:
+            return None
+        new, old = (client.get_model_version(model, str(v)).tags.get("test_score") for v in (version, int(promoted)))
+    except Exception:  # noqa: BLE001 - a check, never a reason to fail the job
+        return None
+    if new is None or old is None or float(new) >= float(old):
+        return None
+    return (f"warning: {model}@champion is v{version} (test_score {float(new):.4f}), set outside jobs/promote.py; it "
+            f"scores below v{promoted} ({float(old):.4f}), the champion promote.py had set")
 
 
 def _check_model_dir(path: Path, name: str) -> Path:

@@ -87,3 +87,22 @@ def test_a_champion_set_through_the_rest_api_is_what_the_next_job_reads(mlflow_s
     assert row in direct.stdout  # the champion's folder is the tiny model's: the same scores
     logged = mlflow.MlflowClient().get_run(run.info.run_id).data.metrics
     assert "eval_sts_stsb_spearman_all" in logged
+    assert "warning:" not in res.stdout  # promote.py never made a champion here: nothing to compare with
+
+    # #38.1: promote.py stands behind v2; the UI's alias editor (its REST call) then moves @champion to the worse
+    # v1, skipping promote.py's check: the next job that reads @champion says so in one line, and still runs
+    ok = subprocess.run([sys.executable, str(ROOT / "jobs" / "promote.py"), "--model", "rest-enc", "--version", str(v2),
+                         "--tracking-uri", mlflow_server], capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    body = json.dumps({"name": "rest-enc", "alias": "champion", "version": str(v1)}).encode()
+    req = urllib.request.Request(f"{mlflow_server}/api/2.0/mlflow/registered-models/alias", data=body,
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        assert resp.status == 200
+    res = subprocess.run([sys.executable, str(ROOT / "jobs" / "evaluate.py"), "--model", "models:/rest-enc@champion",
+                          "--tracking-uri", mlflow_server, "--tasks", "stsb", "--no-progress"],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    warnings = [ln for ln in res.stdout.splitlines() if ln.startswith("warning:")]
+    assert warnings == [f"warning: rest-enc@champion is v{v1} (test_score 0.5000), set outside jobs/promote.py; it "
+                        f"scores below v{v2} (0.6000), the champion promote.py had set"]
