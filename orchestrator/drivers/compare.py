@@ -196,19 +196,23 @@ def collect(plan: ComparePlan, grid, where: str) -> list[dict]:
         params = r.config.get("params", {})
         trial_id = (r.metrics or {}).get("trial_id")
         name = name_of(trial_id, params) if trial_id else (Path(r.path).name if r.path else "?")
-        spec, base = plan.arms[params["arm"]]
-        cfg = with_params(base, {"train.seed": params["seed"]}, f"arm {params['arm']}")
-        error = str(r.error).splitlines()[0][:300] if r.error else None
-        if storage.exists(reports_uri(where, name)):
-            row = arm_row(spec, cfg, name, params, where)
-        else:
-            row = trial_row(name, params, [], spec.metric)
-        test_file = tests_uri(where, name)
-        test = json.loads(storage.read_bytes(test_file)) if storage.exists(test_file) else None
-        row.update(arm=params["arm"], seed=params["seed"], method=spec.name, error=error, stopped_early=False,
-                   test=test["metrics"] if test else {}, headline=test["headline"] if test else None)
+        row = trial_record(plan, name, params, where)
+        row["error"] = str(r.error).splitlines()[0][:300] if r.error else None
         rows.append(row)
     return rows
+
+
+def trial_record(plan: ComparePlan, trial: str, params: dict, where: str) -> dict:
+    """A trial's row from the storage: its reports (none yet: empty), its arm and seed, its test ({} until kept)."""
+    spec, base = plan.arms[params["arm"]]
+    cfg = with_params(base, {"train.seed": params["seed"]}, f"arm {params['arm']}")
+    row = (arm_row(spec, cfg, trial, params, where) if storage.exists(reports_uri(where, trial))
+           else trial_row(trial, params, [], spec.metric))
+    test_file = tests_uri(where, trial)
+    test = json.loads(storage.read_bytes(test_file)) if storage.exists(test_file) else None
+    row.update(arm=params["arm"], seed=params["seed"], method=spec.name, error=None, stopped_early=False,
+               test=test["metrics"] if test else {}, headline=test["headline"] if test else None)
+    return row
 
 
 def interim(plan: ComparePlan, where: str) -> str:
@@ -217,16 +221,8 @@ def interim(plan: ComparePlan, where: str) -> str:
     for f in storage.list_files(storage.join(where, "invocations")):
         rec = json.loads(storage.read_bytes(storage.join(where, "invocations", f)))
         seen[rec["trial"]] = rec["params"]
-    rows = []
-    for trial, params in seen.items():
-        if not storage.exists(test_file := tests_uri(where, trial)):
-            continue
-        spec, base = plan.arms[params["arm"]]
-        row = arm_row(spec, with_params(base, {"train.seed": params["seed"]}, trial), trial, params, where)
-        test = json.loads(storage.read_bytes(test_file))
-        row.update(arm=params["arm"], seed=params["seed"], method=spec.name, test=test["metrics"],
-                   headline=test["headline"])
-        rows.append(row)
+    rows = [trial_record(plan, trial, params, where) for trial, params in seen.items()
+            if storage.exists(tests_uri(where, trial))]
     bases = {f.removesuffix(".json"): json.loads(storage.read_bytes(storage.join(where, "base", f)))
              for f in storage.list_files(storage.join(where, "base"))}
     total = len(plan.arms) * len(plan.job.seeds)
@@ -330,11 +326,8 @@ def main(doc: str) -> int:
     if args.status:
         print(interim(plan, sweep_dir(plan.first.run.storage, plan.name)))
         return 0
-    published = storage.join(sweep_dir(plan.first.run.storage, plan.name), "published.json")
-    if plan.resume and storage.exists(published):  # finished and published: its record, no Ray
-        print(json.loads(storage.read_bytes(published))["console"])
-        print(f"comparison {plan.name!r} had finished and was published: nothing trained, nothing new registered "
-              f"(its record {published}, read in {time.time() - t0:.1f} s)")
+    where = sweep_dir(plan.first.run.storage, plan.name)
+    if plan.resume and pub.answer_published(where, f"comparison {plan.name!r}", t0):
         return 0
     parent = (tracking.find_run(plan.exp_id, {"sieve.sweep": plan.name, "sieve.role": "compare"})
               if plan.resume else None)
@@ -350,6 +343,6 @@ def main(doc: str) -> int:
     shutdown_ray()
     console = "\n".join([json.dumps({k: v for k, v in summary.items() if k not in ("gate", "leaderboard")}, indent=2),
                          summary["leaderboard"], *([summary["gate"]] if summary["gate"] else [])])
-    storage.write_bytes(published, json.dumps({"summary": summary, "console": console}, default=str).encode())
+    pub.write_published(where, summary, console)
     print(console)
     return 0

@@ -154,7 +154,7 @@ def _loss(row: dict) -> str:
 
 
 def short(key: str) -> str:
-    return key.removeprefix("sts_").removesuffix("_spearman_all").replace("avg", "avg")
+    return key.removeprefix("sts_").removesuffix("_spearman_all")
 
 
 def markdown(board: dict) -> str:

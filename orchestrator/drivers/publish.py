@@ -16,6 +16,7 @@ import json
 import math
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -149,6 +150,27 @@ def register(model_uri: str, name: str, choice: Choice, *, description: str, tag
         return {"name": name, "version": existing, "alias": alias, "beats_base": choice.beats_base, "new": False}
     version = register_version(model_uri, name, alias=alias, description=description[:5000], tags=tags)
     return {"name": name, "version": version, "alias": alias, "beats_base": choice.beats_base, "new": True}
+
+
+# ---------------------------------------------------------------- a finished job's record
+PUBLISHED = "published.json"  # in a sweep's (or comparison's) storage, written last: trained, tested, published
+
+
+def write_published(where: str, summary: dict, console: str) -> None:
+    storage.write_bytes(storage.join(where, PUBLISHED), json.dumps({"summary": summary, "console": console},
+                                                                   default=str).encode())
+
+
+def answer_published(where: str, what: str, t0: float) -> bool:
+    """``--resume`` of a job that finished and published: its recorded console output, in seconds (no Ray, no
+    corpus, no base measured again). False when it has not finished publishing (resume as usual)."""
+    uri = storage.join(where, PUBLISHED)
+    if not storage.exists(uri):
+        return False
+    print(json.loads(storage.read_bytes(uri))["console"])
+    print(f"{what} had finished and was published: nothing trained, nothing new registered "
+          f"(its record {uri}, read in {time.time() - t0:.1f} s)")
+    return True
 
 
 # what Tune adds to every report: bookkeeping, not measurements

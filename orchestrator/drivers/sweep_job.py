@@ -314,29 +314,13 @@ def publish_outage(exc: BaseException, plan: SweepPlan) -> TrackingError | None:
                       f"python jobs/{plan.default_dir}.py --name {plan.name} --resume")
 
 
-PUBLISHED = "published.json"  # in the sweep's storage, written last: the sweep trained, tested and published
-
-
-def answer_finished(plan: SweepPlan, t0: float) -> bool:
-    """``--resume`` of a sweep that finished and published: its recorded summary, in seconds - no Ray, no
-    corpus, no base measured again. False when the sweep has not finished publishing (resume as usual)."""
-    uri = storage.join(sweep_dir(plan.base.run.storage, plan.name), PUBLISHED)
-    if not storage.exists(uri):
-        return False
-    done = json.loads(storage.read_bytes(uri))
-    print(done["console"])
-    print(f"sweep {plan.name!r} had finished and was published: nothing trained, nothing new registered "
-          f"(its record {uri}, read in {time.time() - t0:.1f} s)")
-    return True
-
-
 def main(doc: str, default_dir: str) -> int:
     t0 = time.time()
     args = parse_args(doc, default_dir)
     plan = resolve(args, default_dir)
     if args.print_config:
         return print_config(plan.job)
-    if plan.resume and answer_finished(plan, t0):
+    if plan.resume and pub.answer_published(sweep_dir(plan.base.run.storage, plan.name), f"sweep {plan.name!r}", t0):
         return 0
     parent = (tracking.find_run(plan.exp_id, {"sieve.sweep": plan.name, "sieve.role": "sweep"})
               if plan.resume else None)
@@ -357,7 +341,6 @@ def main(doc: str, default_dir: str) -> int:
     if result.base is not None:
         console += f"\n\ncandidate − base ({result.base.label}), ×100:\n" + compare_table(result.base.test, result.test)
     console += "\n" + json.dumps({k: v for k, v in summary.items() if k != "gate"}, indent=2) + "\n" + summary["gate"]
-    storage.write_bytes(storage.join(sweep_dir(plan.base.run.storage, plan.name), PUBLISHED),
-                        json.dumps({"summary": summary, "console": console}, default=str).encode())
+    pub.write_published(sweep_dir(plan.base.run.storage, plan.name), summary, console)
     print(console)
     return 0
