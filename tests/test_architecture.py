@@ -89,7 +89,7 @@ def test_imports_point_down_only():
 
 def test_drivers_reach_recipes_only_through_the_registry():
     bad = [f"{m} -> {n}" for m, deps in graph().items() if layer(m) == "driver" and m != "orchestrator.drivers.registry"
-           for n in sorted(deps) if layer(n) == "recipe" and n != "trainers.common"]
+           for n in sorted(deps) if layer(n) == "recipe" and n not in ("trainers.common", "trainers.recipe")]
     assert bad == []
 
 
@@ -147,3 +147,74 @@ def test_the_layout_doc_names_every_module():
     folders = [f"{p.relative_to(ROOT)}/" for pkg in PACKAGES for p in [ROOT / pkg, *sorted((ROOT / pkg).glob("*/"))]
                if p.is_dir() and p.name != "__pycache__" and f"{p.relative_to(ROOT)}/" not in layout]
     assert missing == [] and folders == []
+
+
+# ---------------------------------------------------------------- the recipe interface
+def test_every_registered_method_is_a_recipe_class():
+    """One interface: every method the registry lists subclasses ``Recipe``, under its own name, with its
+    metadata declared and the worker hooks it needs written (not the base's NotImplementedError)."""
+    from orchestrator.drivers.registry import METHODS
+    from trainers.recipe import Recipe
+
+    bad = []
+    for name, recipe in METHODS.items():
+        if not (isinstance(recipe, type) and issubclass(recipe, Recipe) and recipe.name == name):
+            bad.append(f"{name}: {recipe!r}")
+            continue
+        for attr in ("config_cls", "metric", "metric_label"):
+            if not hasattr(recipe, attr):
+                bad.append(f"{name}: no {attr}")
+        for hook in ("build", "loss", "dev", "prepare_data", "export", "evaluate", *(("evaluate_base",) if recipe.has_base else ())):
+            if getattr(recipe, hook) is getattr(Recipe, hook):
+                bad.append(f"{name}: {hook} not written")
+    assert bad == [] and len(METHODS) >= 6
+
+
+PROBES = ("getattr", "hasattr")
+
+
+def shown(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else path.name
+
+
+def probes(path: Path) -> list[str]:
+    """Calls of getattr / hasattr in ``path`` whose object is a config, a model or a recipe."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in PROBES and node.args:
+            target = ast.unparse(node.args[0])
+            if any(w in target for w in ("cfg", "config", "model", "recipe", "base")):
+                out.append(f"{shown(path)}:{node.lineno}: {ast.unparse(node)}")
+    return out
+
+
+def test_drivers_ask_recipes_never_probe():
+    """A driver asks the recipe (``recipe.base_model(cfg)``, ``recipe.has_base``) instead of probing a config
+    or a model for attributes some methods have."""
+    assert [p for f in sorted((ROOT / "orchestrator" / "drivers").glob("*.py")) for p in probes(f)] == []
+
+
+def test_the_probe_finder_finds_a_planted_probe(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text('def f(cfg):\n    return getattr(cfg, "model", None), hasattr(x, "a")\n')
+    assert [p.split(": ", 1)[1] for p in probes(planted)] == ["getattr(cfg, 'model', None)"]
+
+
+def literal_method_lists(path: Path, names: set[str]) -> list[str]:
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Tuple | ast.List | ast.Set):
+            found = [e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in names]
+            if len(found) >= 2:
+                out.append(f"{shown(path)}:{node.lineno}: {found}")
+    return out
+
+
+def test_no_test_names_methods_by_a_literal_list():
+    """Tests that cover every method derive the list from the registry: a sixth method is covered by them
+    without editing them."""
+    from orchestrator.drivers.registry import method_names
+
+    names = set(method_names())
+    assert [x for p in sorted((ROOT / "tests").rglob("*.py")) for x in literal_method_lists(p, names)] == []
+    assert literal_method_lists(Path(__file__), {"probe_a", "probe_b"}) != []  # the set literal on this line

@@ -11,7 +11,7 @@ import yaml
 
 from orchestrator.config import load_config
 from orchestrator.drivers.experiments import ExperimentsConfig
-from orchestrator.drivers.registry import get_method
+from orchestrator.drivers.registry import RECIPES, get_method
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "FIDELITY.md"
@@ -61,8 +61,7 @@ def at(data: dict, key: str):
 
 
 def test_every_method_has_a_section():
-    assert set(sections()) == {f"configs/{m}/paper.yaml" for m in ("sifter_simcse", "simcse", "tsdae", "sifter_lstm",
-                                                                     "parabart", "siamese_experiments")}
+    assert set(sections()) == {recipe.paper_preset() for recipe in RECIPES}
 
 
 def drifts(preset: dict, rows: list[tuple[str, str, str]]) -> list[str]:

@@ -571,11 +571,11 @@ def test_before_the_adversary_starts_d_is_fitted_and_no_adversarial_gradient_rea
 
 
 def test_the_checkpoint_is_chosen_on_the_paraphrase_loss_alone(tiny_bert_dir):
-    from trainers.parabart import SPEC, validation_loss
+    from trainers.parabart import ParaBARTRecipe, validation_loss
 
     cfg, model, dis, batcher = setup(tiny_bert_dir)
-    assert cfg.selection == "valid_para_loss" and SPEC.selection_metric(cfg) == "neg_valid_loss_para"
-    assert SPEC.selection_metric(tiny(tiny_bert_dir, selection="last")) is None
+    assert cfg.selection == "valid_para_loss" and ParaBARTRecipe.selection_metric(cfg) == "neg_valid_loss_para"
+    assert ParaBARTRecipe.selection_metric(tiny(tiny_bert_dir, selection="last")) is None
     got = {lam: validation_loss(model, dis, batcher, ROWS, tiny(tiny_bert_dir, lambda_adv=lam), adversary_on=True)
            for lam in (0.0, 5.0)}
     assert got[0.0]["neg_valid_loss_para"] == got[5.0]["neg_valid_loss_para"] == -got[0.0]["valid_loss_para"]

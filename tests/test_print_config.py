@@ -29,9 +29,8 @@ def siamese_main():
 
 JOBS = {
     **{f"sweep:{d}": (lambda d=d: sweep_job.main("doc", d), [])
-       for d in ("sifter_sweep", "tsdae_sweep", "sentiment_sweep", "parabart_sweep")},
-    **{f"train:{m}": (lambda: train_job.main("doc"), ["--method", m]) for m in method_names()
-       if (ROOT / "configs" / m / "smoke.yaml").is_file()},  # siamese runs through siamese_experiments
+       for d in sorted(p.stem for p in (ROOT / "jobs").glob("*_sweep.py"))},
+    **{f"train:{m}": (lambda: train_job.main("doc"), ["--method", m]) for m in method_names()},
     "siamese_experiments": (lambda: siamese_main()(), []),
     "compare": (lambda: compare.main("doc"), []),
 }

@@ -70,7 +70,7 @@ def golden_losses(model_dir, method: str, steps: int = 3) -> list[float]:
     return out
 
 
-@pytest.mark.parametrize("method", ["sifter_simcse", "simcse"])
+@pytest.mark.parametrize("method", sorted(GOLDEN))
 def test_golden_losses(tiny_bert_dir, method):
     got = golden_losses(tiny_bert_dir, method)
     assert got == pytest.approx(GOLDEN[method], rel=1e-4)

@@ -35,7 +35,7 @@ def test_every_shipped_sweep_config_validates(monkeypatch):
         job = load_config(SweepJobConfig, f)
         assert job.method in method_names()
         spec, base = get_method(job.method), base_of(job)
-        assert spec.has_dev is None or spec.has_dev(base), f  # a sweep must have a dev score to rank settings
+        assert spec.has_dev(base), f  # a sweep must have a dev score to rank settings
         check_space(base, job.sweep.space, str(f))
 
 

@@ -260,12 +260,12 @@ def test_the_default_protocol_reads_no_labelled_set_before_the_final_test(tiny_b
         monkeypatch.setattr(module, name, lambda *a, _real=real, **k: calls.append(a) or _real(*a, **k))
     cfg = TSDAEConfig.model_validate({"model": {"name_or_path": str(tiny_bert_dir), "pooling": "cls"},
                                       "eval": {"batch_size": 512, "max_length": 32}})
-    assert cfg.eval.dev is None and cfg.eval.select == "last" and tsdae.SPEC.selection_metric(cfg) is None
+    assert cfg.eval.dev is None and cfg.eval.select == "last" and tsdae.TSDAERecipe.selection_metric(cfg) is None
     model, tok = build_model(cfg)
     assert np.isnan(tsdae.dev_score(model.encoder, tok, cfg)) and calls == []
     tuned = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"dev": "twitterpara_pit_dev", "select": "best"})})
     assert 0 < tsdae.dev_score(model.encoder, tok, tuned) < 1 and calls  # the option reads it
-    assert tsdae.SPEC.selection_metric(tuned) == "dev_score"
+    assert tsdae.TSDAERecipe.selection_metric(tuned) == "dev_score"
     with pytest.raises(ValueError, match="needs a labelled dev set"):
         TSDAEConfig.model_validate({"eval": {"select": "best"}})
 

@@ -91,7 +91,7 @@ from orchestrator.evaluation import sts
 from orchestrator.evaluation.encode import HFEncoder, mean_pool
 from orchestrator.evaluation.suite import evaluate_sts
 from orchestrator.export import export_encoder, standalone_encoder
-from orchestrator.spec import BaseResult, MethodSpec, measure_base
+from orchestrator.spec import BaseResult, measure_base
 from trainers import common
 from trainers.parabart_adversary import (  # noqa: F401  (the recipe's names, re-exported)
     Discriminator,
@@ -100,7 +100,9 @@ from trainers.parabart_adversary import (  # noqa: F401  (the recipe's names, re
     average_bag_loss,
     bag_targets,
     discriminator,
+    discriminator_optimizer,
 )
+from trainers.recipe import Recipe
 
 
 # ---------------------------------------------------------------- config
@@ -212,11 +214,6 @@ class ParaBART(nn.Module):
         return logits, u
 
 
-def discriminator_optimizer(dis: nn.Module, cfg: ParaBARTConfig) -> torch.optim.Optimizer:
-    """D's own AdamW at E_sem's learning rate (the paper's 2e-5) unless ``lr_discriminator``; the main decay."""
-    return torch.optim.AdamW(common.param_groups(dis, cfg.train.weight_decay), lr=cfg.lr_discriminator or cfg.train.lr)
-
-
 def build_model(cfg: ParaBARTConfig, syntax: Vocab, tags: Vocab, skeleton: str | Path | None = None):
     """(ParaBART, tokenizer) for ``cfg.model`` and ``cfg.architecture`` (``orchestrator.backbones``):
 
@@ -241,10 +238,9 @@ def build_model(cfg: ParaBARTConfig, syntax: Vocab, tags: Vocab, skeleton: str |
 
 
 def parameter_groups(model: ParaBART, cfg: ParaBARTConfig) -> list[dict]:
-    """The main optimiser's groups, as the paper and its reference code: E_sem at ``train.lr``,
-    everything else (E_syn, the decoder, the output projection) at ``lr_syntax_decoder``; weight
-    decay except on biases and norms. The word embeddings E_sem and the decoder share are E_sem's
-    (``named_parameters`` yields a shared tensor once, under its first name). D has its own optimiser."""
+    """The main optimiser's groups, as the paper and its reference code: E_sem at ``train.lr``, the rest (E_syn,
+    the decoder, the output projection) at ``lr_syntax_decoder``; decay except on biases and norms. The word
+    embeddings E_sem and the decoder share count as E_sem's (a shared tensor is yielded once, by its first name)."""
     sem = nn.Module()
     sem.add_module("sem", model.sem)
     rest = [(n, p) for n, p in model.named_parameters() if not n.startswith("sem.")]
@@ -329,38 +325,6 @@ def main_loss(model: nn.Module, dis: Discriminator, b: dict, cfg: ParaBARTConfig
     return loss, {**logs, "loss_adv": float(l_adv.detach()), "loss": float(loss.detach())}
 
 
-# ---------------------------------------------------------------- the per-worker loop (Ray Train)
-def train_func(config: dict) -> list[dict]:
-    cfg = ParaBARTConfig.model_validate(config["method_config"])
-    ingest = common.setup_worker(cfg)
-    device = common.device_for(cfg)
-    syntax, tags = load_vocabs(config["shards"])
-    model, tokenizer = build_model(cfg, syntax, tags)
-    model.to(device)
-    dis = discriminator(model, cfg.discriminator).to(device)  # outside DDP / ZeRO; its gradients are averaged by hand
-    opt_dis = discriminator_optimizer(dis, cfg)
-    stepper = common.make_stepper(model, cfg, int(config["rows_per_worker"]), groups=parameter_groups(model, cfg),
-                                  extra_modules={"discriminator": dis}, extra_optimizers={"discriminator": opt_dis})
-    batcher = Batch(tokenizer, syntax, tags, cfg)
-    valid = load_valid_rows(config["shards"]) if common.rank() == 0 else {}
-    adversary = {"on": False}
-
-    def loss_fn(batch, state):
-        b = batcher(batch, train=True, device=device)
-        adversary["on"] = state["step"] >= cfg.adversary_start_step
-        hold_encoder(stepper.optimizer, frozen=state["step"] < cfg.freeze_encoder_steps)
-        return main_loss(stepper.model, dis, b, cfg, adversary_on=adversary["on"], opt_dis=opt_dis,
-                         fit_discriminator=adversary["on"] or cfg.discriminator_warmup == "fit")
-
-    def dev_fn(m):
-        return {"stsb_dev_spearman": dev_score(m.sem, tokenizer, cfg),
-                **validation_loss(m, dis, batcher, valid, cfg, adversary_on=adversary["on"], device=device)}
-
-    return common.train_loop(cfg, stepper, rows_per_worker=int(config["rows_per_worker"]), batches=ingest,
-                             metric=SPEC.metric,
-                             loss_fn=loss_fn, dev_fn=dev_fn, build_plain=lambda: build_model(cfg, syntax, tags)[0].to(device))
-
-
 def dev_score(encoder, tokenizer, cfg: ParaBARTConfig) -> float:
     enc = HFEncoder(encoder, tokenizer, pooling="mean", batch_size=cfg.eval.batch_size, max_length=cfg.eval.max_length)
     return sts.evaluate_data(enc, sts.load_task("stsb_dev"))["spearman"]["all"]
@@ -434,17 +398,53 @@ def evaluate(cfg: ParaBARTConfig, model_dir, tasks: list[str] | None = None):
     return report
 
 
-def evaluate_base(cfg: ParaBARTConfig) -> BaseResult:
-    """The untouched starting encoder (E_sem before training), mean pooling, STS-B dev and the STS test."""
-    return measure_base(cfg, dev_score, evaluate)
+# ---------------------------------------------------------------- the recipe
+class ParaBARTRecipe(Recipe):
+    name = "parabart"
+    config_cls = ParaBARTConfig
+    metric, metric_label = "stsb_dev_spearman", "STS-B dev Spearman"
+    columns = ("src", "tgt", "tgt_parse", "src_bag")
 
+    def setup(self):
+        self.syntax, self.tags = load_vocabs(self.job["shards"])
+        self.valid = load_valid_rows(self.job["shards"]) if common.rank() == 0 else {}
+        self.adversary_on = False
 
-def prepare_data(cfg: ParaBARTConfig, progress: bool = True) -> str:
-    return prepare_paraphrase_data(cfg.data, cfg.run.storage, progress=progress)
+    def build(self) -> nn.Module:
+        model, self.tokenizer = build_model(self.cfg, self.syntax, self.tags)
+        self.batcher = Batch(self.tokenizer, self.syntax, self.tags, self.cfg)
+        return model
 
+    def optimizer_extras(self, module):
+        # D trains outside DDP / ZeRO with its own optimiser; its gradients are averaged by hand
+        self.dis = discriminator(module, self.cfg.discriminator).to(self.device)
+        self.opt_dis = discriminator_optimizer(self.dis, self.cfg)
+        return {"groups": parameter_groups(module, self.cfg), "extra_modules": {"discriminator": self.dis},
+                "extra_optimizers": {"discriminator": self.opt_dis}}
 
-SPEC = MethodSpec("parabart", ParaBARTConfig, train_func, export_model, evaluate, prepare_data,
-                  metric="stsb_dev_spearman", metric_label="STS-B dev Spearman",
-                  columns=("src", "tgt", "tgt_parse", "src_bag"), evaluate_base=evaluate_base,
-                  selection=lambda cfg: {"valid_para_loss": "neg_valid_loss_para", "last": None}.get(cfg.selection,
-                                                                                                    "stsb_dev_spearman"))
+    def loss(self, model, batch, state):
+        cfg, b = self.cfg, self.batcher(batch, train=True, device=self.device)
+        self.adversary_on = state["step"] >= cfg.adversary_start_step
+        hold_encoder(self.stepper.optimizer, frozen=state["step"] < cfg.freeze_encoder_steps)
+        return main_loss(model, self.dis, b, cfg, adversary_on=self.adversary_on, opt_dis=self.opt_dis,
+                         fit_discriminator=self.adversary_on or cfg.discriminator_warmup == "fit")
+
+    def dev(self, module):
+        return {"stsb_dev_spearman": dev_score(module.sem, self.tokenizer, self.cfg),
+                **validation_loss(module, self.dis, self.batcher, self.valid, self.cfg,
+                                  adversary_on=self.adversary_on, device=self.device)}
+
+    @staticmethod
+    def prepare_data(cfg: ParaBARTConfig, progress: bool = True) -> str:
+        return prepare_paraphrase_data(cfg.data, cfg.run.storage, progress=progress)
+
+    export = staticmethod(export_model)
+    evaluate = staticmethod(evaluate)
+
+    @staticmethod
+    def evaluate_base(cfg: ParaBARTConfig) -> BaseResult:  # E_sem before training, as the trained one is read
+        return measure_base(cfg, dev_score, evaluate)
+
+    @classmethod
+    def selection_metric(cls, cfg):
+        return {"valid_para_loss": "neg_valid_loss_para", "last": None}.get(cfg.selection, cls.metric)

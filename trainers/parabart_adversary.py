@@ -82,3 +82,8 @@ def adversary_step(dis: Discriminator, opt_dis: torch.optim.Optimizer, u: torch.
     common.average_gradients(dis.parameters())
     opt_dis.step()
     return float(loss.detach())
+
+
+def discriminator_optimizer(dis: nn.Module, cfg) -> torch.optim.Optimizer:
+    """D's own AdamW at E_sem's learning rate (the paper's 2e-5) unless ``lr_discriminator``; the main decay."""
+    return torch.optim.AdamW(common.param_groups(dis, cfg.train.weight_decay), lr=cfg.lr_discriminator or cfg.train.lr)

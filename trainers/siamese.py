@@ -51,8 +51,9 @@ from orchestrator.evaluation.separation import delta_cosine_distance, evaluate_s
 from orchestrator.evaluation.suite import TestReport
 from orchestrator.export import export_encoder
 from orchestrator.models import load_encoder, pooling_for
-from orchestrator.spec import BaseResult, MethodSpec, measure_base
+from orchestrator.spec import BaseResult, measure_base
 from trainers import common
+from trainers.recipe import Recipe
 
 
 # ---------------------------------------------------------------- config
@@ -197,23 +198,6 @@ def evaluate_base(cfg: SiameseConfig) -> BaseResult:
     return measure_base(cfg, dev_delta, evaluate, "ORIG")
 
 
-# ---------------------------------------------------------------- the per-worker loop (Ray Train)
-def train_func(config: dict) -> list[dict]:
-    cfg = SiameseConfig.model_validate(config["method_config"])
-    ingest = common.setup_worker(cfg)
-    device = common.device_for(cfg)
-    classes = classes_of(cfg) if cfg.mode == "naive" else None
-    module, tokenizer = build_model(cfg, len(classes or []))
-    module.to(device)
-    stepper = common.make_stepper(module, cfg, int(config["rows_per_worker"]))
-    dev = dev_sets(cfg)
-    return common.train_loop(
-        cfg, stepper, rows_per_worker=int(config["rows_per_worker"]), batches=ingest, metric=SPEC.metric,
-        loss_fn=lambda batch, state: compute_loss(stepper.model, tokenizer, batch, cfg, classes, device),
-        dev_fn=lambda m: dev_delta(m.encoder, tokenizer, cfg, dev),
-        build_plain=lambda: build_model(cfg, len(classes or []))[0].to(device))
-
-
 # ---------------------------------------------------------------- export
 def export_model(cfg: SiameseConfig, checkpoint_dir, out_dir):
     """The encoder alone with its pooling (NAIVE's classification head is discarded)."""
@@ -224,6 +208,40 @@ def export_model(cfg: SiameseConfig, checkpoint_dir, out_dir):
                           max_seq_length=cfg.model.max_length)
 
 
-SPEC = MethodSpec("siamese", SiameseConfig, train_func, export_model, evaluate, prepare_data, metric="dev_delta",
-                  metric_label="dev Δ cosine distance", columns=None, evaluate_base=evaluate_base,
-                  selection=lambda cfg: "dev_delta" if cfg.select == "dev_delta" else None)
+# ---------------------------------------------------------------- the recipe
+class SiameseRecipe(Recipe):
+    name = "siamese"
+    config_cls = SiameseConfig
+    metric, metric_label = "dev_delta", "dev Δ cosine distance"
+    columns = None
+
+    def setup(self):  # no RNG drawn: the splits are seeded hashes of the text
+        self.classes = classes_of(self.cfg) if self.cfg.mode == "naive" else None
+        self.dev_rows = dev_sets(self.cfg)
+
+    def build(self) -> nn.Module:
+        module, self.tokenizer = build_model(self.cfg, len(self.classes or []))
+        return module
+
+    def loss(self, model, batch, state):
+        return compute_loss(model, self.tokenizer, batch, self.cfg, self.classes, self.device)
+
+    def dev(self, module):
+        return dev_delta(module.encoder, self.tokenizer, self.cfg, self.dev_rows)
+
+    prepare_data = staticmethod(prepare_data)
+    export = staticmethod(export_model)
+    evaluate = staticmethod(evaluate)
+    evaluate_base = staticmethod(evaluate_base)
+
+    @classmethod
+    def selection_metric(cls, cfg):
+        return cls.metric if cfg.select == "dev_delta" else None
+
+    @classmethod
+    def training_data(cls, cfg):
+        return {"train_sets": [t.model_dump(mode="json") for t in cfg.train_sets], "n_pairs": cfg.n_pairs}
+
+    @staticmethod
+    def paper_preset() -> str:  # the paper's table is several runs: its own job
+        return "configs/siamese_experiments/paper.yaml"

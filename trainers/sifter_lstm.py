@@ -64,9 +64,9 @@ from orchestrator.data.labelled import labelled_shards, read_labelled
 from orchestrator.errors import DataError
 from orchestrator.evaluation.suite import TestReport
 from orchestrator.models import load_encoder, load_tokenizer
-from orchestrator.spec import MethodSpec
 from orchestrator.storage import atomic_dir
 from trainers import common
+from trainers.recipe import Recipe
 
 
 # ---------------------------------------------------------------- config
@@ -301,22 +301,6 @@ def prepare_data(cfg: SifterLSTMConfig, progress: bool = True) -> str:
                            label_column=cfg.data.label_column, limit=cfg.data.limit)
 
 
-# ---------------------------------------------------------------- the per-worker loop (Ray Train)
-def train_func(config: dict) -> list[dict]:
-    cfg = SifterLSTMConfig.model_validate(config["method_config"])
-    ingest = common.setup_worker(cfg)
-    device = common.device_for(cfg)
-    model, batcher, word_set = build_model(cfg)
-    model.to(device)
-    dev_rows = _rows(cfg, "dev")
-    stepper = common.make_stepper(model, cfg, int(config["rows_per_worker"]))
-    return common.train_loop(
-        cfg, stepper, rows_per_worker=int(config["rows_per_worker"]), batches=ingest, metric=SPEC.metric,
-        loss_fn=lambda batch, state: compute_loss(stepper.model, batcher, batch["text"], batch["label"], cfg, device),
-        dev_fn=lambda m: accuracy(m, batcher, dev_rows),
-        build_plain=lambda: build_model(cfg, word_set)[0].to(device))
-
-
 # ---------------------------------------------------------------- export, load, test
 def export_model(cfg: SifterLSTMConfig, checkpoint_dir, out_dir):
     """A folder with the weights, the config, the word set and the tokenizer: ``load_exported`` reads it."""
@@ -379,6 +363,45 @@ def log_model(model_dir, name: str = "model"):
                                    pip_requirements=["torch==2.13.0", "transformers==5.23.0", "pydantic>=2.7,<3"])
 
 
-SPEC = MethodSpec("sifter_lstm", SifterLSTMConfig, train_func, export_model, evaluate, prepare_data,
-                  metric="dev_accuracy", metric_label="SST-2 dev accuracy", columns=("text", "label"),
-                  baseline_params={"short_circuit": False}, log_model=log_model)
+# ---------------------------------------------------------------- the recipe
+class SifterLSTMRecipe(Recipe):
+    name = "sifter_lstm"
+    config_cls = SifterLSTMConfig
+    metric, metric_label = "dev_accuracy", "SST-2 dev accuracy"
+    columns = ("text", "label")
+    has_base = False  # the baseline is the plain LSTM, a point of the sweep grid
+    baseline_params = {"short_circuit": False}
+    model_format = "sieve-lstm"  # weights + word set + tokenizer, logged as an MLflow pyfunc
+
+    def setup(self):
+        self.word_set = None  # built with the first model, reused for ZeRO-3's plain copy
+        self.dev_rows = _rows(self.cfg, "dev")
+
+    def build(self) -> nn.Module:
+        model, self.batcher, self.word_set = build_model(self.cfg, self.word_set)
+        return model
+
+    def loss(self, model, batch, state):
+        return compute_loss(model, self.batcher, batch["text"], batch["label"], self.cfg, self.device)
+
+    def dev(self, module):
+        return accuracy(module, self.batcher, self.dev_rows)
+
+    prepare_data = staticmethod(prepare_data)
+    export = staticmethod(export_model)
+    evaluate = staticmethod(evaluate)
+    log_model = staticmethod(log_model)
+
+    @classmethod
+    def base_model(cls, cfg):
+        return cfg.embeddings_from
+
+    @classmethod
+    def pooling(cls, cfg):
+        return None
+
+    @classmethod
+    def comparable(cls, cfg):
+        return {"the embeddings (embeddings_from)": cfg.embeddings_from, "the step budget (train.max_steps)":
+                cfg.train.max_steps, "the data (data)": cfg.data.model_dump(mode="json"),
+                "the run storage (run.storage)": cfg.run.storage}

@@ -74,8 +74,9 @@ from orchestrator.evaluation.encode import HFEncoder, mean_pool, test_time_pooli
 from orchestrator.evaluation.suite import evaluate_sts
 from orchestrator.export import export_encoder
 from orchestrator.models import load_encoder, pooling_for
-from orchestrator.spec import BaseResult, MethodSpec, measure_base
+from orchestrator.spec import BaseResult, measure_base
 from trainers import common
+from trainers.recipe import Recipe
 
 VIEW_COLUMNS = {"x": "text", "y": "backbone_view", "z": "deletion_view"}
 
@@ -231,29 +232,6 @@ def evaluate_base(cfg: ContrastiveConfig) -> BaseResult:
     return measure_base(cfg, dev_score, evaluate_sts)
 
 
-# ---------------------------------------------------------------- the per-worker loop (Ray Train)
-def train_func(config: dict) -> list[dict]:
-    """Runs on every Ray Train worker: build, (resume,) train, evaluate on STS-B dev, report +
-    checkpoint (the shared loop in :func:`trainers.common.train_loop`)."""
-    cfg = ContrastiveConfig.model_validate(config["method_config"])
-    ingest = common.setup_worker(cfg)
-    device = common.device_for(cfg)
-    module, tokenizer = build_model(cfg)
-    module.to(device)
-    stepper = common.make_stepper(module, cfg, int(config["rows_per_worker"]))
-    seen = Counter()  # rows whose Y / Z tokenized to X's ids, since this worker started
-
-    def loss_fn(batch, state):
-        loss, logs = compute_loss(stepper.model, tokenizer, batch, cfg, device)
-        seen.update({k: logs.pop(k) for k in [k for k in logs if k.startswith("identical_")]})
-        return loss, {**logs, **{f"views_{k}": float(v) for k, v in seen.items()}}
-
-    return common.train_loop(
-        cfg, stepper, rows_per_worker=int(config["rows_per_worker"]), batches=ingest, metric=SPECS[0].metric,
-        loss_fn=loss_fn,
-        dev_fn=lambda m: dev_score(m.encoder, tokenizer, cfg), build_plain=lambda: build_model(cfg)[0].to(device))
-
-
 # ---------------------------------------------------------------- export
 def export_model(cfg: ContrastiveConfig, checkpoint_dir, out_dir):
     """Checkpoint (plain or DeepSpeed ZeRO, any stage) → an HF folder of the encoder alone (the MLP
@@ -265,8 +243,37 @@ def export_model(cfg: ContrastiveConfig, checkpoint_dir, out_dir):
                           max_seq_length=cfg.eval.max_length)
 
 
-SPECS = tuple(
-    MethodSpec(name, ContrastiveConfig, train_func, export_model, evaluate_sts, prepare_corpus,
-               metric="stsb_dev_spearman", metric_label="STS-B dev Spearman",
-               columns=("text", "backbone_view", "deletion_view"), evaluate_base=evaluate_base)
-    for name in ("sifter_simcse", "simcse"))
+# ---------------------------------------------------------------- the recipes
+class SIFTERSimCSERecipe(Recipe):
+    """SIFTER-SimCSE: X, Y, Z through one encoder, λ-weighted InfoNCE over the pairs (the config's λs)."""
+
+    name = "sifter_simcse"
+    config_cls = ContrastiveConfig
+    metric, metric_label = "stsb_dev_spearman", "STS-B dev Spearman"
+    columns = ("text", "backbone_view", "deletion_view")
+
+    def setup(self):
+        self.seen = Counter()  # rows whose Y / Z tokenized to X's ids, since this worker started
+
+    def build(self) -> nn.Module:
+        module, self.tokenizer = build_model(self.cfg)
+        return module
+
+    def loss(self, model, batch, state):
+        loss, logs = compute_loss(model, self.tokenizer, batch, self.cfg, self.device)
+        self.seen.update({k: logs.pop(k) for k in [k for k in logs if k.startswith("identical_")]})
+        return loss, {**logs, **{f"views_{k}": float(v) for k, v in self.seen.items()}}
+
+    def dev(self, module):
+        return dev_score(module.encoder, self.tokenizer, self.cfg)
+
+    prepare_data = staticmethod(prepare_corpus)
+    export = staticmethod(export_model)
+    evaluate = staticmethod(evaluate_sts)
+    evaluate_base = staticmethod(evaluate_base)
+
+
+class SimCSERecipe(SIFTERSimCSERecipe):
+    """Unsupervised SimCSE: the same recipe with λ_XX' = 1 and the rest 0 (``configs/simcse/``)."""
+
+    name = "simcse"

@@ -70,8 +70,9 @@ from orchestrator.evaluation.encode import HFEncoder, mean_pool, test_time_pooli
 from orchestrator.evaluation.suite import sts_report
 from orchestrator.export import export_encoder
 from orchestrator.models import load_encoder, pooling_for, resolve_model_source
-from orchestrator.spec import BaseResult, MethodSpec, measure_base
+from orchestrator.spec import BaseResult, measure_base
 from trainers import common
+from trainers.recipe import Recipe
 
 
 # ---------------------------------------------------------------- config
@@ -231,28 +232,6 @@ def evaluate_base(cfg: TSDAEConfig) -> BaseResult:
     return measure_base(cfg, dev_score, evaluate)
 
 
-# ---------------------------------------------------------------- the per-worker loop (Ray Train)
-def train_func(config: dict) -> list[dict]:
-    cfg = TSDAEConfig.model_validate(config["method_config"])
-    ingest = common.setup_worker(cfg)
-    device = common.device_for(cfg)
-    module, tokenizer = build_model(cfg)
-    module.to(device)
-    stepper = common.make_stepper(module, cfg, int(config["rows_per_worker"]))
-
-    def loss_fn(batch, state):
-        rng = batch_rng(cfg.train.seed, state["epoch"], state["step"])
-        return compute_loss(stepper.model, tokenizer, batch["text"], cfg, rng, device)
-
-    def dev_fn(m):  # nothing labelled is read when no dev set is configured (the paper's protocol)
-        return {SPEC.metric: dev_score(m.encoder, tokenizer, cfg)} if cfg.eval.dev else {}
-
-    return common.train_loop(cfg, stepper, rows_per_worker=int(config["rows_per_worker"]), batches=ingest,
-                             metric=SPEC.metric,
-                             loss_fn=loss_fn, dev_fn=dev_fn,
-                             build_plain=lambda: build_model(cfg)[0].to(device))
-
-
 # ---------------------------------------------------------------- export
 def export_model(cfg: TSDAEConfig, checkpoint_dir, out_dir):
     """Checkpoint → the encoder alone (the decoder is discarded), with the training pooling."""
@@ -262,7 +241,33 @@ def export_model(cfg: TSDAEConfig, checkpoint_dir, out_dir):
                           max_seq_length=cfg.eval.max_length)
 
 
-SPEC = MethodSpec("tsdae", TSDAEConfig, train_func, export_model, evaluate, prepare_corpus, metric="dev_score",
-                  metric_label="dev score on eval.dev (a labelled dev set, an explicit option)", columns=("text",),
-                  evaluate_base=evaluate_base, selection=lambda cfg: "dev_score" if cfg.eval.select == "best" else None,
-                  has_dev=lambda cfg: cfg.eval.dev is not None)
+# ---------------------------------------------------------------- the recipe
+class TSDAERecipe(Recipe):
+    name = "tsdae"
+    config_cls = TSDAEConfig
+    metric, metric_label = "dev_score", "dev score on eval.dev (a labelled dev set, an explicit option)"
+    columns = ("text",)
+
+    def build(self) -> nn.Module:
+        module, self.tokenizer = build_model(self.cfg)
+        return module
+
+    def loss(self, model, batch, state):
+        rng = batch_rng(self.cfg.train.seed, state["epoch"], state["step"])
+        return compute_loss(model, self.tokenizer, batch["text"], self.cfg, rng, self.device)
+
+    def dev(self, module):  # nothing labelled is read when no dev set is configured (the paper's protocol)
+        return {self.metric: dev_score(module.encoder, self.tokenizer, self.cfg)} if self.cfg.eval.dev else {}
+
+    prepare_data = staticmethod(prepare_corpus)
+    export = staticmethod(export_model)
+    evaluate = staticmethod(evaluate)
+    evaluate_base = staticmethod(evaluate_base)
+
+    @classmethod
+    def selection_metric(cls, cfg):
+        return cls.metric if cfg.eval.select == "best" else None
+
+    @classmethod
+    def has_dev(cls, cfg):
+        return cfg.eval.dev is not None

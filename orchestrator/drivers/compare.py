@@ -78,7 +78,7 @@ from orchestrator.drivers.train import (
 )
 from orchestrator.evaluation.suite import TestReport
 from orchestrator.models import resolve_model_source, saved_pooling
-from orchestrator.spec import MethodSpec
+from trainers.recipe import Recipe
 
 
 def parse_args(doc: str) -> argparse.Namespace:
@@ -101,31 +101,31 @@ def compare_trial(tune_config: dict, *, arms: dict[str, tuple[str, MethodConfig]
     selected checkpoint tested here, on the cores its workers held; the test kept in the storage."""
     params = tune_config["params"]
     method, base = arms[params["arm"]]
-    spec = get_method(method)
+    recipe = get_method(method)
     cfg = with_params(base, {"train.seed": params["seed"]}, f"arm {params['arm']}, seed {params['seed']}")
-    train_trial(spec, cfg, params, shards=shards[params["arm"]], sweep_dir=sweep_dir, tracking=tracking)
+    train_trial(recipe, cfg, params, shards=shards[params["arm"]], sweep_dir=sweep_dir, tracking=tracking)
     trial = ray.tune.get_context().get_trial_name()
     if storage.exists(tests_uri(sweep_dir, trial)):
         return
-    row = arm_row(spec, cfg, trial, params, sweep_dir)
+    row = arm_row(recipe, cfg, trial, params, sweep_dir)
     threads = torch.get_num_threads()
     torch.set_num_threads(max(threads, min(os.cpu_count() or 1, worker_cores(cfg) + 1)))  # the workers are gone
     try:
         with tempfile.TemporaryDirectory() as tmp:
             outcome = Outcome(checkpoint_at(row["checkpoint_path"]), row["best"], row["history"])
-            _, report = export_and_test(spec, cfg, outcome, Path(tmp) / "model")
+            _, report = export_and_test(recipe, cfg, outcome, Path(tmp) / "model")
     finally:
         torch.set_num_threads(threads)
     storage.write_bytes(tests_uri(sweep_dir, trial), json.dumps(
         {"checkpoint_path": row["checkpoint_path"], "metrics": report.metrics, "headline": report.headline}).encode())
 
 
-def arm_row(spec: MethodSpec, cfg: MethodConfig, trial: str, params: dict, where: str) -> dict:
+def arm_row(recipe: type[Recipe], cfg: MethodConfig, trial: str, params: dict, where: str) -> dict:
     """The trial's row from its recorded reports: a config without a dev score keeps its last checkpoint."""
     records = json.loads(storage.read_bytes(reports_uri(where, trial)))
-    has_dev = spec.has_dev(cfg) if spec.has_dev else True
-    return trial_row(trial, params, records, spec.metric if has_dev else "step",
-                     spec.selection_metric(cfg) if has_dev else None)
+    has_dev = recipe.has_dev(cfg)
+    return trial_row(trial, params, records, recipe.metric if has_dev else "step",
+                     recipe.selection_metric(cfg) if has_dev else None)
 
 
 @dataclass
@@ -143,13 +143,13 @@ def measure_bases(plan: ComparePlan, where: str) -> dict[str, dict]:
     spec0, cfg0 = variants[0]
     if isinstance(cfg0, EncoderMethodConfig) and (saved := saved_pooling(resolve_model_source(cfg0.model.name_or_path))):
         variants.append((spec0, with_params(cfg0, {"model.pooling": saved}, "the base's own pooling")))
-    for spec, cfg in variants:
+    for recipe, cfg in variants:
         pooling = test_pooling(cfg)
-        if pooling in out or spec.evaluate_base is None:
+        if pooling in out or not recipe.has_base:
             continue
         uri = storage.join(where, "base", f"{pooling}.json")
         if not storage.exists(uri):
-            b = spec.evaluate_base(cfg)
+            b = recipe.evaluate_base(cfg)
             storage.write_bytes(uri, json.dumps({"label": b.label, "dev": b.dev, "test": b.test.metrics}).encode())
         out[pooling] = json.loads(storage.read_bytes(uri))
     return out
@@ -159,18 +159,18 @@ def run(plan: ComparePlan, parent_id: str | None = None) -> CompareResult:
     init_ray(quiet=not plan.verbose)
     t0 = time.time()
     root, where = sweeps_root(plan.first.run.storage), sweep_dir(plan.first.run.storage, plan.name)
-    shards = {name: spec.prepare_data(cfg, progress=plan.progress) for name, (spec, cfg) in plan.arms.items()}
+    shards = {name: recipe.prepare_data(cfg, progress=plan.progress) for name, (recipe, cfg) in plan.arms.items()}
     bases = measure_bases(plan, where)
     if parent_id:
         tracking.log_metrics({f"base_{p}_test_{k}": v for p, b in bases.items() for k, v in b["test"].items()})
     live = {"uri": tracking.resolve_tracking_uri(plan.first.tracking.tracking_uri), "experiment_id": plan.exp_id,
             "parent_run_id": parent_id, "sweep": plan.name} if parent_id else None
     trainable = tune.with_resources(tune.with_parameters(
-        compare_trial, arms={n: (spec.name, cfg) for n, (spec, cfg) in plan.arms.items()}, shards=shards,
+        compare_trial, arms={n: (recipe.name, cfg) for n, (recipe, cfg) in plan.arms.items()}, shards=shards,
         sweep_dir=where, tracking=live), {"CPU": 1})
     concurrent = min(concurrent_trials(cfg, plan.job.max_concurrent_trials, streams=not materializes(cfg, shards[n]))
                      for n, (_, cfg) in plan.arms.items())
-    first_spec = next(iter(plan.arms.values()))[0]
+    first_recipe = next(iter(plan.arms.values()))[0]
     if plan.resume and tune.Tuner.can_restore(where):
         tuner = tune.Tuner.restore(where, trainable=trainable, resume_unfinished=True, resume_errored=True)
     else:  # new (resolve() refused a name in use), or killed before any trial started: the base is kept
@@ -180,8 +180,8 @@ def run(plan: ComparePlan, parent_id: str | None = None) -> CompareResult:
             tune_config=tune.TuneConfig(num_samples=1, search_alg=BasicVariantGenerator(max_concurrent=concurrent),
                                         trial_name_creator=trial_name, trial_dirname_creator=trial_name),
             run_config=tune.RunConfig(name=plan.name, storage_path=root, verbose=1 if plan.verbose else 0,
-                                      callbacks=[] if plan.verbose else [ProgressLines(first_spec.metric,
-                                                                                        first_spec.metric_label)],
+                                      callbacks=[] if plan.verbose else [ProgressLines(first_recipe.metric,
+                                                                                        first_recipe.metric_label)],
                                       failure_config=tune.FailureConfig(max_failures=0)))
     grid = tuner.fit()
     rows = collect(plan, grid, where)
@@ -204,13 +204,13 @@ def collect(plan: ComparePlan, grid, where: str) -> list[dict]:
 
 def trial_record(plan: ComparePlan, trial: str, params: dict, where: str) -> dict:
     """A trial's row from the storage: its reports (none yet: empty), its arm and seed, its test ({} until kept)."""
-    spec, base = plan.arms[params["arm"]]
+    recipe, base = plan.arms[params["arm"]]
     cfg = with_params(base, {"train.seed": params["seed"]}, f"arm {params['arm']}")
-    row = (arm_row(spec, cfg, trial, params, where) if storage.exists(reports_uri(where, trial))
-           else trial_row(trial, params, [], spec.metric))
+    row = (arm_row(recipe, cfg, trial, params, where) if storage.exists(reports_uri(where, trial))
+           else trial_row(trial, params, [], recipe.metric))
     test_file = tests_uri(where, trial)
     test = json.loads(storage.read_bytes(test_file)) if storage.exists(test_file) else None
-    row.update(arm=params["arm"], seed=params["seed"], method=spec.name, error=None, stopped_early=False,
+    row.update(arm=params["arm"], seed=params["seed"], method=recipe.name, error=None, stopped_early=False,
                test=test["metrics"] if test else {}, headline=test["headline"] if test else None)
     return row
 
@@ -231,7 +231,7 @@ def interim(plan: ComparePlan, where: str) -> str:
 
 
 def leaderboard(plan: ComparePlan, rows: list[dict], bases: dict[str, dict]) -> dict:
-    arms = {n: lb.ArmRuns(n, spec.name, test_pooling(cfg)) for n, (spec, cfg) in plan.arms.items()}
+    arms = {n: lb.ArmRuns(n, recipe.name, test_pooling(cfg)) for n, (recipe, cfg) in plan.arms.items()}
     for r in rows:
         if not r["test"]:
             continue
@@ -247,8 +247,8 @@ def leaderboard(plan: ComparePlan, rows: list[dict], bases: dict[str, dict]) -> 
 # ---------------------------------------------------------------- 3. publish
 def publish(plan: ComparePlan, result: CompareResult, parent_id: str, out: str | None = None) -> dict:
     board = result.board
-    for name, (spec, _) in plan.arms.items():
-        pub.log_trials(plan.exp_id, parent_id, plan.name, [r for r in result.rows if r["arm"] == name], spec.metric)
+    for name, (recipe, _) in plan.arms.items():
+        pub.log_trials(plan.exp_id, parent_id, plan.name, [r for r in result.rows if r["arm"] == name], recipe.metric)
     h = board["headline"]
     metrics = {}
     for r in board["rows"]:
@@ -284,11 +284,11 @@ def register(plan: ComparePlan, result: CompareResult, parent_id: str) -> dict |
     if not row["gate"]:
         return None
     h = result.board["headline"]
-    spec, base = plan.arms[row["arm"]]
+    recipe, base = plan.arms[row["arm"]]
     runs = [r for r in result.rows if r["arm"] == row["arm"] and r["test"]]
     rep = min(runs, key=lambda r: abs(r["test"][h] - row["mean"][h]))
     cfg = with_params(base, {"train.seed": rep["seed"]}, "winner")
-    reg_name = plan.job.registration.name or cfg.tracking.registry_model_name or spec.name.replace("_", "-")
+    reg_name = plan.job.registration.name or cfg.tracking.registry_model_name or recipe.name.replace("_", "-")
     tags = {"compare": plan.name, "arm": row["arm"], "seed": str(rep["seed"]), "run_id": parent_id,
             "config_hash": config_hash(cfg), "test_metric": h, "test_score": f"{rep['test'][h]:.6f}",
             "gate_low": f"{row['vs_base']['low']:.6f}"}
@@ -296,9 +296,9 @@ def register(plan: ComparePlan, result: CompareResult, parent_id: str) -> dict |
     if version is None:
         model_dir = Path("outputs") / "models" / plan.name
         outcome = Outcome(checkpoint_at(rep["checkpoint_path"]), rep["best"], rep["history"])
-        export_and_test(spec, cfg, outcome, model_dir,  # tested in its trial: not measured again
+        export_and_test(recipe, cfg, outcome, model_dir,  # tested in its trial: not measured again
                         tested=TestReport("test (measured in its trial)", rep["test"], rep["headline"], "", {}))
-        info = (spec.log_model or tracking.log_sentence_encoder)(model_dir, name="winner_model")
+        info = recipe.log_model(model_dir, name="winner_model")
         desc = (f"comparison {plan.name}: arm {row['arm']} (seed {rep['seed']}, the run nearest its arm's mean)\n\n"
                 f"{lb.gate_text(row, h)}\n\n{lb.markdown(result.board)}")
         version = tracking.register(info.model_uri, reg_name, alias=plan.job.registration.alias,

@@ -30,7 +30,7 @@ from orchestrator.drivers.train import preflight
 from orchestrator.errors import ConfigError
 from orchestrator.evaluation.encode import test_time_pooling
 from orchestrator.models import pooling_for
-from orchestrator.spec import MethodSpec
+from trainers.recipe import Recipe
 
 
 class ArmConfig(StrictModel):
@@ -74,7 +74,7 @@ class CompareJobConfig(StrictModel):
 class ComparePlan:
     name: str
     job: CompareJobConfig
-    arms: dict[str, tuple[MethodSpec, MethodConfig]]  # every arm's validated config (train.seed set per trial)
+    arms: dict[str, tuple[type[Recipe], MethodConfig]]  # every arm's validated config (train.seed set per trial)
     exp_id: str
     resume: bool = False
     progress: bool = True
@@ -85,9 +85,9 @@ class ComparePlan:
         return next(iter(self.arms.values()))[1]
 
 
-def arm_config(job: CompareJobConfig, name: str, source: str, cli: list[str]) -> tuple[MethodSpec, MethodConfig]:
+def arm_config(job: CompareJobConfig, name: str, source: str, cli: list[str]) -> tuple[type[Recipe], MethodConfig]:
     arm = job.arms[name]
-    spec = get_method(arm.method)
+    recipe = get_method(arm.method)
     if isinstance(arm.config, dict):
         data, where = dict(arm.config), f"{source}: arms.{name}.config"
     else:
@@ -96,27 +96,18 @@ def arm_config(job: CompareJobConfig, name: str, source: str, cli: list[str]) ->
     data["method"] = arm.method  # one preset serves simcse and sifter_simcse
     for key, value in {**job.common_overrides, **arm.overrides}.items():
         set_path(data, key.split("."), value, f"{source}: arms.{name}: {key}")
-    return spec, validate(spec.config_cls, apply_overrides(data, cli), f"{where} (arm {name!r} of {source})")
+    return recipe, validate(recipe.config_cls, apply_overrides(data, cli), f"{where} (arm {name!r} of {source})")
 
 
-def check_comparable(arms: dict[str, tuple[MethodSpec, MethodConfig]], source: str) -> None:
+def check_comparable(arms: dict[str, tuple[type[Recipe], MethodConfig]], source: str) -> None:
     """Arms differ in their method and settings, never in what they are measured against: one base model,
     equal steps (and global batch), one test, one storage. Each difference is refused with its arm named."""
-    def facts(spec, cfg):
-        return {"the base model (model.name_or_path)": getattr(getattr(cfg, "model", None), "name_or_path", None),
-                "the step budget (train.max_steps)": cfg.train.max_steps,
-                "the global batch (train.batch_size × scaling.num_workers)":
-                    cfg.train.batch_size * cfg.scaling.num_workers,
-                "the test tasks (eval.tasks)": getattr(getattr(cfg, "eval", None), "tasks", None),
-                "the test's max_length (eval.max_length)": getattr(getattr(cfg, "eval", None), "max_length", None),
-                "the test (the method's evaluation)": getattr(spec.evaluate, "__qualname__", repr(spec.evaluate)),
-                "the run storage (run.storage)": cfg.run.storage}
     (first, (s0, c0)), *rest = arms.items()
-    want = facts(s0, c0)
+    want = s0.comparable(c0)
     if c0.train.max_steps is None:
         raise ConfigError(f"{source}: arm {first!r}: a comparison runs every arm for equal steps; set train.max_steps")
-    for name, (spec, cfg) in rest:
-        for what, value in facts(spec, cfg).items():
+    for name, (recipe, cfg) in rest:
+        for what, value in recipe.comparable(cfg).items():
             if value != want[what]:
                 raise ConfigError(f"{source}: arm {name!r} differs from arm {first!r} in {what}: {value!r} vs "
                                   f"{want[what]!r}; arms are compared on the same base, steps and test")

@@ -87,7 +87,7 @@ def run_experiments(cfg: ExperimentsConfig, name: str, *, out_root: str | Path =
     Publish: MLflow runs, registration and the report, every step idempotent. ``resume`` continues a
     job that was killed or lost its tracking server: finished models are not trained again, and a
     publish that already happened adds no run and no version."""
-    spec = get_method("siamese")
+    recipe = get_method("siamese")
     probe = cfg.run_config(next(iter(cfg.experiments)), "siamese")
     exp_id = preflight(probe)  # tracking server, storage, model source: fail before any Ray work
     for e in cfg.experiments.values():  # every data file readable before anything trains
@@ -104,18 +104,18 @@ def run_experiments(cfg: ExperimentsConfig, name: str, *, out_root: str | Path =
     if "all" in cfg.models:
         runs.append((None, "all"))
     init_ray(quiet=not verbose)
-    origs = {exp: _measured_orig(spec, cfg, probe, exp, state) for exp in cfg.experiments}
+    origs = {exp: _measured_orig(recipe, cfg, probe, exp, state) for exp in cfg.experiments}
     origs[None] = _orig_of_all(origs)  # ALL's dev texts and test sets are the union of the experiments'
     # The models are independent: as many train at once as the cluster fits (each a Ray Train run of its own,
     # started from a thread of this driver, as Tune starts trials); every one trains on the same threads as
     # alone, so its results are the same as trained one after another (#22.4). Pairs first (seconds each):
     # whether any pair set streams during training decides whether a CPU stays free for its reads.
     models_dir = Path(out_root) / "models" / name
-    pairs = {key: _pairs(spec, cfg, probe, *key) for key in runs if not _committed(state, *key)}
+    pairs = {key: _pairs(recipe, cfg, probe, *key) for key in runs if not _committed(state, *key)}
     streams = any(not materializes(_run_config(cfg, probe, *key), shards) for key, shards in pairs.items())
     at_once = concurrent_trials(probe, cfg.models_at_once, streams=streams)
     with ThreadPoolExecutor(max_workers=at_once, thread_name_prefix="model") as pool:
-        futures = {key: pool.submit(_trained, spec, cfg, probe, *key, name, state, models_dir, pairs.get(key))
+        futures = {key: pool.submit(_trained, recipe, cfg, probe, *key, name, state, models_dir, pairs.get(key))
                    for key in runs}
         trained = {key: f.result() for key, f in futures.items()}
     try:
@@ -130,7 +130,7 @@ def _label(exp: str | None, mode: str) -> str:
     return f"{mode}-{exp}" if exp else "all"
 
 
-def _measured_orig(spec, cfg: ExperimentsConfig, probe, exp: str, state: str) -> BaseResult:
+def _measured_orig(recipe, cfg: ExperimentsConfig, probe, exp: str, state: str) -> BaseResult:
     """ORIG on one experiment's dev texts and test sets; kept in the job's state, so a resume reuses it."""
     uri = storage.join(state, f"orig-{exp}.json")
     if storage.exists(uri):
@@ -139,7 +139,7 @@ def _measured_orig(spec, cfg: ExperimentsConfig, probe, exp: str, state: str) ->
     run_cfg = cfg.run_config(exp, "siamese")
     run_cfg.model.pooling = probe.model.pooling
     t0 = time.perf_counter()
-    base = max(measure_bases(spec, run_cfg), key=lambda b: b.dev)  # the run's pooling and the folder's own
+    base = max(measure_bases(recipe, run_cfg), key=lambda b: b.dev)  # the run's pooling and the folder's own
     print(f"[orig-{exp}] measured in {time.perf_counter() - t0:.0f} s", flush=True)
     storage.write_bytes(uri, json.dumps({"dev": base.dev, "label": base.label, "test": asdict(base.test)}).encode())
     return base
@@ -156,14 +156,14 @@ def _committed(state: str, exp: str | None, mode: str) -> bool:
     return storage.exists(storage.join(state, f"{label}.json")) and storage.is_complete(storage.join(state, label))
 
 
-def _pairs(spec, cfg: ExperimentsConfig, probe, exp: str | None, mode: str) -> str:
+def _pairs(recipe, cfg: ExperimentsConfig, probe, exp: str | None, mode: str) -> str:
     t0 = time.perf_counter()
-    shards = spec.prepare_data(_run_config(cfg, probe, exp, mode), progress=False)
+    shards = recipe.prepare_data(_run_config(cfg, probe, exp, mode), progress=False)
     print(f"[{_label(exp, mode)}] pairs {time.perf_counter() - t0:.0f} s", flush=True)
     return shards
 
 
-def _trained(spec, cfg: ExperimentsConfig, probe, exp: str | None, mode: str, name: str, state: str,
+def _trained(recipe, cfg: ExperimentsConfig, probe, exp: str | None, mode: str, name: str, state: str,
              models_dir: Path, shards: str | None) -> dict:
     """Train, export and test one model on its pairs (``shards``) - or, when the job's state holds it
     committed, fetch it back. Returns {"model_dir", "metrics", "headline", "history", "best_dev", "config"}."""
@@ -176,14 +176,14 @@ def _trained(spec, cfg: ExperimentsConfig, probe, exp: str | None, mode: str, na
         return {**json.loads(storage.read_bytes(result_uri)), "model_dir": local}
     run_cfg = _run_config(cfg, probe, exp, mode)
     t1 = time.perf_counter()
-    outcome = fit(build_trainer(spec, run_cfg, shards, name=f"{name}-{label}"), spec, run_cfg)
+    outcome = fit(build_trainer(recipe, run_cfg, shards, name=f"{name}-{label}"), recipe, run_cfg)
     t2 = time.perf_counter()
-    model_dir, report = export_and_test(spec, run_cfg, outcome, local)
+    model_dir, report = export_and_test(recipe, run_cfg, outcome, local)
     print(f"[{label}] training (Ray Train, start to end) {t2 - t1:.0f} s, export + test "
           f"{time.perf_counter() - t2:.0f} s", flush=True)  # where a smoke run's minutes go (#22.4)
     done = {"metrics": _sets_only(report.metrics), "headline": report.headline_value,
             "history": [{k: v for k, v in h.items() if isinstance(v, int | float)} for h in outcome.history],
-            "best_dev": outcome.best_metrics.get(spec.metric, float("nan")),
+            "best_dev": outcome.best_metrics.get(recipe.metric, float("nan")),
             "config": run_cfg.model_dump(mode="json")}
     storage.put_dir(model_dir, uri)
     storage.write_bytes(result_uri, json.dumps(done).encode())  # last: a model cut short is trained again on resume
@@ -194,7 +194,7 @@ def _publish(cfg: ExperimentsConfig, name: str, exp_id: str, origs: dict, traine
              wall_s: float) -> dict:
     """MLflow parent and child runs, registration, the report. Idempotent: runs are found by their tags
     (a child cut short is deleted and made again), versions by their key."""
-    spec = get_method("siamese")
+    recipe = get_method("siamese")
     results: dict[str, dict[str, dict[str, float]]] = {}  # model → test set → metrics
     for exp in cfg.experiments:
         results.setdefault("orig", {}).update(_per_set(_sets_only(origs[exp].test.metrics)))
@@ -225,7 +225,7 @@ def _publish(cfg: ExperimentsConfig, name: str, exp_id: str, origs: dict, traine
                 tags={"experiments": name, "test_metric": "delta_mean", "test_score": f"{done['headline']:.6f}",
                       "base_test_score": f"{origs[exp].test.headline_value:.6f}"})
             registered[reg["name"]] = reg["version"]
-            line = pub.gate_line(choice, spec.metric_label, reg)
+            line = pub.gate_line(choice, recipe.metric_label, reg)
             gates.append(line + ("" if reg["new"] else f" (published before: v{reg['version']} stands)"))
         report_dir = out_root / "reports" / name
         write_results(report_dir, name, cfg, results, registered, wall_s, gates)

@@ -108,23 +108,21 @@ def gate_line(choice: Choice, metric_label: str, registered: dict) -> str:
             f"{ref} is registered with beats_base=false and does not become candidate")
 
 
-def model_card(*, spec, cfg, sweep: str, trial: str, params: dict, test, base: BaseResult | None, choice: Choice,
+def model_card(*, recipe, cfg, sweep: str, trial: str, params: dict, test, base: BaseResult | None, choice: Choice,
                registered_name: str) -> str:
     """The exported folder's README.md and the registered version's description: base model, method and
     its settings, training data, the scores beside the base model's (this run), licence."""
-    model = getattr(cfg, "model", None)
-    base_model = model.name_or_path if model else getattr(cfg, "embeddings_from", "?")
-    data = getattr(cfg, "data", None)
-    lines = ["---", "language: en", "library_name: sentence-transformers", f"tags: [sieve, {spec.name}]", "---", "",
+    pooling, data = recipe.pooling(cfg), recipe.training_data(cfg)
+    lines = ["---", "language: en", "library_name: sentence-transformers", f"tags: [sieve, {recipe.name}]", "---", "",
              f"# {registered_name}", "",
-             f"Trained by Sieve's `{spec.name}` recipe (`trainers/`) from `{base_model}`"
-             + (f" with `{model.pooling}` pooling" if model else "") + f"; sweep `{sweep}`, trial `{trial}`.", "",
+             f"Trained by Sieve's `{recipe.name}` recipe (`trainers/`) from `{recipe.base_model(cfg)}`"
+             + (f" with `{pooling}` pooling" if pooling else "") + f"; sweep `{sweep}`, trial `{trial}`.", "",
              "## Setting", "", "```json", json.dumps(params, indent=1, default=str), "```", "",
              f"Training: {cfg.train.max_steps or cfg.train.epochs} {'steps' if cfg.train.max_steps else 'epochs'}, "
              f"batch {cfg.train.batch_size} × {cfg.scaling.num_workers} workers, learning rate {cfg.train.lr:g}.", ""]
     if data is not None:
-        lines += ["## Training data", "", "```json", json.dumps(data.model_dump(mode="json"), indent=1)[:1200], "```", ""]
-    lines += [f"## Evaluation ({spec.metric_label} for the choice; test below)", ""]
+        lines += ["## Training data", "", "```json", json.dumps(data, indent=1)[:1200], "```", ""]
+    lines += [f"## Evaluation ({recipe.metric_label} for the choice; test below)", ""]
     if choice.base_dev is not None:
         lines += [f"Dev: {choice.best_dev * 100:.2f} vs {choice.base_dev * 100:.2f} for the {choice.base_label}"
                   f" - {'beats' if choice.beats_base else 'does not beat'} it.", ""]
@@ -259,12 +257,12 @@ def replay(record: dict, tracking_uri: str | None = None) -> str:
             for name, text in record["texts"].items():
                 mlflow.log_text(text, name)
             if record["model_dir"] and not logged_models(run_id, "model"):
-                log_model = get_method(record["method"]).log_model
-                if log_model is None:  # a transformers encoder folder, checked as one
+                recipe = get_method(record["method"])
+                if recipe.model_format == "sentence-transformers":  # a transformers encoder folder, checked as one
                     log_sentence_encoder(str(resolve_model_source(record["model_dir"])), name="model")
                 else:  # the method's own format (SIFTER-LSTM's folder has no config.json): fetched, not checked
                     with _fetched(record["model_dir"]) as folder:
-                        log_model(str(folder), name="model")
+                        recipe.log_model(str(folder), name="model")
             return run_id
     except TrackingError:
         raise

@@ -1,24 +1,27 @@
-"""The method registry: every recipe module, and the specs they declare.
+"""The method registry: every recipe class, by name.
 
-A recipe declares its own :class:`~orchestrator.spec.MethodSpec` (``SPEC``, or ``SPECS`` for a file
-with several methods); adding a sixth method means one new file in ``trainers/`` and one entry in
-``RECIPES``. The drivers reach recipes only through here.
+A recipe is a :class:`~trainers.recipe.Recipe` subclass in ``trainers/``; adding a sixth method means
+one new file there (with its configs and its test) and one entry in ``RECIPES``. The drivers reach
+recipes only through here, and ask them (class attributes and hooks); they never probe a config.
 """
 
 from __future__ import annotations
 
 from orchestrator.errors import ConfigError
-from orchestrator.spec import MethodSpec
-from trainers import parabart, siamese, sifter_lstm, sifter_simcse, tsdae
+from trainers.parabart import ParaBARTRecipe
+from trainers.recipe import Recipe
+from trainers.siamese import SiameseRecipe
+from trainers.sifter_lstm import SifterLSTMRecipe
+from trainers.sifter_simcse import SIFTERSimCSERecipe, SimCSERecipe
+from trainers.tsdae import TSDAERecipe
 
-RECIPES = (sifter_simcse, tsdae, sifter_lstm, siamese, parabart)
+RECIPES: tuple[type[Recipe], ...] = (SIFTERSimCSERecipe, SimCSERecipe, TSDAERecipe, SifterLSTMRecipe, SiameseRecipe,
+                                     ParaBARTRecipe)
 
-METHODS: dict[str, MethodSpec] = {
-    spec.name: spec for module in RECIPES for spec in getattr(module, "SPECS", None) or (module.SPEC,)
-}
+METHODS: dict[str, type[Recipe]] = {recipe.name: recipe for recipe in RECIPES}
 
 
-def get_method(name: str) -> MethodSpec:
+def get_method(name: str) -> type[Recipe]:
     if name not in METHODS:
         raise ConfigError(f"unknown method {name!r}: expected one of {', '.join(sorted(METHODS))}")
     return METHODS[name]

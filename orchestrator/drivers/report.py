@@ -19,8 +19,9 @@ import numpy as np  # noqa: E402
 
 from orchestrator.drivers.publish import Choice  # noqa: E402
 from orchestrator.evaluation.suite import TestReport, compare_table, headline_metrics  # noqa: E402
-from orchestrator.spec import BaseResult, MethodSpec  # noqa: E402
+from orchestrator.spec import BaseResult  # noqa: E402
 from orchestrator.storage import atomic_dir  # noqa: E402
+from trainers.recipe import Recipe  # noqa: E402
 
 
 def params_label(params: dict) -> str:
@@ -76,13 +77,13 @@ def _x100(v: float | None) -> str:
     return f"{v * 100:.2f}" if v is not None and v == v else "–"
 
 
-def write_sweep_report(out_dir: str | Path, *, name: str, method: str, spec: MethodSpec, rows: list[dict],
+def write_sweep_report(out_dir: str | Path, *, name: str, method: str, recipe: type[Recipe], rows: list[dict],
                        group_out: list[str], choice: Choice, base: BaseResult | None, test: TestReport,
                        best_config: dict, registered: dict, gate: str, wall_s: float,
                        champion: dict | None = None, other_bases: list[BaseResult] = ()) -> Path:
     """``champion``: the tags of the version ``@champion`` pointed at before this sweep (its test scores).
     ``other_bases``: the base model measured with other poolings (``base`` is the strongest)."""
-    metric, label, best = spec.metric, spec.metric_label, choice.best
+    metric, label, best = recipe.metric, recipe.metric_label, choice.best
     step = common_step(rows)
     with atomic_dir(out_dir) as tmp:
         _plots(tmp, rows, metric, label, base)

@@ -178,7 +178,7 @@ def trial_fn(tune_config: dict, *, method: str, base: MethodConfig, shards: str,
                 sweep_dir=sweep_dir, tracking=tracking)
 
 
-def train_trial(spec, cfg: MethodConfig, params: dict, *, shards: str, sweep_dir: str,
+def train_trial(recipe, cfg: MethodConfig, params: dict, *, shards: str, sweep_dir: str,
                 tracking: dict | None = None) -> None:
     """Inside a Tune trial: train ``cfg`` once (or replay a finished trial's reports), every evaluation
     recorded in the sweep's storage; shared by the sweeps and ``jobs/compare.py``."""
@@ -193,10 +193,10 @@ def train_trial(spec, cfg: MethodConfig, params: dict, *, shards: str, sweep_dir
     log = storage.join(sweep_dir, "invocations", f"{trial}-{time.time_ns()}.json")
     storage.write_bytes(log, json.dumps({"trial": trial, "params": params}).encode())
     run_id = _child_run(tracking, trial, params, cfg) if tracking else None
-    trainer = build_trainer(spec, cfg, shards, name=trial, callbacks=[RecordingTuneReportCallback(reports)],
+    trainer = build_trainer(recipe, cfg, shards, name=trial, callbacks=[RecordingTuneReportCallback(reports)],
                             storage_path=storage.join(sweep_dir, "train"),
                             mlflow_run=(run_id, tracking["uri"]) if run_id else None)
-    fit(trainer, spec, cfg)
+    fit(trainer, recipe, cfg)
     storage.write_bytes(done, b"")
 
 
@@ -239,7 +239,7 @@ def run_sweep(job: SweepJobConfig, base: MethodConfig, shards: str, *, name: str
     """Run (or resume) the Tune experiment; returns the ``ResultGrid``. Quiet by default: one line per
     evaluation; ``verbose`` gives Tune's own status table. ``listener``: told of each trial as it ends
     (:class:`FinishedTrials`), while the others train."""
-    spec = get_method(job.method)
+    recipe = get_method(job.method)
     root, path = sweeps_root(storage_root), sweep_dir(storage_root, name)
     trainable = tune.with_resources(
         tune.with_parameters(trial_fn, method=job.method, base=base, shards=shards, sweep_dir=path, tracking=tracking),
@@ -256,30 +256,30 @@ def run_sweep(job: SweepJobConfig, base: MethodConfig, shards: str, *, name: str
             return tuner.fit()
         refuse_existing(storage_root, name)
         max_evals = max(1, math.ceil((base.train.max_steps or 10**6) / base.train.eval_steps))
-        return _new_tuner(job, spec, trainable, name, root, concurrent, max_evals, verbose).fit()
+        return _new_tuner(job, recipe, trainable, name, root, concurrent, max_evals, verbose).fit()
     finally:
         _LISTENERS.pop(name, None)
 
 
-def _new_tuner(job: SweepJobConfig, spec, trainable, name: str, root: str, concurrent: int, max_evals: int,
+def _new_tuner(job: SweepJobConfig, recipe, trainable, name: str, root: str, concurrent: int, max_evals: int,
                verbose: bool) -> tune.Tuner:
     sc = job.sweep.scheduler
     scheduler = (ASHAScheduler(time_attr="training_iteration", max_t=max_evals, grace_period=sc.grace_period,
                                reduction_factor=sc.reduction_factor)
                  if sc.type == "asha" else FIFOScheduler())
-    search, space = make_search(job, spec.metric, concurrent)
+    search, space = make_search(job, recipe.metric, concurrent)
     return tune.Tuner(
         trainable,
         param_space={"params": space},
         tune_config=tune.TuneConfig(
-            metric=spec.metric, mode="max", scheduler=scheduler, num_samples=job.sweep.num_samples,
+            metric=recipe.metric, mode="max", scheduler=scheduler, num_samples=job.sweep.num_samples,
             search_alg=search,
             trial_name_creator=trial_name,  # the setting, readable in logs, reports and MLflow
             trial_dirname_creator=trial_name,
         ),
         run_config=tune.RunConfig(name=name, storage_path=root, verbose=1 if verbose else 0,
                                   callbacks=[FinishedTrials(name),
-                                             *([] if verbose else [ProgressLines(spec.metric, spec.metric_label)])],
+                                             *([] if verbose else [ProgressLines(recipe.metric, recipe.metric_label)])],
                                   failure_config=tune.FailureConfig(max_failures=0)),
     )
 

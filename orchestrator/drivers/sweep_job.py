@@ -58,7 +58,8 @@ from orchestrator.drivers.train import (
 from orchestrator.errors import ConfigError, TrackingError
 from orchestrator.evaluation.suite import TestReport, compare_table, headline_metrics
 from orchestrator.export import write_model_card
-from orchestrator.spec import BaseResult, MethodSpec
+from orchestrator.spec import BaseResult
+from trainers.recipe import Recipe
 
 
 def parse_args(doc: str, default_dir: str) -> argparse.Namespace:
@@ -72,7 +73,7 @@ def parse_args(doc: str, default_dir: str) -> argparse.Namespace:
 class SweepPlan:
     name: str
     job: SweepJobConfig
-    spec: MethodSpec
+    recipe: type[Recipe]
     base: MethodConfig  # the base config, validated once; trials apply their params to it by path
     exp_id: str
     resume: bool = False
@@ -89,7 +90,7 @@ def resolve(args: argparse.Namespace, default_dir: str) -> SweepPlan:
     path = args.config or resolve_config_path(args.preset, default_dir)
     job = validate(SweepJobConfig, apply_overrides(read_yaml(Path(path)),
                                                    [o for o in args.overrides if o.startswith("sweep.")]), str(path))
-    spec = get_method(job.method)
+    recipe = get_method(job.method)
     if isinstance(job.base, dict):  # the whole base config inline (what --print-config writes)
         data, source = job.base, f"{path}: base"
     else:
@@ -98,19 +99,19 @@ def resolve(args: argparse.Namespace, default_dir: str) -> SweepPlan:
     for key, value in job.base_overrides.items():
         set_path(data, key.split("."), value, f"{path}: base_overrides.{key}")
     cli = [o for o in args.overrides if not o.startswith("sweep.")] + location_overrides(args)
-    base = validate(spec.config_cls, apply_overrides(data, cli), f"{source} (+ overrides)")
-    if spec.has_dev and not spec.has_dev(base):
+    base = validate(recipe.config_cls, apply_overrides(data, cli), f"{source} (+ overrides)")
+    if not recipe.has_dev(base):
         raise ConfigError(f"{path}: a sweep ranks settings on a dev score, and this {job.method} config has none "
                           "(eval.dev is empty - the paper's protocol); set eval.dev to tune on a labelled dev set")
     check_space(base, job.sweep.space, str(path))
     if args.print_config:
         return SweepPlan("", job.model_copy(update={"base": base.model_dump(mode="json"), "base_overrides": {}}),
-                         spec, base, "")
+                         recipe, base, "")
     exp_id = preflight(base)  # tracking server, storage, model source: fail before any Ray work
     name = storage.safe_name(args.name or f"{default_dir}-{time.strftime('%Y%m%d-%H%M%S')}", "--name")
     if not args.resume:  # before the corpus is built and the base measured, not minutes later
         refuse_existing(base.run.storage, name)
-    return SweepPlan(name, job, spec, base, exp_id, args.resume, not args.no_progress, args.verbose, default_dir)
+    return SweepPlan(name, job, recipe, base, exp_id, args.resume, not args.no_progress, args.verbose, default_dir)
 
 
 # ---------------------------------------------------------------- 2. run
@@ -132,10 +133,10 @@ def run(plan: SweepPlan, parent_id: str | None = None) -> SweepResult:
     while it trains), and the chosen trial exported and tested."""
     init_ray(quiet=not plan.verbose)
     t0 = time.time()
-    spec, job = plan.spec, plan.job
-    shards = spec.prepare_data(plan.base, progress=plan.progress)
+    recipe, job = plan.recipe, plan.job
+    shards = recipe.prepare_data(plan.base, progress=plan.progress)
     dim = job.sweep.space.get("model.pooling")
-    bases = measure_bases(spec, plan.base, tried=dim.candidates() if dim is not None else ())
+    bases = measure_bases(recipe, plan.base, tried=dim.candidates() if dim is not None else ())
     base = max(bases, key=lambda b: b.dev) if bases else None
     if base is not None and parent_id:  # on the parent run at once: the yardstick of every trial curve
         tracking.log_metrics({"base_dev": base.dev})
@@ -145,7 +146,7 @@ def run(plan: SweepPlan, parent_id: str | None = None) -> SweepResult:
     grid = run_sweep(job, plan.base, shards, name=plan.name, storage_root=plan.base.run.storage, resume=plan.resume,
                      verbose=plan.verbose, tracking=live, listener=early)
     tested_early = early.finish() if early is not None else {}  # a failed sweep does not wait for it (a daemon)
-    rows = trial_rows(grid, spec.metric, spec.selection_metric(plan.base))
+    rows = trial_rows(grid, recipe.metric, recipe.selection_metric(plan.base))
     if not any(r["checkpoint_path"] for r in rows):
         raise ConfigError(f"sweep {plan.name}: no trial reported a checkpoint (errors: {[r['error'] for r in rows]})")
     tested = [r for r in rows if r["checkpoint_path"]] if job.test_every_trial else []
@@ -157,7 +158,7 @@ def run(plan: SweepPlan, parent_id: str | None = None) -> SweepResult:
             _, report = _export(plan, r, _trial_dir(plan, r["trial"]))
         reports[r["trial"]] = report
         r["test"] = report.metrics
-    choice = pub.choose(rows, group_out=job.group_out, base=base, baseline_params=spec.baseline_params,
+    choice = pub.choose(rows, group_out=job.group_out, base=base, baseline_params=recipe.baseline_params,
                         margin=job.candidate_margin)
     # the chosen trial, exported where the registry reads it; tested once: a trial tested above is not
     # measured again (the same checkpoint, the same deterministic evaluation: a 7-task STS test is minutes)
@@ -217,9 +218,9 @@ class EarlyTests:
         records = reports_uri(self.sweep_dir, trial)
         if not storage.exists(records):
             return
-        spec = self.plan.spec
-        row = trial_row(trial, params, json.loads(storage.read_bytes(records)), spec.metric,
-                        spec.selection_metric(self.plan.base))
+        recipe = self.plan.recipe
+        row = trial_row(trial, params, json.loads(storage.read_bytes(records)), recipe.metric,
+                        recipe.selection_metric(self.plan.base))
         if row["checkpoint_path"] is None:
             return
         beside = f"beside the {still} trial(s) still training" if still else "(every trial has ended)"
@@ -253,45 +254,45 @@ def spare_threads(cores: int, per_trial: int, concurrent: int, total: int, ended
 def _export(plan: SweepPlan, row: dict, out: Path, tested: TestReport | None = None):
     cfg = trial_config(plan.base, row["params"], f"trial {row['trial']}")
     outcome = Outcome(checkpoint_at(row["checkpoint_path"]), row["best"], row["history"])
-    return export_and_test(plan.spec, cfg, outcome, out, tested=tested)
+    return export_and_test(plan.recipe, cfg, outcome, out, tested=tested)
 
 
 # ---------------------------------------------------------------- 3. publish
 def publish(plan: SweepPlan, result: SweepResult, parent_id: str) -> dict:
     """Child runs, parent metrics (best and base), the model registered (``candidate`` only when it
     beats the base), and the report."""
-    spec, choice, best = plan.spec, result.choice, result.choice.best
-    pub.log_trials(plan.exp_id, parent_id, plan.name, result.rows, spec.metric)
+    recipe, choice, best = plan.recipe, result.choice, result.choice.best
+    pub.log_trials(plan.exp_id, parent_id, plan.name, result.rows, recipe.metric)
     base_metrics = ({"base_dev": result.base.dev, **{f"base_test_{k}": v for k, v in result.base.test.metrics.items()}}
                     if result.base else {})
     tracking.log_metrics({**{f"best_test_{k}": v for k, v in result.test.metrics.items()},
-                          f"best_{spec.metric}": best["best_dev"], **base_metrics})
+                          f"best_{recipe.metric}": best["best_dev"], **base_metrics})
     best_cfg = trial_config(plan.base, best["params"], "best trial")
     reg_name = best_cfg.tracking.registry_model_name or plan.job.method.replace("_", "-")
     chash, test = config_hash(best_cfg), result.test
     champion = tracking.alias_tags(reg_name, "champion")  # before this version: the one a person promoted
-    card = pub.model_card(spec=spec, cfg=best_cfg, sweep=plan.name, trial=best["trial"], params=best["params"],
+    card = pub.model_card(recipe=recipe, cfg=best_cfg, sweep=plan.name, trial=best["trial"], params=best["params"],
                           test=test, base=result.base, choice=choice, registered_name=reg_name)
     write_model_card(result.model_dir, card)
     mlflow.log_text(card, "model_card.md")
     # each publish step is idempotent, so a resumed sweep finishes what a crash cut and repeats nothing
     model_uri = mlflow.get_run(parent_id).data.tags.get("sieve.best_model_uri")
     if model_uri is None:
-        model_uri = (spec.log_model or tracking.log_sentence_encoder)(result.model_dir, name="best_model").model_uri
+        model_uri = recipe.log_model(result.model_dir, name="best_model").model_uri
         mlflow.set_tag("sieve.best_model_uri", model_uri)
     registered = pub.register(
         model_uri, reg_name, choice, key=f"sweep:{plan.name}",
         description=f"sweep {plan.name}; config {chash}; best trial {best['trial']}\n\n{card}",
         tags={"sweep": plan.name, "config_hash": chash, "trial": best["trial"], "run_id": parent_id,
-              spec.metric: f"{best['best_dev']:.6f}",
+              recipe.metric: f"{best['best_dev']:.6f}",
               "test_metric": test.headline, "test_score": f"{test.headline_value:.6f}",  # what promote compares
               **{f"test_{k}": f"{v:.6f}" for k, v in headline_metrics(test).items()}})
     registered["run_id"] = parent_id
-    line = pub.gate_line(choice, spec.metric_label, registered)
+    line = pub.gate_line(choice, recipe.metric_label, registered)
     if not registered["new"]:
         line += f" (this sweep was published before: v{registered['version']} stands, nothing new registered)"
     report_dir = Path("outputs") / "reports" / plan.name
-    write_sweep_report(report_dir, name=plan.name, method=plan.job.method, spec=spec, rows=result.rows,
+    write_sweep_report(report_dir, name=plan.name, method=plan.job.method, recipe=recipe, rows=result.rows,
                        group_out=plan.job.group_out, choice=choice, base=result.base, test=test,
                        other_bases=[b for b in result.bases if b is not result.base],
                        best_config=best_cfg.model_dump(mode="json"), registered=registered, gate=line,

@@ -2,10 +2,10 @@
 checkpoint, export and the method's final test report.
 
     cfg = preflight(cfg)                               # tracking server, storage, model sources, pooling
-    shards = spec.prepare_data(cfg)                    # the method's data, content-addressed
-    trainer = build_trainer(spec, cfg, shards)         # TorchTrainer (DDP or DeepSpeed on CPU/GPU)
-    outcome = fit(trainer, spec, cfg)                  # best checkpoint by the method's selection metric
-    model_dir, report = export_and_test(spec, cfg, outcome, out_dir)
+    shards = recipe.prepare_data(cfg)                    # the method's data, content-addressed
+    trainer = build_trainer(recipe, cfg, shards)         # TorchTrainer (DDP or DeepSpeed on CPU/GPU)
+    outcome = fit(trainer, recipe, cfg)                  # best checkpoint by the method's selection metric
+    model_dir, report = export_and_test(recipe, cfg, outcome, out_dir)
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ from orchestrator.errors import ConfigError, DataError, SieveError  # noqa: E402
 from orchestrator.evaluation.encode import test_time_pooling  # noqa: E402
 from orchestrator.evaluation.suite import TestReport  # noqa: E402
 from orchestrator.models import pooling_for, resolve_model_source, saved_pooling  # noqa: E402
-from orchestrator.spec import BaseResult, MethodSpec  # noqa: E402
+from orchestrator.spec import BaseResult  # noqa: E402
+from trainers.recipe import Recipe  # noqa: E402
 
 
 # ---------------------------------------------------------------- before any Ray work
@@ -100,12 +101,12 @@ def read_in_process(fs, path: str, columns: list[str] | None, files: list[pafs.F
     return ray.data.from_arrow(tables)
 
 
-def build_trainer(spec: MethodSpec, cfg: MethodConfig, shards: str, *, name: str | None = None, callbacks=None,
+def build_trainer(recipe: type[Recipe], cfg: MethodConfig, shards: str, *, name: str | None = None, callbacks=None,
                   storage_path: str | None = None, mlflow_run: tuple[str, str] | None = None) -> TorchTrainer:
     """``mlflow_run``: (run id, tracking URI) that rank 0 logs into while it trains."""
     shards = storage.resolve_build(shards) or shards  # the committed build (a pointer switched last)
     fs, path = storage.pyarrow_filesystem(storage.join(shards, "shards"))
-    columns = list(spec.columns) if spec.columns else None
+    columns = list(recipe.columns) if recipe.columns else None
     files = shard_files(fs, path)
     if _fits(cfg, files):  # materializes(), on the build already resolved and listed here
         # read once, here, into Ray's object store: the workers' first batch then waits for no read task
@@ -139,7 +140,7 @@ def build_trainer(spec: MethodSpec, cfg: MethodConfig, shards: str, *, name: str
                 if k.startswith(("SIEVE_FAIL_", "SIEVE_STEP_DELAY", "SIEVE_SKIP_RNG"))})  # test hooks
     if mlflow_run is not None:
         env.update(SIEVE_MLFLOW_RUN_ID=mlflow_run[0], SIEVE_MLFLOW_TRACKING_URI=mlflow_run[1])
-    select = spec.selection_metric(cfg)  # None: the last checkpoint (kept: the most recent ones)
+    select = recipe.selection_metric(cfg)  # None: the last checkpoint (kept: the most recent ones)
     run = RunConfig(
         name=name or cfg.run.name or cfg.method,
         storage_path=storage_path or storage.absolute(storage.join(cfg.run.storage, "train")),
@@ -150,7 +151,7 @@ def build_trainer(spec: MethodSpec, cfg: MethodConfig, shards: str, *, name: str
         worker_runtime_env={"env_vars": env},
     )
     return TorchTrainer(
-        spec.train_func,
+        recipe.train_func,
         # the config crosses the Ray boundary as one JSON dump; the worker validates it once
         train_loop_config={"method_config": cfg.model_dump(mode="json"), "rows_per_worker": rows_per_worker,
                            "shards": shards},
@@ -168,7 +169,7 @@ class Outcome:
     history: list[dict]  # every report (rank 0), in order
 
 
-def fit(trainer: TorchTrainer, spec: MethodSpec, cfg: MethodConfig) -> Outcome:
+def fit(trainer: TorchTrainer, recipe: type[Recipe], cfg: MethodConfig) -> Outcome:
     """Train; the run's checkpoint is the best by the method's selection metric for ``cfg`` (the one
     ``build_trainer`` kept checkpoints by), or the last one.
 
@@ -187,7 +188,7 @@ def fit(trainer: TorchTrainer, spec: MethodSpec, cfg: MethodConfig) -> Outcome:
             print(f"training: Ray Train's controller failed ({str(exc.controller_failure).splitlines()[0][:160]}); "
                   f"started again from the run's last checkpoint ({attempt + 1} of {cfg.run.max_failures})",
                   flush=True)
-    select = spec.selection_metric(cfg)
+    select = recipe.selection_metric(cfg)
     best = result.get_best_checkpoint(metric=select, mode="max") if select else result.checkpoint
     if best is None:
         raise SieveError("training reported no checkpoint")
@@ -210,32 +211,29 @@ def checkpoint_at(path: str) -> Checkpoint:
     return Checkpoint(path)
 
 
-def export_and_test(spec: MethodSpec, cfg: MethodConfig, outcome: Outcome, out_dir: str | Path,
+def export_and_test(recipe: type[Recipe], cfg: MethodConfig, outcome: Outcome, out_dir: str | Path,
                     tasks: list[str] | None = None, tested: TestReport | None = None):
     """Export the best checkpoint to ``out_dir`` and run the method's final evaluation on it
     (``tasks`` narrows the STS tasks, for tests). ``tested``: this checkpoint's report, measured
     already (a sweep that tests every trial) - written beside the export, not measured again.
     Returns (model folder, TestReport)."""
     with outcome.best_checkpoint.as_directory() as d:
-        spec.export(cfg, Path(d), Path(out_dir))
-    report = tested if tested is not None else spec.evaluate(cfg, Path(out_dir), tasks=tasks)
+        recipe.export(cfg, Path(d), Path(out_dir))
+    report = tested if tested is not None else recipe.evaluate(cfg, Path(out_dir), tasks=tasks)
     report.write(Path(out_dir) / "test.json")
     return Path(out_dir), report
 
 
-def measure_bases(spec: MethodSpec, cfg: MethodConfig, tried=()) -> list[BaseResult]:
+def measure_bases(recipe: type[Recipe], cfg: MethodConfig, tried=()) -> list[BaseResult]:
     """The untouched model, measured with every pooling results are read with: the config's, each one in
     ``tried`` (a sweep's ``model.pooling`` values), and the folder's own saved pooling (how the user uses it
     today). A job sets its model against the strongest - never against a weaker way of reading the same
     model (e.g. MiniLM with CLS where it was trained for mean)."""
-    if spec.evaluate_base is None:
+    if not recipe.has_base:
         return []
-    model = getattr(cfg, "model", None)
-    if model is None or not hasattr(model, "pooling"):
-        return [spec.evaluate_base(cfg)]
-    saved = saved_pooling(resolve_model_source(model.name_or_path))
+    saved = saved_pooling(resolve_model_source(recipe.base_model(cfg)))
     poolings, seen = [], set()
-    for p in [pooling_for(cfg), *tried, *([saved] if saved else [])]:
+    for p in [recipe.pooling(cfg), *tried, *([saved] if saved else [])]:
         if test_time_pooling(p) not in seen:  # `cls` trains an MLP head and is read as the raw [CLS] at test
             seen.add(test_time_pooling(p))
             poolings.append(p)
@@ -243,7 +241,7 @@ def measure_bases(spec: MethodSpec, cfg: MethodConfig, tried=()) -> list[BaseRes
     for p in poolings:
         variant = cfg.model_copy(deep=True)
         variant.model.pooling = p
-        out.append(spec.evaluate_base(variant))
+        out.append(recipe.evaluate_base(variant))
     return out
 
 

@@ -39,11 +39,11 @@ def parse_args(doc: str) -> argparse.Namespace:
 
 def main(doc: str) -> int:
     args = parse_args(doc)
-    spec = get_method(args.method)
+    recipe = get_method(args.method)
     path = Path(args.config or resolve_config_path(args.preset, args.method))
     overrides = [*args.overrides, *location_overrides(args)]
     data = {**apply_overrides(read_yaml(path), overrides), "method": args.method}  # one file serves simcse / sifter
-    cfg = validate(spec.config_cls, data, f"{path}{' (+ overrides)' if overrides else ''}")
+    cfg = validate(recipe.config_cls, data, f"{path}{' (+ overrides)' if overrides else ''}")
     if args.print_config:
         return print_config(cfg)
     name = storage.safe_name(args.name or cfg.run.name or f"{args.method}-{time.strftime('%Y%m%d-%H%M%S')}", "--name")
@@ -56,20 +56,20 @@ def main(doc: str) -> int:
 
     init_ray(quiet=not args.verbose)
     t0 = time.time()
-    shards = spec.prepare_data(cfg, progress=not args.no_progress)
+    shards = recipe.prepare_data(cfg, progress=not args.no_progress)
     # the untouched model (the config's pooling and the folder's own): on the cores training leaves idle while
     # it trains, else before it
     spare = 0 if args.no_base else idle_cores(cfg)
-    beside = Beside(lambda: measure_bases(spec, cfg), threads=spare) if spare else None
+    beside = Beside(lambda: measure_bases(recipe, cfg), threads=spare) if spare else None
     if beside is not None:
         print(f"base model: measured while the model trains, on the {spare} core{'s' * (spare > 1)} training leaves "
               "idle", flush=True)
-    bases = [] if args.no_base or beside is not None else measure_bases(spec, cfg)
-    outcome = fit(build_trainer(spec, cfg, shards, name=name, mlflow_run=(run_id, uri)), spec, cfg)
+    bases = [] if args.no_base or beside is not None else measure_bases(recipe, cfg)
+    outcome = fit(build_trainer(recipe, cfg, shards, name=name, mlflow_run=(run_id, uri)), recipe, cfg)
     if beside is not None:
         bases = beside.result()
     base = max(bases, key=lambda b: b.dev) if bases else None
-    model_dir, test = export_and_test(spec, cfg, outcome, f"outputs/models/{name}")
+    model_dir, test = export_and_test(recipe, cfg, outcome, f"outputs/models/{name}")
     model_ref = str(model_dir)
     if storage.is_s3(cfg.run.storage):
         model_ref = storage.join(cfg.run.storage, "models", name)
@@ -78,7 +78,7 @@ def main(doc: str) -> int:
 
     # the end of the run is logged from one record; if the tracking server went away meanwhile, the record
     # waits in <run storage>/tracking-pending/ for `jobs/sync_tracking.py` (nothing is lost)
-    best_dev = outcome.best_metrics.get(spec.metric, float("nan"))
+    best_dev = outcome.best_metrics.get(recipe.metric, float("nan"))
     base_metrics = {"base_dev": base.dev, **{f"base_test_{k}": v for k, v in base.test.metrics.items()}} if base else {}
     texts = {"test.md": f"# {test.title}\n\n{test.table}\n"}
     if base is not None:
@@ -87,7 +87,7 @@ def main(doc: str) -> int:
         experiment=cfg.tracking.experiment, run_name=name, method=args.method, run_id=run_id,
         params={**params, "shards": shards}, history=outcome.history,
         metrics={**{f"test_{k}": v for k, v in test.metrics.items()}, "wall_s": wall_s,
-                 f"best_{spec.metric}": best_dev, **base_metrics},
+                 f"best_{recipe.metric}": best_dev, **base_metrics},
         texts=texts, model_dir=model_ref)
     run_id = pub.log_or_defer(record, cfg.tracking.tracking_uri, pub.pending_dir(cfg.run.storage))
     shutdown_ray()

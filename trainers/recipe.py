@@ -1,0 +1,168 @@
+"""What every method is, and the one worker loop they share: :class:`Recipe`.
+
+A recipe is a class (torchtune's shape). Its *class attributes* say what the method is - its name, its
+config class, the dev metric settings are ranked by, the shard columns its workers read. Its *hooks* say
+how it trains; each has a default, so a recipe writes only what is its own:
+
+=====================  ========================================================================
+worker hooks           ``setup()`` (read once per worker, before the model), ``build()`` (the module
+                       to train; called again for ZeRO-3's plain copy), ``optimizer_extras(module)``
+                       (param groups, modules trained beside it), ``loss(model, batch, state)``,
+                       ``dev(module)``
+driver hooks           ``prepare_data``, ``export``, ``evaluate``, ``evaluate_base``, ``log_model``
+                       (static: a recipe names its module's functions), ``selection_metric``,
+                       ``has_dev``, and what a report or a comparison states about a run:
+                       ``base_model``, ``pooling``, ``training_data``, ``comparable``
+=====================  ========================================================================
+
+:meth:`Recipe.train_func` is what Ray Train runs on every worker: the config validated once, the worker
+set up (shard read-ahead, threads, rank-offset seeds), the model built, the optimiser step (DDP or
+DeepSpeed ZeRO) and :func:`trainers.common.train_loop` - resume, evaluation, reports, checkpoints.
+Drivers reach recipes only through ``orchestrator.drivers.registry`` and ask them; they never probe a
+config or a model. A sixth method is one file here (its config, model, loss and a ``Recipe`` subclass),
+its configs, one line in the registry and its test (``docs/METHODS.md``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from orchestrator import tracking
+from orchestrator.config import MethodConfig
+from orchestrator.evaluation.suite import TestReport
+from orchestrator.models import pooling_for
+from orchestrator.spec import BaseResult
+from trainers import common
+
+
+class Recipe:
+    # ------------------------------------------------------------ what the method is
+    name: ClassVar[str]
+    config_cls: ClassVar[type[MethodConfig]]
+    metric: ClassVar[str]  # the dev metric every evaluation reports; higher is better: settings are ranked
+    # by it and the base model is measured on it (the registration gate)
+    metric_label: ClassVar[str]
+    columns: ClassVar[tuple[str, ...] | None] = None  # shard columns the workers read (None: all)
+    # False: the method's baseline is a point of its own sweep grid (``baseline_params``), not the
+    # untouched starting model, which ``evaluate_base`` measures otherwise
+    has_base: ClassVar[bool] = True
+    baseline_params: ClassVar[dict] = {}
+    # how a trained model is logged to MLflow: a sentence-transformers folder (checked as one), or the
+    # method's own format, logged by its ``log_model``
+    model_format: ClassVar[str] = "sentence-transformers"
+
+    # ------------------------------------------------------------ on every Ray Train worker
+    def __init__(self, cfg: MethodConfig, job: dict):
+        self.cfg = cfg
+        self.job = job  # the driver's train_loop_config: shards, rows_per_worker, ...
+        self.device = common.device_for(cfg)
+        self.stepper: common.Stepper | None = None  # set by ``train_func`` once the optimiser exists
+
+    def setup(self) -> None:
+        """What a worker reads once, before the model is built (vocabularies, dev rows)."""
+
+    def build(self) -> nn.Module:
+        """The module to train, on the CPU (``train_func`` moves it)."""
+        raise NotImplementedError
+
+    def optimizer_extras(self, module: nn.Module) -> dict:
+        """Keyword arguments of :func:`trainers.common.make_stepper`: ``groups`` (AdamW param groups;
+        default: decay all but biases and norms) and ``extra_modules`` / ``extra_optimizers``."""
+        return {}
+
+    def loss(self, model: nn.Module, batch: dict, state: dict) -> tuple[torch.Tensor, dict]:
+        """(loss, logged floats) of one batch; ``model`` is the wrapped one (DDP or the ZeRO engine),
+        ``state`` holds ``step`` and ``epoch``."""
+        raise NotImplementedError
+
+    def dev(self, module: nn.Module) -> float | dict:
+        """The dev score ``metric`` of the plain module (rank 0 only), or a dict that holds it and more;
+        an empty dict when the run has no dev set."""
+        raise NotImplementedError
+
+    @classmethod
+    def train_func(cls, config: dict) -> list[dict]:
+        """Ray Train's per-worker loop, shared by every recipe. Returns every evaluation's metrics."""
+        cfg = cls.config_cls.model_validate(config["method_config"])
+        batches = common.setup_worker(cfg)  # first: seeds every RNG before anything random is built
+        recipe = cls(cfg, config)
+        recipe.setup()
+        module = recipe.build().to(recipe.device)
+        rows = int(config["rows_per_worker"])
+        recipe.stepper = stepper = common.make_stepper(module, cfg, rows, **recipe.optimizer_extras(module))
+        return common.train_loop(
+            cfg, stepper, rows_per_worker=rows, batches=batches, metric=cls.metric,
+            loss_fn=lambda batch, state: recipe.loss(stepper.model, batch, state), dev_fn=recipe.dev,
+            build_plain=lambda: recipe.build().to(recipe.device))
+
+    # ------------------------------------------------------------ on the driver
+    @staticmethod
+    def prepare_data(cfg: MethodConfig, progress: bool = True) -> str:
+        """The method's training data as parquet shards + manifest.json (content-addressed): their folder."""
+        raise NotImplementedError
+
+    @staticmethod
+    def export(cfg: MethodConfig, checkpoint_dir: Path, out_dir: Path) -> Path:
+        """A reported checkpoint → the model folder users load."""
+        raise NotImplementedError
+
+    @staticmethod
+    def evaluate(cfg: MethodConfig, model_dir, tasks: list[str] | None = None) -> TestReport:
+        """The exported folder's test report."""
+        raise NotImplementedError
+
+    @staticmethod
+    def evaluate_base(cfg: MethodConfig) -> BaseResult:
+        """The untouched starting model on the dev metric and the test report (when ``has_base``)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def log_model(model_dir: str, name: str = "model") -> Any:
+        """Log an exported folder to the active MLflow run; returns mlflow's ModelInfo."""
+        return tracking.log_sentence_encoder(model_dir, name=name)
+
+    @classmethod
+    def selection_metric(cls, cfg: MethodConfig) -> str | None:
+        """Which reported metric picks a run's checkpoint, or None for the last one (a paper's
+        fixed-steps protocol)."""
+        return cls.metric
+
+    @classmethod
+    def has_dev(cls, cfg: MethodConfig) -> bool:
+        """Whether a config has a dev score at all (sweeps rank settings by it)."""
+        return True
+
+    # ------------------------------------------------------------ what reports and comparisons state
+    @classmethod
+    def base_model(cls, cfg: MethodConfig) -> str:
+        return cfg.model.name_or_path
+
+    @classmethod
+    def pooling(cls, cfg: MethodConfig) -> str | None:
+        """The sentence vector's pooling (None: the method has no pooled encoder)."""
+        return pooling_for(cfg)
+
+    @classmethod
+    def training_data(cls, cfg: MethodConfig) -> dict | None:
+        return cfg.data.model_dump(mode="json")
+
+    @classmethod
+    def paper_preset(cls) -> str:
+        """The preset that is the paper's setting (``docs/FIDELITY.md`` holds it to the paper)."""
+        return f"configs/{cls.name}/paper.yaml"
+
+    @classmethod
+    def comparable(cls, cfg: MethodConfig) -> dict[str, object]:
+        """What arms of one comparison must share (``jobs/compare.py`` refuses a difference, naming it)."""
+        return {"the base model (model.name_or_path)": cls.base_model(cfg),
+                "the step budget (train.max_steps)": cfg.train.max_steps,
+                "the global batch (train.batch_size × scaling.num_workers)":
+                    cfg.train.batch_size * cfg.scaling.num_workers,
+                "the test tasks (eval.tasks)": cfg.eval.tasks,
+                "the test's max_length (eval.max_length)": cfg.eval.max_length,
+                "the test (the method's evaluation)": f"{cls.evaluate.__module__}.{cls.evaluate.__qualname__}",
+                "the run storage (run.storage)": cfg.run.storage}
