@@ -8,6 +8,7 @@ recipes only through here, and ask them (class attributes and hooks); they never
 from __future__ import annotations
 
 from orchestrator.errors import ConfigError
+from trainers.mlm import MLMRecipe
 from trainers.parabart import ParaBARTRecipe
 from trainers.recipe import Recipe
 from trainers.siamese import SiameseRecipe
@@ -16,7 +17,7 @@ from trainers.sifter_simcse import SIFTERSimCSERecipe, SimCSERecipe
 from trainers.tsdae import TSDAERecipe
 
 RECIPES: tuple[type[Recipe], ...] = (SIFTERSimCSERecipe, SimCSERecipe, TSDAERecipe, SifterLSTMRecipe, SiameseRecipe,
-                                     ParaBARTRecipe)
+                                     ParaBARTRecipe, MLMRecipe)
 
 METHODS: dict[str, type[Recipe]] = {recipe.name: recipe for recipe in RECIPES}
 

@@ -20,14 +20,14 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
-def compare_file(tmp_path: Path, model_dir: Path) -> Path:
+def compare_file(tmp_path: Path, model_dir: Path, shards: str) -> Path:
     cfg = {
         "seeds": [1, 2],
         "reference": "simcse",
         "arms": {"simcse": {"method": "simcse", "config": "configs/simcse/smoke.yaml"},
                  "sifter": {"method": "sifter_simcse", "config": "configs/sifter_simcse/smoke.yaml"}},
         "common_overrides": {"model.name_or_path": str(model_dir), "model.max_length": 16, "train.batch_size": 8,
-                             "train.max_steps": 2, "train.eval_steps": 2, "data.limit": 120, "data.parser_workers": 1,
+                             "train.max_steps": 2, "train.eval_steps": 2, "data.shards": shards,  # the session's corpus
                              "eval.tasks": ["stsb"], "eval.max_length": 32, "scaling.num_workers": 1},
         "max_concurrent_trials": 2,          # two 1-worker trials at once: the suite pays for two waves, not four
         "registration": {"arm": "best"},
@@ -44,9 +44,9 @@ def run_job(tmp_path, store, *args, **kw):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
 
-def test_compare_killed_and_resumed_trains_and_tests_each_trial_once(ray_cluster, tiny_bert_dir, tmp_path):
+def test_compare_killed_and_resumed_trains_and_tests_each_trial_once(ray_cluster, tiny_bert_dir, tiny_shards, tmp_path):
     store = tmp_path / "store"
-    cfg = compare_file(tmp_path, tiny_bert_dir)
+    cfg = compare_file(tmp_path, tiny_bert_dir, tiny_shards)
     proc = run_job(tmp_path, store, "--config", str(cfg), "--name", "cmp", start_new_session=True)
     where = store / "sweeps" / "cmp"
     deadline = time.time() + 600
