@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import mlflow
 import numpy as np
@@ -49,6 +50,16 @@ from orchestrator.tracking import (
     setup,
 )
 from orchestrator.tracking import register as register_version
+
+
+# ---------------------------------------------------------------- the swept values
+def flat_params(params: dict[str, Any]) -> dict[str, Any]:
+    """Sampled params with bundles expanded: ``{"lambdas": {"lambda_xy": 1}}`` → ``{"lambda_xy": 1}``: a swept
+    value is spelled as its config key in every output (labels, trial names, MLflow's ``sweep.<key>``)."""
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        out.update(value if isinstance(value, dict) else {key: value})
+    return out
 
 
 # ---------------------------------------------------------------- the best setting against the base
@@ -186,7 +197,7 @@ def log_trials(exp_id: str, parent_id: str, name: str, rows: list[dict], metric:
         tags = {"sieve.sweep": name, "sieve.trial": r["trial"], "sieve.role": "trial"}
         run = find_run(exp_id, tags)
         if run is None:
-            run_id = create_child_run(exp_id, parent_id, r["trial"], tags, {"params": r["params"]},
+            run_id = create_child_run(exp_id, parent_id, r["trial"], tags, {"sweep": flat_params(r["params"])},
                                       mlflow.get_tracking_uri())
         else:
             run_id = run.info.run_id

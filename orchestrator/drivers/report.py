@@ -17,7 +17,7 @@ matplotlib.use("Agg")  # files only: no display on a cluster or a CI machine
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from orchestrator.drivers.publish import Choice  # noqa: E402
+from orchestrator.drivers.publish import Choice, flat_params  # noqa: E402
 from orchestrator.evaluation.suite import TestReport, compare_table, headline_metrics  # noqa: E402
 from orchestrator.spec import BaseResult  # noqa: E402
 from orchestrator.storage import atomic_dir  # noqa: E402
@@ -25,14 +25,8 @@ from trainers.recipe import Recipe  # noqa: E402
 
 
 def params_label(params: dict) -> str:
-    parts = []
-    for k, v in params.items():
-        if isinstance(v, dict):
-            parts += [f"{kk.replace('lambda_', 'λ')}={vv:g}" if isinstance(vv, int | float) else f"{kk}={vv}"
-                      for kk, vv in v.items()]
-        else:
-            parts.append(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}")
-    return ", ".join(parts)
+    """``lambda_xy=1, train.lr=3e-05``: every swept value under its config key."""
+    return ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in flat_params(params).items())
 
 
 def common_step(rows: list[dict]) -> int | None:

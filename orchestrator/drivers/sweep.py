@@ -43,6 +43,7 @@ from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter
 from orchestrator import storage
 from orchestrator.config import MethodConfig, StrictModel, with_params
 from orchestrator.drivers.cluster import concurrent_trials
+from orchestrator.drivers.publish import flat_params
 from orchestrator.drivers.recording import RecordingTuneReportCallback, uri_on
 from orchestrator.drivers.registry import get_method
 from orchestrator.drivers.report import params_label
@@ -121,14 +122,6 @@ class SweepJobConfig(StrictModel):
     group_out: list[str] = Field(["train.seed"], description="space keys averaged over in the report's groups")
     candidate_margin: float = Field(0.0, ge=0, description="the alias `candidate` moves only when the best "
                                     "setting's dev score beats the base model's by more than this")
-
-
-def flat_params(params: dict[str, Any]) -> dict[str, Any]:
-    """Sampled params with bundles expanded: ``{"lambdas": {"lambda_xy": 1}}`` → ``{"lambda_xy": 1}``."""
-    out: dict[str, Any] = {}
-    for key, value in params.items():
-        out.update(value if isinstance(value, dict) else {key: value})
-    return out
 
 
 def trial_config(base: MethodConfig, params: dict[str, Any], source: str) -> MethodConfig:
@@ -212,7 +205,7 @@ def _child_run(tracking: dict, trial: str, params: dict, cfg: MethodConfig) -> s
         if found:
             return found[0].info.run_id
         return create_child_run(tracking["experiment_id"], tracking["parent_run_id"], trial, tags,
-                                {"params": params, "config": cfg.model_dump(mode="json")}, tracking["uri"])
+                                {"sweep": flat_params(params), "config": cfg.model_dump(mode="json")}, tracking["uri"])
     except Exception as exc:  # noqa: BLE001 - tracking must not stop training
         print(f"warning: trial {trial}: no live MLflow run ({str(exc).splitlines()[0][:160]})", flush=True)
         return None
@@ -339,7 +332,8 @@ def make_search(job: SweepJobConfig, metric: str, max_concurrent: int):
 
 
 def trial_name(trial) -> str:
-    """``t3-lxy1-lxz1-lyz1-train.lr3e-05``: the trial's index and its setting (ASCII, short)."""
+    """``t3-lambdaxy1-lambdaxz1-train.lr3e-05``: the trial's index and its setting, the config keys without their
+    ``_`` (ASCII, short; Tune marks a folder's copy with ``_xxxx``, so a name has none)."""
     return name_of(trial.trial_id, trial.config.get("params", {}))
 
 
@@ -347,7 +341,7 @@ def name_of(trial_id: str, params: dict) -> str:
     """:func:`trial_name` from a trial's id and sampled point (what a finished trial's result still has).
     A trial's *folder* can be named otherwise: Tune adds ``_xxxx`` to a folder that already exists, as
     when a sweep resumes from a snapshot taken before the trial's folder was made."""
-    label = params_label(params).replace("λ", "l").replace("=", "").replace(", ", "-")
+    label = params_label(params).replace("=", "").replace(", ", "-")
     index = trial_id.rsplit("_", 1)[-1].lstrip("0") or "0"
     return f"t{index}-{re.sub(r'[^A-Za-z0-9.+-]', '', label)[:60]}"
 

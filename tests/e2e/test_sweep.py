@@ -110,7 +110,7 @@ def test_tiny_sweep_registers_best_and_reports(ray_cluster, tiny_bert_dir, tmp_p
     for c in children:
         assert c.data.tags["mlflow.parentRunId"] == parent_id
         assert "best_stsb_dev_spearman" in c.data.metrics and "stsb_dev_spearman" in c.data.metrics
-        assert any(k.startswith("params.lambdas.lambda_") for k in c.data.params) and "config.train.lr" in c.data.params
+        assert any(k.startswith("sweep.lambda_") for k in c.data.params) and "config.train.lr" in c.data.params
         assert not {"pid", "timestamp", "done", "time_total_s"} & set(c.data.metrics)  # no Tune bookkeeping
         assert c.info.status == "FINISHED"
 
@@ -158,7 +158,7 @@ def test_tiny_sweep_registers_best_and_reports(ray_cluster, tiny_bert_dir, tmp_p
 
     report = tmp_path / "outputs" / "reports" / "tiny"
     text = (report / "summary.md").read_text()
-    assert "λxy=1" in text and "λxx=1" in text and "| stsb | 1379 |" in text
+    assert "lambda_xy=1" in text and "lambda_xx=1" in text and "| stsb | 1379 |" in text
     assert "## Against the base model" in text and "| base (" in text and "dev @ step" in text
     assert (report / "dev_by_setting.png").stat().st_size > 1000
     assert (report / "learning_curves.png").stat().st_size > 1000
