@@ -59,7 +59,13 @@ class TrackingConfig(StrictModel):
 
 
 class EvalConfig(StrictModel):
+    """An encoder's final test: the STS tasks, and the domain tasks before them when named (their first
+    figure the headline: TwitterPara's AP for ``twitterpara``). Every encoder recipe is tested this way, so
+    arms of different methods can be compared on one test (``jobs/compare.py``)."""
+
     tasks: list[str] = ["sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr"]
+    domain: list[str] = Field([], description="domain evaluators (twitterpara, or one given a path in domain_paths)")
+    domain_paths: dict[str, str] = {}
     batch_size: int = Field(64, gt=0)
     max_length: int = Field(128, gt=0)
 
@@ -340,3 +346,7 @@ class EncoderMethodConfig(MethodConfig):
 
     def model_sources(self) -> list[str]:
         return [self.model.name_or_path]
+
+    def eval_sources(self) -> list[tuple[str, str]]:
+        """The domain tasks' files given by path (``eval.domain_paths``)."""
+        return [(f"eval.domain_paths.{k}", v) for k, v in self.eval.domain_paths.items()]

@@ -475,7 +475,7 @@ def test_a_bart_model_exports_an_encoder_sentence_transformers_runs_as_an_encode
     ours = model.embed(*[batcher(ROWS, train=False)[k] for k in ("src_ids", "src_mask")]).detach()
     st = SentenceTransformer(str(out), device="cpu")
     assert torch.allclose(torch.tensor(st.encode(ROWS["src"])), ours, atol=1e-5)
-    enc, tok = load_encoder(str(out))  # what evaluate_sts and jobs/evaluate.py load
+    enc, tok = load_encoder(str(out))  # what evaluate_encoder and jobs/evaluate.py load
     got = HFEncoder(enc, tok, pooling="mean", max_length=24).encode(ROWS["src"])
     assert torch.allclose(torch.tensor(got), ours, atol=1e-5)
     loaded, b2 = load_parabart(out)

@@ -67,7 +67,7 @@ class MLMConfig(EncoderMethodConfig):
 
     def data_sources(self) -> list[tuple[str, str]]:
         extra = [("eval.dev_path", self.eval.dev_path)] if self.eval.dev_path else []
-        return [*self.data.sources(), *extra, *((f"eval.domain_paths.{k}", v) for k, v in self.eval.domain_paths.items())]
+        return [*self.data.sources(), *extra, *self.eval_sources()]
 
     @model_validator(mode="after")
     def _best_needs_a_dev_set(self):

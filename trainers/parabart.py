@@ -88,8 +88,8 @@ from orchestrator.data.paraphrase import (
     prepare_paraphrase_data,
 )
 from orchestrator.evaluation import sts
+from orchestrator.evaluation.domain import evaluate_encoder
 from orchestrator.evaluation.encode import HFEncoder, mean_pool
-from orchestrator.evaluation.suite import evaluate_sts
 from orchestrator.export import export_encoder, standalone_encoder
 from orchestrator.spec import BaseResult, measure_base
 from trainers import common
@@ -389,7 +389,7 @@ def evaluate(cfg: ParaBARTConfig, model_dir, tasks: list[str] | None = None):
     """STS Pearson (the paper's metric; the headline) and Spearman, mean pooling over E_sem, with the
     paper's SentEval aggregation beside SimCSE's "all": each task's Pearson averaged over its subsets
     (SentEval's "mean"), then over the tasks."""
-    report = evaluate_sts(cfg, Path(model_dir), tasks)
+    report = evaluate_encoder(cfg, Path(model_dir), tasks)
     sts_tasks = report.detail["sts"]["tasks"]
     report.metrics["sts_senteval_avg_pearson"] = sum(t["pearson"]["mean"] for t in sts_tasks.values()) / len(sts_tasks)
     report.table += (f"\n\nSentEval aggregation (Pearson averaged over each task's subsets, then tasks): "

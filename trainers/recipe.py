@@ -163,6 +163,7 @@ class Recipe:
                 "the global batch (train.batch_size × scaling.num_workers)":
                     cfg.train.batch_size * cfg.scaling.num_workers,
                 "the test tasks (eval.tasks)": cfg.eval.tasks,
+                "the domain tasks (eval.domain)": (cfg.eval.domain, cfg.eval.domain_paths),
                 "the test's max_length (eval.max_length)": cfg.eval.max_length,
                 "the test (the method's evaluation)": f"{cls.evaluate.__module__}.{cls.evaluate.__qualname__}",
                 "the run storage (run.storage)": cfg.run.storage}

@@ -70,8 +70,8 @@ from torch import nn
 from orchestrator.config import EncoderMethodConfig, EvalConfig, ModelConfig, TrackingConfig, TrainLoopConfig
 from orchestrator.data.corpus import CorpusBlock, prepare_corpus
 from orchestrator.evaluation import sts
+from orchestrator.evaluation.domain import evaluate_encoder
 from orchestrator.evaluation.encode import HFEncoder, mean_pool, test_time_pooling
-from orchestrator.evaluation.suite import evaluate_sts
 from orchestrator.export import export_encoder
 from orchestrator.models import load_encoder, pooling_for
 from orchestrator.spec import BaseResult, measure_base
@@ -99,7 +99,7 @@ class ContrastiveConfig(EncoderMethodConfig):
     tracking: TrackingConfig = TrackingConfig(registry_model_name="sifter-simcse")
 
     def data_sources(self) -> list[tuple[str, str]]:
-        return self.data.sources()
+        return [*self.data.sources(), *self.eval_sources()]
 
     @model_validator(mode="after")
     def _some_loss(self):
@@ -229,7 +229,7 @@ def dev_score(encoder: nn.Module, tokenizer, cfg: ContrastiveConfig) -> float:
 
 def evaluate_base(cfg: ContrastiveConfig) -> BaseResult:
     """The untouched starting encoder, with the same pooling, on STS-B dev and the test tasks."""
-    return measure_base(cfg, dev_score, evaluate_sts)
+    return measure_base(cfg, dev_score, evaluate_encoder)
 
 
 # ---------------------------------------------------------------- export
@@ -269,7 +269,7 @@ class SIFTERSimCSERecipe(Recipe):
 
     prepare_data = staticmethod(prepare_corpus)
     export = staticmethod(export_model)
-    evaluate = staticmethod(evaluate_sts)
+    evaluate = staticmethod(evaluate_encoder)
     evaluate_base = staticmethod(evaluate_base)
 
 

@@ -65,9 +65,8 @@ from orchestrator.config import EncoderMethodConfig, EvalConfig, ModelConfig, Tr
 from orchestrator.data.augment import tsdae_noise
 from orchestrator.data.corpus import CorpusBlock, prepare_corpus
 from orchestrator.evaluation import sts
-from orchestrator.evaluation.domain import domain_report, get_evaluator
+from orchestrator.evaluation.domain import evaluate_encoder, get_evaluator
 from orchestrator.evaluation.encode import HFEncoder, mean_pool, test_time_pooling
-from orchestrator.evaluation.suite import sts_report
 from orchestrator.export import export_encoder
 from orchestrator.models import load_encoder, pooling_for, resolve_model_source
 from orchestrator.spec import BaseResult, measure_base
@@ -85,7 +84,6 @@ class TSDAEEval(EvalConfig):
                                             "the best on eval.dev")
     dev_path: str | None = None
     domain: list[str] = ["twitterpara"]
-    domain_paths: dict[str, str] = {}
     batch_size: int = Field(128, gt=0)
     max_length: int = Field(64, gt=0)
 
@@ -107,7 +105,7 @@ class TSDAEConfig(EncoderMethodConfig):
 
     def data_sources(self) -> list[tuple[str, str]]:
         extra = [("eval.dev_path", self.eval.dev_path)] if self.eval.dev_path else []
-        return [*self.data.sources(), *extra, *((f"eval.domain_paths.{k}", v) for k, v in self.eval.domain_paths.items())]
+        return [*self.data.sources(), *extra, *self.eval_sources()]
 
     @model_validator(mode="after")
     def _best_needs_a_dev_set(self):
@@ -220,11 +218,8 @@ def dev_score(encoder: nn.Module, tokenizer, cfg: TSDAEConfig) -> float:
 
 
 def evaluate(cfg: TSDAEConfig, model_dir, tasks: list[str] | None = None):
-    """The final test: the domain tasks (TwitterPara AP: the headline) and the STS harness."""
-    model, tok = load_encoder(str(model_dir))
-    enc = encoder_for_eval(model, tok, cfg)
-    return domain_report(enc, cfg.eval.domain, cfg.eval.domain_paths).merged(
-        sts_report(enc, tasks or cfg.eval.tasks, enc.pooling))
+    """The final test every encoder recipe has: the domain tasks (TwitterPara AP: the headline) and the STS tasks."""
+    return evaluate_encoder(cfg, model_dir, tasks)
 
 
 def evaluate_base(cfg: TSDAEConfig) -> BaseResult:
@@ -261,7 +256,7 @@ class TSDAERecipe(Recipe):
 
     prepare_data = staticmethod(prepare_corpus)
     export = staticmethod(export_model)
-    evaluate = staticmethod(evaluate)
+    evaluate = staticmethod(evaluate_encoder)
     evaluate_base = staticmethod(evaluate_base)
 
     @classmethod

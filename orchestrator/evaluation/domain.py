@@ -33,8 +33,10 @@ from pathlib import Path
 import numpy as np
 
 from orchestrator.errors import DataError
+from orchestrator.evaluation.encode import HFEncoder, test_time_pooling
 from orchestrator.evaluation.sts import read_sts_tsv
-from orchestrator.evaluation.suite import TestReport
+from orchestrator.evaluation.suite import TestReport, sts_report
+from orchestrator.models import load_encoder, pooling_for
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "twitterpara"
 PAIR_FILES = {
@@ -173,3 +175,13 @@ def domain_report(encoder, names: list[str], paths: dict[str, str] | None = None
     rows = ["| metric | ×100 |", "|---|---:|"] + [f"| {k} | {v * 100:.2f} |" for k, v in metrics.items()]
     headline = "twitterpara_ap" if "twitterpara_ap" in metrics else next(iter(metrics))
     return TestReport("Domain tasks (average precision ×100)", metrics, headline, "\n".join(rows), {"domain": metrics})
+
+
+def evaluate_encoder(cfg, model_dir, tasks: list[str] | None = None) -> TestReport:
+    """The final test of an exported encoder folder, read with the config's test-time pooling: the domain
+    tasks of ``eval.domain`` (when any: their headline leads) and the STS tasks (``tasks`` or ``eval.tasks``)."""
+    model, tok = load_encoder(str(model_dir))
+    pooling = test_time_pooling(pooling_for(cfg))
+    enc = HFEncoder(model, tok, pooling=pooling, batch_size=cfg.eval.batch_size, max_length=cfg.eval.max_length)
+    report = sts_report(enc, tasks or cfg.eval.tasks, pooling)
+    return domain_report(enc, cfg.eval.domain, cfg.eval.domain_paths).merged(report) if cfg.eval.domain else report

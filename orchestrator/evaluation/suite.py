@@ -12,8 +12,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from orchestrator.evaluation import sts
-from orchestrator.evaluation.encode import HFEncoder, test_time_pooling
-from orchestrator.models import load_encoder, pooling_for
 
 
 @dataclass
@@ -44,14 +42,6 @@ def sts_report(encoder, tasks: list[str], pooling: str) -> TestReport:
     result = sts.evaluate(encoder, tasks)
     return TestReport(f"STS test sets (Spearman / Pearson ×100, `{pooling}`)", sts.flat_metrics(result, "sts_"),
                       "sts_avg_spearman_all", sts.format_table(result), {"sts": result})
-
-
-def evaluate_sts(cfg, model_dir: Path, tasks: list[str] | None = None) -> TestReport:
-    """The STS harness on an exported encoder folder, with the config's pooling (at test time)."""
-    model, tok = load_encoder(str(model_dir))
-    pooling = test_time_pooling(pooling_for(cfg))
-    enc = HFEncoder(model, tok, pooling=pooling, batch_size=cfg.eval.batch_size, max_length=cfg.eval.max_length)
-    return sts_report(enc, tasks or cfg.eval.tasks, pooling)
 
 
 def headline_metrics(report: TestReport) -> dict[str, float]:
