@@ -25,8 +25,20 @@ class StorageError(SieveError):
     """A local or s3:// location cannot be read or written."""
 
 
+class NoSuchKey(StorageError):
+    """An s3:// object that is not there (which may still be a prefix with objects below it)."""
+
+
+class StorageUnreachable(StorageError):
+    """The S3 endpoint did not answer."""
+
+
 class TrackingError(SieveError):
     """The MLflow tracking server or registry cannot be used."""
+
+
+class TrackingUnreachable(TrackingError):
+    """The tracking server did not answer (refused, unresolvable, timing out): an outage, worth a retry."""
 
 
 class TrackingRejected(SieveError):

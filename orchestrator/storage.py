@@ -27,7 +27,7 @@ import pyarrow.fs as pafs
 from botocore.config import Config
 from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
 
-from orchestrator.errors import StorageError
+from orchestrator.errors import NoSuchKey, StorageError, StorageUnreachable
 
 COMPLETE_MARKER = "_COMPLETE"
 
@@ -72,13 +72,13 @@ def s3_client():
 
 def _s3_error(uri: str, exc: Exception) -> StorageError:
     if isinstance(exc, EndpointConnectionError):
-        return StorageError(f"{uri}: S3 endpoint unreachable ({_endpoint() or 'AWS default'})")
+        return StorageUnreachable(f"{uri}: S3 endpoint unreachable ({_endpoint() or 'AWS default'})")
     if isinstance(exc, NoCredentialsError):
         return StorageError(f"{uri}: no AWS credentials found")
     if isinstance(exc, ClientError):
         code = exc.response.get("Error", {}).get("Code", "")
         if code in {"NoSuchKey", "404", "NotFound"}:
-            return StorageError(f"{uri}: no such key")
+            return NoSuchKey(f"{uri}: no such key")
         if code == "NoSuchBucket":
             return StorageError(f"{uri}: no such bucket")
         if code in {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403"}:
@@ -153,7 +153,7 @@ def exists(uri: str) -> bool:
             return True
         except Exception as exc:  # noqa: BLE001
             err = _s3_error(uri, exc)
-            if str(err).endswith("no such key"):
+            if isinstance(err, NoSuchKey):
                 # maybe a "directory": any object below the prefix?
                 resp = client.list_objects_v2(Bucket=bucket, Prefix=key.rstrip("/") + "/", MaxKeys=1)
                 return resp.get("KeyCount", 0) > 0

@@ -33,7 +33,7 @@ from mlflow.entities import Metric, Param
 from mlflow.exceptions import MlflowException, RestException
 
 from orchestrator.config import flatten
-from orchestrator.errors import StorageError, TrackingError
+from orchestrator.errors import StorageError, TrackingError, TrackingUnreachable
 
 EMBEDDED_DIRNAME = "mlruns"
 SECRET_ENV_VARS = (
@@ -77,7 +77,7 @@ def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
             raise TrackingError(f"MLflow tracking server {uri} unhealthy (HTTP {exc.code})") from None
     except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise TrackingError(f"MLflow tracking server {uri} unreachable ({reason})") from None
+        raise TrackingUnreachable(f"MLflow tracking server {uri} unreachable ({reason})") from None
     check_admitted(uri, timeout_s)
 
 
@@ -115,7 +115,7 @@ def is_unreachable(exc: BaseException) -> bool:
     """True for a tracking server that is not there (refused, reset, unresolvable, timing out) - after
     MLflow's own retries - as opposed to a server that answered with an error."""
     if isinstance(exc, TrackingError):
-        return "unreachable" in str(exc)
+        return isinstance(exc, TrackingUnreachable)
     if isinstance(exc, ConnectionError | TimeoutError | urllib.error.URLError):
         return True
     names = {c.__name__ for c in type(exc).__mro__}

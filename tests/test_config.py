@@ -126,3 +126,18 @@ def test_steps_past_the_data_are_not_promised_and_the_schedule_fits_the_steps_ru
         stepper.optimizer.step()
         stepper.scheduler.step()
     assert stepper.optimizer.param_groups[0]["lr"] == 0.0
+
+
+def test_preflight_changes_nothing_and_settled_resolves_the_pooling_on_a_copy(tiny_bert_dir, tmp_path):
+    """#40.3: the checks leave the config as given; the resolved pooling (the folder's own: mean) is a new config."""
+    from orchestrator.drivers.train import preflight, settled
+    from trainers.sifter_simcse import ContrastiveConfig
+
+    cfg = ContrastiveConfig.model_validate({
+        "model": {"name_or_path": str(tiny_bert_dir)}, "run": {"storage": str(tmp_path / "store")},
+        "data": {"shards": str(tmp_path)}, "tracking": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}})
+    before = cfg.model_dump()
+    preflight(cfg)
+    assert cfg.model_dump() == before and cfg.model.pooling is None
+    done = settled(cfg)
+    assert done.model.pooling == "mean" and cfg.model.pooling is None and settled(done) is done

@@ -26,7 +26,7 @@ from orchestrator.config import (
 from orchestrator.drivers.cli import location_overrides
 from orchestrator.drivers.registry import get_method
 from orchestrator.drivers.sweep import refuse_existing
-from orchestrator.drivers.train import preflight
+from orchestrator.drivers.train import preflight, settled
 from orchestrator.errors import ConfigError
 from orchestrator.evaluation.encode import test_time_pooling
 from orchestrator.models import pooling_for
@@ -134,7 +134,8 @@ def resolve(args: argparse.Namespace) -> ComparePlan:
         inline = {n: a.model_copy(update={"config": arms[n][1].model_dump(mode="json"), "overrides": {}})
                   for n, a in job.arms.items()}
         return ComparePlan("", job.model_copy(update={"arms": inline, "common_overrides": {}}), arms, "")
-    exp_ids = {preflight(cfg) for _, cfg in arms.values()}  # resolves each arm's pooling, too
+    exp_ids = {preflight(cfg) for _, cfg in arms.values()}
+    arms = {n: (recipe, settled(cfg)) for n, (recipe, cfg) in arms.items()}  # each arm's pooling resolved
     name = storage.safe_name(args.name or f"compare-{time.strftime('%Y%m%d-%H%M%S')}", "--name")
     plan = ComparePlan(name, job, arms, sorted(exp_ids)[0], args.resume, not args.no_progress, args.verbose)
     if not args.resume and not getattr(args, "status", False):

@@ -53,6 +53,7 @@ from orchestrator.drivers.train import (
     export_and_test,
     measure_bases,
     preflight,
+    settled,
     worker_cores,
 )
 from orchestrator.errors import ConfigError, TrackingError
@@ -108,6 +109,7 @@ def resolve(args: argparse.Namespace, default_dir: str) -> SweepPlan:
         return SweepPlan("", job.model_copy(update={"base": base.model_dump(mode="json"), "base_overrides": {}}),
                          recipe, base, "")
     exp_id = preflight(base)  # tracking server, storage, model source: fail before any Ray work
+    base = settled(base)
     name = storage.safe_name(args.name or f"{default_dir}-{time.strftime('%Y%m%d-%H%M%S')}", "--name")
     if not args.resume:  # before the corpus is built and the base measured, not minutes later
         refuse_existing(base.run.storage, name)

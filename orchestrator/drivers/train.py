@@ -1,7 +1,7 @@
 """Ray Train glue shared by every method: the checks before any Ray work, the TorchTrainer, the best
 checkpoint, export and the method's final test report.
 
-    cfg = preflight(cfg)                               # tracking server, storage, model sources, pooling
+    preflight(cfg); cfg = settled(cfg)                 # tracking server, storage, model sources; pooling
     shards = recipe.prepare_data(cfg)                    # the method's data, content-addressed
     trainer = build_trainer(recipe, cfg, shards)         # TorchTrainer (DDP or DeepSpeed on CPU/GPU)
     outcome = fit(trainer, recipe, cfg)                  # best checkpoint by the method's selection metric
@@ -48,9 +48,8 @@ from trainers.recipe import Recipe  # noqa: E402
 
 # ---------------------------------------------------------------- before any Ray work
 def preflight(cfg: MethodConfig) -> str:
-    """Fail fast, naming the URI or path: tracking server, storage, every model source. An encoder
-    config's pooling is resolved here (config, else the model folder's own, else the method's), so
-    every worker, report and MLflow param sees the one value. Returns the MLflow experiment id."""
+    """Fail fast, naming the URI or path: data, tracking server, storage, every model source. Changes
+    nothing (:func:`settled` then fixes what the checks found). Returns the MLflow experiment id."""
     for key, path in cfg.data_sources():  # first: nothing is created for a run whose data is not there
         if not storage.exists(repo_path(path)):
             raise DataError(f"{key}: {path}: no such file or folder")
@@ -58,9 +57,16 @@ def preflight(cfg: MethodConfig) -> str:
     storage.check_access(cfg.run.storage)
     for source in cfg.model_sources():
         resolve_model_source(source)
-    if isinstance(cfg, EncoderMethodConfig) and cfg.model.pooling is None:
-        cfg.model.pooling = pooling_for(cfg)
     return exp_id
+
+
+def settled(cfg: MethodConfig) -> MethodConfig:
+    """A copy of ``cfg`` with an encoder's pooling resolved (the config's, else the model folder's own, else the
+    method's), so every worker, report and MLflow param sees the one value. After :func:`preflight`: it reads
+    the model folder."""
+    if not isinstance(cfg, EncoderMethodConfig) or cfg.model.pooling is not None:
+        return cfg
+    return cfg.model_copy(update={"model": cfg.model.model_copy(update={"pooling": pooling_for(cfg)})})
 
 
 # ---------------------------------------------------------------- the trainer

@@ -26,6 +26,7 @@ from orchestrator.drivers.train import (
     idle_cores,
     measure_bases,
     preflight,
+    settled,
 )
 from orchestrator.evaluation.suite import compare_table
 
@@ -48,6 +49,7 @@ def main(doc: str) -> int:
         return print_config(cfg)
     name = storage.safe_name(args.name or cfg.run.name or f"{args.method}-{time.strftime('%Y%m%d-%H%M%S')}", "--name")
     exp_id = preflight(cfg)  # tracking server, storage, model source: fail before any Ray work
+    cfg = settled(cfg)
     uri = tracking.resolve_tracking_uri(cfg.tracking.tracking_uri)
     params = {**cfg.model_dump(mode="json"), "config_hash": config_hash(cfg)}
     # the run exists from the start: rank 0 logs loss, learning rate, throughput and every dev evaluation
