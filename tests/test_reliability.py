@@ -40,7 +40,10 @@ def catalogue(tmp: Path, tiny: Path) -> list[tuple[str, list[str], str]]:
             "  b: {method: sifter_simcse, config: configs/sifter_simcse/smoke.yaml, overrides: {train.max_steps: 80}}\n")
     unequal = write(tmp, "unequal.yaml", "seeds: [1, 2]\n" + arms)
     typo = write(tmp, "typo.yaml", "seeds: [1, 2]\nrefrence: a\n" + arms)
+    (tmp / "st" / "train" / "taken").mkdir(parents=True, exist_ok=True)  # an earlier run's checkpoints
     return [
+        ("train: a name already used", [tr, "--method", "simcse", "--name", "taken", "--storage", str(tmp / "st")],
+         "--name 'taken': a run of that name exists at"),
         ("data: missing corpus, before Ray", [tr, "--method", "simcse", f"data.corpus={tmp / 'nope.txt'}"],
          "data.corpus: " + str(tmp / "nope.txt") + ": no such file or folder"),
         ("data: missing labelled set", [tr, "--method", "sifter_lstm", "data.dev=data/sst2/nope.tsv"],

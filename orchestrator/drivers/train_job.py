@@ -28,6 +28,7 @@ from orchestrator.drivers.train import (
     preflight,
     settled,
 )
+from orchestrator.errors import ConfigError
 from orchestrator.evaluation.suite import compare_table
 
 
@@ -49,6 +50,9 @@ def main(doc: str) -> int:
         return print_config(cfg)
     name = storage.safe_name(args.name or cfg.run.name or f"{args.method}-{time.strftime('%Y%m%d-%H%M%S')}", "--name")
     exp_id = preflight(cfg)  # tracking server, storage, model source: fail before any Ray work
+    if storage.exists(taken := storage.join(cfg.run.storage, "train", name)):  # Ray Train would resume it
+        raise ConfigError(f"--name {name!r}: a run of that name exists at {taken}; its checkpoints would be "
+                          f"resumed under this config - pass another --name")
     cfg = settled(cfg)
     uri = tracking.resolve_tracking_uri(cfg.tracking.tracking_uri)
     params = {**cfg.model_dump(mode="json"), "config_hash": config_hash(cfg)}
