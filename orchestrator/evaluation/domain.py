@@ -34,6 +34,7 @@ import numpy as np
 
 from orchestrator.errors import DataError
 from orchestrator.evaluation.encode import HFEncoder, test_time_pooling
+from orchestrator.evaluation.retrieval import QQP_DEV, RetrievalEvaluator
 from orchestrator.evaluation.sts import read_sts_tsv
 from orchestrator.evaluation.suite import TestReport, sts_report
 from orchestrator.models import load_encoder, pooling_for
@@ -159,12 +160,14 @@ def get_evaluator(name: str, path: str | None = None):
         return TwitterParaEvaluator(data_dir=Path(path) if path else DATA_DIR)
     if name in PAIR_FILES:
         return PairAPEvaluator(name, Path(path) if path else DATA_DIR / PAIR_FILES[name])
+    if name == "qqp_retrieval":  # duplicate-question retrieval (nDCG@10 ...), or one built from another pair file
+        return RetrievalEvaluator(name, Path(path) if path else QQP_DEV)
     if name in RERANKING:
         if not path:
             raise DataError(f"domain evaluator {name!r}: its texts are not shipped; give its JSONL path "
                             f"(eval.domain_paths.{name})")
         return RerankingEvaluator(name, Path(path))
-    known = ["twitterpara", *PAIR_FILES, *RERANKING]
+    known = ["twitterpara", *PAIR_FILES, "qqp_retrieval", *RERANKING]
     raise DataError(f"unknown domain evaluator {name!r}: expected one of {', '.join(known)}")
 
 
