@@ -114,7 +114,7 @@ def summary(run_id, model_dir, wall_s: float, best_dev: float, base, test) -> di
     out = {"run_id": run_id or "pending (tracking server unreachable)", "model_dir": str(model_dir),
            "wall_s": round(wall_s, 1), "best_dev": finite(best_dev), "base_dev": finite(base.dev) if base else None}
     if out["best_dev"] is None:
-        out["dev"] = "none: this config trains without a dev set (TSDAE: eval.dev empty, the paper's protocol)"
+        out["dev"] = "none: this config trains without a dev set (eval.dev empty: the unsupervised protocol)"
     out[f"test_{test.headline}"] = test.headline_value
     if base is not None and test.headline in base.test.metrics:
         out[f"base_test_{test.headline}"] = base.test.metrics[test.headline]
