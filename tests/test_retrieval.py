@@ -35,7 +35,7 @@ def test_the_shipped_set_has_no_query_in_its_corpus():
     assert not set(queries) & set(corpus) and all(len(r) == 1 for r in relevant)
 
 
-def test_equals_sentence_transformers_information_retrieval_evaluator(tmp_path):
+def test_equals_sentence_transformers_information_retrieval_evaluator(tmp_path, tiny_bert_dir):
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.evaluation import InformationRetrievalEvaluator
 
@@ -43,12 +43,12 @@ def test_equals_sentence_transformers_information_retrieval_evaluator(tmp_path):
     from orchestrator.evaluation.retrieval import RetrievalEvaluator
     from orchestrator.models import load_encoder, resolve_model_source
 
-    pairs = Path(tmp_path / "pairs.tsv")  # a slice of the shipped pairs: 80 queries over ~240 texts
+    pairs = Path(tmp_path / "pairs.tsv")  # a slice of the shipped pairs: 150 queries over ~450 texts
     lines = QQP_DEV.read_text(encoding="utf-8").splitlines()
-    dup = [x for x in lines[1:] if x.split("\t")[2] == "1"][:80]
-    non = [x for x in lines[1:] if x.split("\t")[2] == "0"][:80]
+    dup = [x for x in lines[1:] if x.split("\t")[2] == "1"][:150]
+    non = [x for x in lines[1:] if x.split("\t")[2] == "0"][:150]
     pairs.write_text("\n".join([lines[0], *dup, *non]) + "\n", encoding="utf-8")
-    folder = resolve_model_source("default")
+    folder = resolve_model_source(str(tiny_bert_dir))  # a random encoder: imperfect rankings, every metric informative
     model, tok = load_encoder(str(folder))
     ours = RetrievalEvaluator("q", pairs)(HFEncoder(model, tok, pooling="mean", batch_size=64, max_length=128))
 
@@ -65,4 +65,4 @@ def test_equals_sentence_transformers_information_retrieval_evaluator(tmp_path):
                              ("q_accuracy_at_10", "accuracy@10")]:
         [value] = [v for key, v in pick.items() if key.endswith(f"cosine_{suffix}")]
         assert ours[ours_key] == pytest.approx(value, abs=1e-9), (ours_key, ours[ours_key], value)
-    assert 0.2 < ours["q_ndcg_at_10"] < 1.0  # MiniLM finds most duplicates: the comparison is not of zeros
+    assert 0.0 < ours["q_ndcg_at_10"] < 0.9 and 0.0 < ours["q_recall_at_10"] < 1.0  # neither all misses nor all hits
