@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from orchestrator.errors import ConfigError
 
@@ -146,9 +146,11 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = "unknown key"
+        elif err["type"] == "value_error":  # a validator's own sentence: it names its keys
+            msg = msg.removeprefix("Value error, ")
         elif "input" in err and not isinstance(err["input"], dict | list):
             msg = f"{msg} (got {err['input']!r})"
-        lines.append(f"{source}: {key}: {msg}")
+        lines.append(f"{source}: {msg}" if key == "<root>" else f"{source}: {key}: {msg}")
     if len(lines) == 1:
         return lines[0]
     return f"{lines[0]} (and {len(lines) - 1} more: " + "; ".join(ln.split(": ", 1)[1] for ln in lines[1:]) + ")"
@@ -237,6 +239,13 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- blocks shared by every method
+class GradCacheBlock(StrictModel):
+    """Cached gradients (``trainers/grad_cache.py``): the worker's batch is encoded ``mini_batch`` sequences
+    at a time, so a contrastive batch's negatives grow without its activations."""
+
+    mini_batch: int = Field(gt=0, description="sequences per forward pass; divides train.batch_size")
+
+
 class TrainLoopConfig(StrictModel):
     """The optimisation loop. ``batch_size`` is per worker; the global batch is ``batch_size × workers``."""
 
@@ -251,6 +260,15 @@ class TrainLoopConfig(StrictModel):
     warmup_steps: int = Field(0, ge=0, description="linear warm-up of the learning rate (transformers' schedules)")
     grad_clip: float | None = Field(None, gt=0)
     seed: int = 42
+    grad_cache: GradCacheBlock | None = Field(None, description="contrastive recipes: cached gradients "
+                                              "(a large batch on a small batch's memory)")
+
+    @model_validator(mode="after")
+    def _mini_batch_divides_batch(self):
+        if self.grad_cache and self.batch_size % self.grad_cache.mini_batch:
+            raise ValueError(f"grad_cache.mini_batch ({self.grad_cache.mini_batch}) must divide the per-worker "
+                             f"train.batch_size ({self.batch_size})")
+        return self
 
     def planned_steps(self, rows_per_worker: int) -> int:
         """The steps a run makes: ``max_steps``, unless ``epochs`` passes over the data end first (the schedule
@@ -321,12 +339,21 @@ class MethodConfig(StrictModel):
     A recipe's config subclasses this (or :class:`EncoderMethodConfig`) and adds its own keys."""
 
     method: str
+    # whether the recipe's loss can run under ``train.grad_cache`` (an in-batch contrastive loss)
+    supports_grad_cache: ClassVar[bool] = False
     train: TrainLoopConfig = TrainLoopConfig()
     scaling: ScalingBlock = ScalingBlock()
     deepspeed: DeepSpeedBlock = DeepSpeedBlock()
     perf: PerformanceBlock = PerformanceBlock()
     run: RunBlock = RunBlock()
     tracking: TrackingConfig = TrackingConfig()
+
+    @model_validator(mode="after")
+    def _grad_cache_supported(self):
+        if self.train.grad_cache is not None and not self.supports_grad_cache:
+            raise ValueError(f"train.grad_cache: {self.method} cannot cache gradients (only the in-batch contrastive "
+                             "recipes can: simcse, sifter_simcse)")
+        return self
 
     def model_sources(self) -> list[str]:
         """Every model folder / URI the run reads (checked before any Ray work)."""

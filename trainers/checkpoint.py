@@ -1,15 +1,18 @@
 """Reading a training checkpoint back into one module state dict, for export and evaluation: a plain
 ``model.pt`` or a DeepSpeed ZeRO checkpoint (any stage, merged with DeepSpeed's ``zero_to_fp32``). Every
 file read here is loaded weights-only, DeepSpeed's included (:func:`deepspeed_reads_weights_only`); a
-module's extra state under ZeRO is in our own ``extra_state.pt``.
+module's extra state under ZeRO is in our own ``extra_state.pt``. Each rank's RNG state, saved with every
+checkpoint, is written and restored here too.
 """
 
 from __future__ import annotations
 
 import pickle
+import random
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from orchestrator.errors import DataError
@@ -88,3 +91,25 @@ def load_module_state(checkpoint_dir) -> dict:
         with deepspeed_reads_weights_only():
             return {**get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir), tag="ds"), **extra}
     raise FileNotFoundError(f"{checkpoint_dir}: neither model.pt nor a DeepSpeed 'ds' checkpoint")
+
+
+# ---------------------------------------------------------------- every generator, per rank
+def rng_state() -> dict:
+    """Every generator's state as tensors and plain numbers, so ``torch.load(weights_only=True)`` reads it back."""
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    version, internal, gauss_next = random.getstate()
+    out = {"torch": torch.get_rng_state(), "numpy": [name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss],
+           "python": [version, torch.tensor(internal, dtype=torch.int64), gauss_next]}
+    if torch.cuda.is_available():
+        out["cuda"] = torch.cuda.get_rng_state()
+    return out
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    name, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(int(x) for x in internal.tolist()), gauss_next))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])

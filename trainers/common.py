@@ -14,7 +14,7 @@ import os
 import random
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -31,8 +31,11 @@ from trainers.checkpoint import (  # noqa: F401 - recipes read load_module_state
     deepspeed_reads_weights_only,
     extra_states,
     load_module_state,
+    rng_state,
+    set_rng_state,
 )
 from trainers.fault_injection import maybe_inject_failure
+from trainers.grad_cache import CachedLoss
 from trainers.ingest import Ingest
 
 
@@ -118,6 +121,7 @@ class Stepper:
         self.extra_optimizers = extra_optimizers or {}
         self.extra_modules = extra_modules or {}
         self.deepspeed = deepspeed_cfg is not None and deepspeed_cfg.stage > 0
+        self.ddp = None  # the DDP wrapper on a multi-worker plain run (its ``no_sync``)
         if self.deepspeed:
             import deepspeed  # lazy: heavy (compiles op builders' metadata), and only ZeRO runs need it
 
@@ -127,19 +131,54 @@ class Stepper:
             self.model, self.optimizer, _, self.scheduler = deepspeed.initialize(
                 model=module, optimizer=self.optimizer, lr_scheduler=self.scheduler, config=ds_config)
         else:
-            self.model = ray.train.torch.prepare_model(module) if world_size() > 1 else module
+            self.ddp = ray.train.torch.prepare_model(module) if world_size() > 1 else None
+            self.model = self.ddp if self.ddp is not None else module
             if compile_backend:  # the forward the loss calls; ``module`` stays the plain one for eval and export
                 self.model = torch.compile(self.model, backend=compile_backend)
             self.optimizer = torch.optim.AdamW(param_groups, lr=lr, fused=fused or None)
             self.scheduler = lr_scheduler(self.optimizer, schedule, warmup_steps, total_steps)
 
-    def step(self, loss: torch.Tensor) -> None:
+    def step(self, loss: torch.Tensor | CachedLoss) -> None:
+        self.backward(loss)
+        self.apply()
+
+    def backward(self, loss: torch.Tensor | CachedLoss) -> None:
+        """The step's gradients, reduced across workers (read them with :meth:`gradients`). A
+        :class:`CachedLoss` runs mini-batch by mini-batch (``trainers/grad_cache.py``) and is reduced
+        once, at its last mini-batch."""
         if self.deepspeed:
-            self.model.backward(loss)
-            self.model.step()
+            if not isinstance(loss, CachedLoss):
+                self.model.backward(loss)
+                return
+
+            def micro(surrogate: torch.Tensor, last: bool) -> None:
+                self.model.set_gradient_accumulation_boundary(last)  # reduce only after the last
+                self.model.backward(surrogate, scale_wrt_gas=False)
+
+            loss.backward(micro)
             return
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        if isinstance(loss, CachedLoss):
+            loss.backward(lambda surrogate, last: surrogate.backward(),
+                          no_sync=self.ddp.no_sync if self.ddp is not None else nullcontext)
+        else:
+            loss.backward()
+
+    def gradients(self) -> dict[str, torch.Tensor]:
+        """Every parameter's full gradient after :meth:`backward` (ZeRO's partitions gathered)."""
+        if self.deepspeed:
+            from deepspeed.utils import safe_get_full_grad
+
+            grads = {n: safe_get_full_grad(p) for n, p in self.module.named_parameters()}
+        else:
+            grads = {n: p.grad for n, p in self.module.named_parameters()}
+        return {n: g.detach().clone() for n, g in grads.items() if g is not None}
+
+    def apply(self) -> None:
+        """The optimiser step (and the schedule's) on the gradients :meth:`backward` left."""
+        if self.deepspeed:
+            self.model.step()
+            return
         if self.grad_clip:
             torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.grad_clip)
         self.optimizer.step()
@@ -207,27 +246,6 @@ class Stepper:
         for k, state in blob.get("extra_optimizers", {}).items():
             self.extra_optimizers[k].load_state_dict(state)
         return json.loads((directory / "state.json").read_text())
-
-
-def rng_state() -> dict:
-    """Every generator's state as tensors and plain numbers, so ``torch.load(weights_only=True)`` reads it back."""
-    name, keys, pos, has_gauss, gauss = np.random.get_state()
-    version, internal, gauss_next = random.getstate()
-    out = {"torch": torch.get_rng_state(), "numpy": [name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss],
-           "python": [version, torch.tensor(internal, dtype=torch.int64), gauss_next]}
-    if torch.cuda.is_available():
-        out["cuda"] = torch.cuda.get_rng_state()
-    return out
-
-
-def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    name, keys, pos, has_gauss, gauss = state["numpy"]
-    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
-    version, internal, gauss_next = state["python"]
-    random.setstate((version, tuple(int(x) for x in internal.tolist()), gauss_next))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
 
 
 def deepspeed_config(cfg, *, grad_clip: float | None) -> dict:

@@ -4,9 +4,9 @@ Method (SIFTER, Section 3; SimCSE, Gao et al. 2021)
 ----------------------------------------------------
 Every sentence X comes with two augmented views built by the corpus pipeline:
 
-* Y = X + its *backbone* (root + direct dependents of the dependency tree, or a subject-relation-
-  object triple);
-* Z = X without *useless words* (articles, conjunctions, pronouns).
+* Y = X + its *backbone* (the main clause's root + its direct dependents for a short sentence, a
+  subject-relation-object triple for a long one);
+* Z = X without *useless words* (articles and conjunctions; pronouns stay).
 
 An encoder maps each view to a vector with the configured pooling (``model.pooling``): ``cls`` is
 the papers' setting for BERT-base - the ``[CLS]`` state through an MLP (dense + tanh) in training,
@@ -36,6 +36,10 @@ Negatives across workers: with N data-parallel workers each view's embeddings ar
 (differentiably: ``torch.distributed.nn``), so every anchor is contrasted with the *global* batch's
 candidates, as SimCSE's own code does; N workers × batch b give exactly the loss and gradient of
 1 worker × batch N·b (``tests/test_sifter_simcse.py`` proves it). ``gather_negatives: false`` turns it off.
+
+Large batches: ``train.grad_cache: {mini_batch: m}`` encodes the batch m sequences at a time without a
+graph, takes the loss's gradient on the embeddings, then re-encodes each mini-batch with its dropout masks
+and backpropagates that gradient (``trainers/grad_cache.py``): the same gradient on a mini-batch's memory.
 
 Args (config keys, see :class:`ContrastiveConfig`)
     lambda_xx, lambda_xy, lambda_xz, lambda_yz: loss weights (≥ 0, at least one > 0)
@@ -76,6 +80,7 @@ from orchestrator.export import export_encoder
 from orchestrator.models import load_encoder, pooling_for
 from orchestrator.spec import BaseResult, measure_base
 from trainers import common
+from trainers.grad_cache import CachedEmbeddings, CachedLoss
 from trainers.recipe import Recipe
 
 VIEW_COLUMNS = {"x": "text", "y": "backbone_view", "z": "deletion_view"}
@@ -86,6 +91,7 @@ class ContrastiveConfig(EncoderMethodConfig):
     method: Literal["simcse", "sifter_simcse"] = "sifter_simcse"
     model: ModelConfig = ModelConfig(max_length=32)
     default_pooling: ClassVar[str] = "cls"  # the papers' BERT-base setting
+    supports_grad_cache: ClassVar[bool] = True  # train.grad_cache: the batch encoded in mini-batches
     dropout: float = Field(0.15, ge=0, lt=1)
     temperature: float = Field(0.05, gt=0)
     lambda_xx: float = Field(0.0, ge=0)
@@ -205,18 +211,25 @@ def tokenize_views(tokenizer, batch: dict, cfg: ContrastiveConfig) -> tuple[dict
 
 
 def compute_loss(model: nn.Module, tokenizer, batch: dict, cfg: ContrastiveConfig,
-                 device: torch.device | str = "cpu") -> tuple[torch.Tensor, dict[str, float]]:
+                 device: torch.device | str = "cpu") -> tuple[torch.Tensor | CachedLoss, dict[str, float]]:
     """Forward every view once, gather across workers (differentiably), return (loss, logged terms):
-    the loss over the global batch, whose gradient DDP's average then is."""
+    the loss over the global batch, whose gradient DDP's average then is. Under ``train.grad_cache`` the
+    loss is a :class:`CachedLoss`, whose backward :class:`trainers.common.Stepper` runs."""
     enc, views, identical = tokenize_views(tokenizer, batch, cfg)
-    out = model(common.to_device(enc["input_ids"], device, cfg), common.to_device(enc["attention_mask"], device, cfg))
+    ids, mask = common.to_device(enc["input_ids"], device, cfg), common.to_device(enc["attention_mask"], device, cfg)
+    cache = None
+    if cfg.train.grad_cache:  # embeddings without a graph; the backward re-encodes (trainers/grad_cache.py)
+        cache = CachedEmbeddings(model, ids, mask, cfg.train.grad_cache.mini_batch)
+        out = cache.embeddings
+    else:
+        out = model(ids, mask)
     per_view = out.view(len(views), -1, out.size(-1))
     emb = {v: common.gather_with_grad(per_view[i]) if cfg.gather_negatives else per_view[i]
            for i, v in enumerate(views)}
     loss, logs = sifter_loss(emb, cfg)
     logs["loss"] = float(loss.detach())
     logs.update({f"identical_{v}": n for v, n in identical.items()})
-    return loss, logs
+    return (CachedLoss(loss, cache) if cache else loss), logs
 
 
 # ---------------------------------------------------------------- evaluation
