@@ -125,6 +125,24 @@ def test_arms_on_equal_terms_pass_and_each_difference_is_refused_by_name():
             check_comparable(arms_of(j), "compare.yaml")
 
 
+def test_a_sentences_budget_compares_batch_sizes_at_equal_epochs():
+    """``budget: sentences``: arms may differ in steps and global batch when their product is equal (batch sizes
+    compared at equal epochs); a different product is refused by name, and the default budget refuses both."""
+    def batch_arms(budget: str, steps: int):
+        j = job(budget=budget)
+        j.arms["sifter"].overrides.update({"train.max_steps": steps, "train.batch_size": 64,
+                                           "train.grad_cache": {"mini_batch": 16}})
+        j.common_overrides.update({"train.max_steps": 40, "train.batch_size": 8})
+        return arms_of(j)
+
+    check_comparable(batch_arms("sentences", 5), "compare.yaml", "sentences")  # 40 × 16 = 5 × 128
+    with pytest.raises(ConfigError, match=r"differs from arm 'simcse' in the training sentences \(train.max_steps × "
+                                          r"train.batch_size × scaling.num_workers\): 1280 vs 640"):
+        check_comparable(batch_arms("sentences", 10), "compare.yaml", "sentences")
+    with pytest.raises(ConfigError, match="differs from arm 'simcse' in the step budget"):
+        check_comparable(batch_arms("steps", 5), "compare.yaml", "steps")
+
+
 def test_bad_compare_files_get_one_clear_line():
     with pytest.raises(ConfigError, match="seeds must be distinct"):
         job(seeds=[1, 1])

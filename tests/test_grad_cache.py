@@ -1,5 +1,5 @@
 """Cached gradients (trainers/grad_cache.py): the same gradient as the uncached step, on one worker, on
-two workers with gathered negatives (DDP) and under DeepSpeed ZeRO-2; dropout masks replayed exactly;
+two workers with gathered negatives (DDP) and under DeepSpeed ZeRO-2 and ZeRO-3; dropout masks replayed exactly;
 one gradient reduction per step; resume exact; the config refusals."""
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ def _worker(rank: int, world: int, model_dir: str, engine: str, cached: bool, ou
 
     ray.train.torch.prepare_model = torch.nn.parallel.DistributedDataParallel
     train = {"batch_size": len(X) // world, **({"grad_cache": {"mini_batch": 1}} if cached else {})}
-    cfg = cfg_for(model_dir, dropout=0.0, train=train, deepspeed={"stage": 2 if engine == "zero2" else 0})
+    cfg = cfg_for(model_dir, dropout=0.0, train=train, deepspeed={"stage": {"ddp": 0, "zero2": 2, "zero3": 3}[engine]})
     torch.manual_seed(0)
     model, tok = build_model(cfg)
     model.train()
@@ -222,7 +222,7 @@ def run_two(model_dir, engine: str, cached: bool, tmp_path) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("engine", ["ddp", "zero2"])
+@pytest.mark.parametrize("engine", ["ddp", "zero2", "zero3"])
 def test_two_workers_cached_equal_one_worker_uncached_with_the_global_batch(engine, tiny_bert_dir, tmp_path):
     """2 workers × batch 4, cached at mini-batch 1 with gathered negatives = 1 worker × batch 8 uncached;
     under DDP the gradient is all-reduced once per step (as many bucket reductions as the uncached step)."""

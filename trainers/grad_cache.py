@@ -27,7 +27,7 @@ so the next step - and a checkpoint's saved RNG state - are those of the run wit
 
 The parameter gradient equals the uncached step's whose forward draws its dropout masks in the same
 mini-batches (to float rounding; with dropout off, the one-forward step's). ``tests/test_grad_cache.py``
-proves it on one worker, on two workers with gathered negatives, and under DeepSpeed ZeRO-2, and that
+proves it on one worker, on two workers with gathered negatives, and under DeepSpeed ZeRO-2 and ZeRO-3, and that
 the same step without the RNG restore differs.
 
 Distributed: under DDP every mini-batch but the last re-encodes inside ``no_sync()``, so the gradient is

@@ -38,6 +38,12 @@ from orchestrator.models import pooling_for
 from orchestrator.spec import BaseResult
 from trainers import common
 
+# what arms of a comparison share: equal steps at one global batch, or (a compare file's ``budget:
+# sentences``, to compare batch sizes) equal training sentences, steps × global batch
+STEP_BUDGET = "the step budget (train.max_steps)"
+GLOBAL_BATCH = "the global batch (train.batch_size × scaling.num_workers)"
+SENTENCES = "the training sentences (train.max_steps × train.batch_size × scaling.num_workers)"
+
 
 class Recipe:
     # ------------------------------------------------------------ what the method is
@@ -159,9 +165,8 @@ class Recipe:
     def comparable(cls, cfg: MethodConfig) -> dict[str, object]:
         """What arms of one comparison must share (``jobs/compare.py`` refuses a difference, naming it)."""
         return {"the base model (model.name_or_path)": cls.base_model(cfg),
-                "the step budget (train.max_steps)": cfg.train.max_steps,
-                "the global batch (train.batch_size × scaling.num_workers)":
-                    cfg.train.batch_size * cfg.scaling.num_workers,
+                STEP_BUDGET: cfg.train.max_steps,
+                GLOBAL_BATCH: cfg.train.batch_size * cfg.scaling.num_workers,
                 "the test tasks (eval.tasks)": cfg.eval.tasks,
                 "the domain tasks (eval.domain)": (cfg.eval.domain, cfg.eval.domain_paths),
                 "the test's max_length (eval.max_length)": cfg.eval.max_length,

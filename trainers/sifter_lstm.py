@@ -66,7 +66,7 @@ from orchestrator.evaluation.suite import TestReport
 from orchestrator.models import load_encoder, load_tokenizer
 from orchestrator.storage import atomic_dir
 from trainers import common
-from trainers.recipe import Recipe
+from trainers.recipe import GLOBAL_BATCH, STEP_BUDGET, Recipe
 
 
 # ---------------------------------------------------------------- config
@@ -402,6 +402,6 @@ class SifterLSTMRecipe(Recipe):
 
     @classmethod
     def comparable(cls, cfg):
-        return {"the embeddings (embeddings_from)": cfg.embeddings_from, "the step budget (train.max_steps)":
-                cfg.train.max_steps, "the data (data)": cfg.data.model_dump(mode="json"),
+        return {"the embeddings (embeddings_from)": cfg.embeddings_from, STEP_BUDGET: cfg.train.max_steps,
+                GLOBAL_BATCH: cfg.train.batch_size * cfg.scaling.num_workers, "the data (data)": cfg.data.model_dump(mode="json"),
                 "the run storage (run.storage)": cfg.run.storage}

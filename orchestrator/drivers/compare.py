@@ -231,7 +231,9 @@ def interim(plan: ComparePlan, where: str) -> str:
 
 
 def leaderboard(plan: ComparePlan, rows: list[dict], bases: dict[str, dict]) -> dict:
-    arms = {n: lb.ArmRuns(n, recipe.name, test_pooling(cfg)) for n, (recipe, cfg) in plan.arms.items()}
+    arms = {n: lb.ArmRuns(n, recipe.name, test_pooling(cfg),
+                          budget=f"{cfg.train.max_steps} × {cfg.train.batch_size * cfg.scaling.num_workers}")
+            for n, (recipe, cfg) in plan.arms.items()}
     for r in rows:
         if not r["test"]:
             continue

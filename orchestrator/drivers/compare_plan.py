@@ -1,5 +1,6 @@
 """``jobs/compare.py``'s first step: the compare file read, every arm's config validated, the arms checked
-comparable (one base model, equal steps and global batch, one test, one storage), preflight - before Ray."""
+comparable (one base model, equal steps and global batch - or equal sentences - one test, one storage),
+preflight - before Ray."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from orchestrator.drivers.train import preflight, settled
 from orchestrator.errors import ConfigError
 from orchestrator.evaluation.encode import test_time_pooling
 from orchestrator.models import pooling_for
-from trainers.recipe import Recipe
+from trainers.recipe import GLOBAL_BATCH, SENTENCES, STEP_BUDGET, Recipe
 
 
 class ArmConfig(StrictModel):
@@ -56,6 +57,9 @@ class CompareJobConfig(StrictModel):
     common_overrides: dict[str, Any] = Field({}, description="dotted keys set on every arm (steps, batch, eval)")
     headline: str | None = Field(None, description="the test figure arms are ranked and gated on (default: the "
                                  "method's headline, e.g. sts_avg_spearman_all)")
+    budget: Literal["steps", "sentences"] = Field("steps", description="what arms share: equal steps at one "
+                                                 "global batch, or equal training sentences (steps × global "
+                                                 "batch: batch sizes compared at equal epochs)")
     confidence: float = Field(0.95, gt=0, lt=1)
     interval: Literal["t", "bootstrap"] = "t"
     max_concurrent_trials: int | None = Field(None, ge=1)
@@ -99,18 +103,30 @@ def arm_config(job: CompareJobConfig, name: str, source: str, cli: list[str]) ->
     return recipe, validate(recipe.config_cls, apply_overrides(data, cli), f"{where} (arm {name!r} of {source})")
 
 
-def check_comparable(arms: dict[str, tuple[type[Recipe], MethodConfig]], source: str) -> None:
+def shared(recipe: type[Recipe], cfg: MethodConfig, budget: str) -> dict[str, object]:
+    """What an arm must share with the others: the recipe's list, with ``budget: sentences`` the steps and the
+    global batch as one product."""
+    out = recipe.comparable(cfg)
+    if budget == "sentences":
+        out[SENTENCES] = out.pop(STEP_BUDGET) * out.pop(GLOBAL_BATCH)
+    return out
+
+
+def check_comparable(arms: dict[str, tuple[type[Recipe], MethodConfig]], source: str, budget: str = "steps") -> None:
     """Arms differ in their method and settings, never in what they are measured against: one base model,
-    equal steps (and global batch), one test, one storage. Each difference is refused with its arm named."""
+    equal steps at one global batch (or, ``budget: sentences``, equal steps × global batch), one test, one
+    storage. Each difference is refused with its arm named."""
     (first, (s0, c0)), *rest = arms.items()
-    want = s0.comparable(c0)
-    if c0.train.max_steps is None:
-        raise ConfigError(f"{source}: arm {first!r}: a comparison runs every arm for equal steps; set train.max_steps")
+    want = shared(s0, c0, budget)
+    for name, (_, cfg) in arms.items():
+        if cfg.train.max_steps is None:
+            raise ConfigError(f"{source}: arm {name!r}: a comparison runs every arm for a fixed number of steps; set "
+                              "train.max_steps")
     for name, (recipe, cfg) in rest:
-        for what, value in recipe.comparable(cfg).items():
+        for what, value in shared(recipe, cfg, budget).items():
             if value != want[what]:
                 raise ConfigError(f"{source}: arm {name!r} differs from arm {first!r} in {what}: {value!r} vs "
-                                  f"{want[what]!r}; arms are compared on the same base, steps and test")
+                                  f"{want[what]!r}; arms are compared on the same base, budget and test")
 
 
 def resolve(args: argparse.Namespace) -> ComparePlan:
@@ -129,7 +145,7 @@ def resolve(args: argparse.Namespace) -> ComparePlan:
     if job.registration is not None and job.registration.arm not in ("best", *arms):
         raise ConfigError(f"{path}: registration.arm {job.registration.arm!r}: expected best or one of {', '.join(arms)}")
     job = job.model_copy(update={"reference": reference})
-    check_comparable(arms, str(path))
+    check_comparable(arms, str(path), job.budget)
     if args.print_config:
         inline = {n: a.model_copy(update={"config": arms[n][1].model_dump(mode="json"), "overrides": {}})
                   for n, a in job.arms.items()}

@@ -31,6 +31,7 @@ class ArmRuns:
     method: str
     pooling: str  # test-time pooling: which base measurement it stands beside
     runs: dict[int, dict] = field(default_factory=dict)
+    budget: str = ""  # steps × global batch, as trained
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
@@ -64,7 +65,7 @@ def build(arms: list[ArmRuns], bases: dict[str, dict], *, reference: str | None,
         scores = {s: r["test"][headline] for s, r in a.runs.items() if headline in r.get("test", {})}
         base = bases.get(a.pooling)
         row = {"arm": a.name, "method": a.method, "pooling": a.pooling, "seeds": sorted(scores), "n": len(scores),
-               "mean": {}, "std": {}, "base": base["label"] if base else None}
+               "mean": {}, "std": {}, "base": base["label"] if base else None, "budget": a.budget}
         for k in keys:
             row["mean"][k], row["std"][k] = _mean_std([r["test"][k] for r in a.runs.values() if k in r["test"]])
         row["dev_mean"], row["dev_std"] = _mean_std([r["dev"] for r in a.runs.values()
@@ -174,6 +175,9 @@ def markdown(board: dict) -> str:
         lines.append(f"| {name} | {r['method']} | {r['pooling']} | {r['n']} | {_pm(r['mean'][h], r['std'][h])} | "
                      f"{_ci(r['vs_base'])} | {'(reference)' if r['arm'] == ref else _ci(r['vs_reference'])} | "
                      f"{_pm(r['dev_mean'], r['dev_std'])} | {_loss(r)} |")
+    budgets = [f"{r['arm']} {r['budget']}" for r in board["rows"] if r.get("budget")]
+    if budgets:
+        lines += ["", "Trained for (steps × global batch): " + "; ".join(budgets) + "."]
     others = [r for r in board["rows"] if r.get("vs_strongest_base")]
     if others:
         best = board["bases"][board["strongest_base"]]
