@@ -150,6 +150,8 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
             msg = msg.removeprefix("Value error, ")
         elif "input" in err and not isinstance(err["input"], dict | list):
             msg = f"{msg} (got {err['input']!r})"
+            if err["type"] == "list_type":  # the spelling of a list on the command line
+                msg += f"; a list is written in brackets: '{key}=[a, b]' (quoted for the shell)"
         lines.append(f"{source}: {msg}" if key == "<root>" else f"{source}: {key}: {msg}")
     if len(lines) == 1:
         return lines[0]

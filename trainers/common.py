@@ -167,7 +167,7 @@ class Stepper:
     def gradients(self) -> dict[str, torch.Tensor]:
         """Every parameter's full gradient after :meth:`backward` (ZeRO's partitions gathered)."""
         if self.deepspeed:
-            from deepspeed.utils import safe_get_full_grad
+            from deepspeed.utils import safe_get_full_grad  # lazy: only ZeRO runs get here
 
             grads = {n: safe_get_full_grad(p) for n, p in self.module.named_parameters()}
         else:
