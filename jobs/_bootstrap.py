@@ -2,13 +2,12 @@
 
 ``python jobs/x.py`` puts ``jobs/`` on ``sys.path``, not the repo root, and on a Ray cluster
 the project is a ``--working-dir`` copy rather than an installed package; so the repo root is
-put on the path here. ``run(main)`` turns a :class:`SieveError` into one line on stderr and
+put on the path here, and ``orchestrator`` imported: its ``__init__`` sets the environment defaults. ``run(main)`` turns a :class:`SieveError` into one line on stderr and
 exit code 2, with no traceback.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -16,10 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+import orchestrator  # noqa: E402,F401 - on the path only now; its import sets the environment defaults
 
 
 def run(main) -> None:

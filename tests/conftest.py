@@ -26,14 +26,12 @@ from pathlib import Path
 
 import pytest
 
+import orchestrator  # noqa: F401 - the jobs' environment defaults (offline hub, Train V2), before any test imports
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
+os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")  # the tests read what a run logged at once
 
 # Ray reads its auth settings when it is imported, and test modules import the drivers (and so ray) at
 # collection time: the session's token file and mode are set here, before any of them. The token is

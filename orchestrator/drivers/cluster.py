@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # before ray is imported
-
-import ray  # noqa: E402
+import ray
 
 MIN_LOCAL_CPUS = 4
 

@@ -21,22 +21,19 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Literal
 
-import matplotlib
+import mlflow
+import numpy as np
+from matplotlib.figure import Figure  # no pyplot: a figure drawn to a file needs no backend or display
+from mlflow import MlflowClient
+from pydantic import Field
 
-matplotlib.use("Agg")  # files only: no display on a cluster or a CI machine
-import matplotlib.pyplot as plt  # noqa: E402
-import mlflow  # noqa: E402
-import numpy as np  # noqa: E402
-from mlflow import MlflowClient  # noqa: E402
-from pydantic import Field  # noqa: E402
-
-from orchestrator import storage, tracking  # noqa: E402
-from orchestrator.config import MethodConfig, StrictModel, validate  # noqa: E402
-from orchestrator.data.labelled import LabelledSet  # noqa: E402
-from orchestrator.drivers import publish as pub  # noqa: E402
-from orchestrator.drivers.cluster import concurrent_trials, init_ray  # noqa: E402
-from orchestrator.drivers.registry import get_method  # noqa: E402
-from orchestrator.drivers.train import (  # noqa: E402
+from orchestrator import storage, tracking
+from orchestrator.config import MethodConfig, StrictModel, validate
+from orchestrator.data.labelled import LabelledSet
+from orchestrator.drivers import publish as pub
+from orchestrator.drivers.cluster import concurrent_trials, init_ray
+from orchestrator.drivers.registry import get_method
+from orchestrator.drivers.train import (
     build_trainer,
     export_and_test,
     fit,
@@ -44,10 +41,10 @@ from orchestrator.drivers.train import (  # noqa: E402
     measure_bases,
     preflight,
 )
-from orchestrator.errors import ConfigError  # noqa: E402
-from orchestrator.evaluation.suite import TestReport  # noqa: E402
-from orchestrator.spec import BaseResult  # noqa: E402
-from orchestrator.storage import atomic_dir  # noqa: E402
+from orchestrator.errors import ConfigError
+from orchestrator.evaluation.suite import TestReport
+from orchestrator.spec import BaseResult
+from orchestrator.storage import atomic_dir
 
 MODELS = ("orig", "naive", "siamese", "all")
 
@@ -306,7 +303,8 @@ def write_results(out_dir: Path, name: str, cfg: ExperimentsConfig, results: dic
         (tmp / "results.md").write_text("\n".join(lines))
         (tmp / "results.json").write_text(json.dumps({"results": results, "registered": registered, "wall_s": wall_s,
                                                       "config": cfg.model_dump(mode="json")}, indent=2))
-        fig, ax = plt.subplots(figsize=(1.8 + 1.6 * len(rows), 3.8))
+        fig = Figure(figsize=(1.8 + 1.6 * len(rows), 3.8))
+        ax = fig.subplots()
         x = np.arange(len(rows))
         width = 0.8 / max(1, len(models))
         for i, m in enumerate(models):
@@ -318,4 +316,3 @@ def write_results(out_dir: Path, name: str, cfg: ExperimentsConfig, results: dic
         ax.set_title("Class separation by model")
         fig.tight_layout()
         fig.savefig(tmp / "delta.png", dpi=110)
-        plt.close(fig)

@@ -196,13 +196,13 @@ def markdown(board: dict) -> str:
 
 def plot(board: dict, path) -> None:
     """Each arm's Δ headline vs its base with its interval as error bars (a horizontal bar chart)."""
-    import matplotlib  # lazy: only the plot needs matplotlib (the statistics are imported by the job's workers)
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # after use("Agg"): no display here
+    from matplotlib.figure import (
+        Figure,  # lazy: only the plot needs matplotlib (the job's workers import the rest)
+    )
 
     rows = [r for r in board["rows"] if r["vs_base"] is not None]
-    fig, ax = plt.subplots(figsize=(7, 0.5 * len(rows) + 1.5))
+    fig = Figure(figsize=(7, 0.5 * len(rows) + 1.5))
+    ax = fig.subplots()
     for i, r in enumerate(rows):
         d = r["vs_base"]
         finite = math.isfinite(d["low"]) and math.isfinite(d["high"])
@@ -215,7 +215,6 @@ def plot(board: dict, path) -> None:
     ax.invert_yaxis()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def dumps(board: dict) -> str:

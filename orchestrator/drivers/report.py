@@ -11,17 +11,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+from matplotlib.figure import Figure  # no pyplot: a figure drawn to a file needs no backend or display
 
-matplotlib.use("Agg")  # files only: no display on a cluster or a CI machine
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from orchestrator.drivers.publish import Choice, flat_params  # noqa: E402
-from orchestrator.evaluation.suite import TestReport, compare_table, headline_metrics  # noqa: E402
-from orchestrator.spec import BaseResult  # noqa: E402
-from orchestrator.storage import atomic_dir  # noqa: E402
-from trainers.recipe import Recipe  # noqa: E402
+from orchestrator.drivers.publish import Choice, flat_params
+from orchestrator.evaluation.suite import TestReport, compare_table, headline_metrics
+from orchestrator.spec import BaseResult
+from orchestrator.storage import atomic_dir
+from trainers.recipe import Recipe
 
 
 def params_label(params: dict) -> str:
@@ -132,7 +129,8 @@ def write_sweep_report(out_dir: str | Path, *, name: str, method: str, recipe: t
 
 def _plots(out: Path, rows: list[dict], metric: str, label: str, base: BaseResult | None) -> None:
     scored = [r for r in rows if r["best_dev"] == r["best_dev"]]
-    fig, ax = plt.subplots(figsize=(8, 0.5 + 0.45 * max(1, len(scored))))
+    fig = Figure(figsize=(8, 0.5 + 0.45 * max(1, len(scored))))
+    ax = fig.subplots()
     ax.barh([params_label(r["params"]) or r["trial"] for r in scored][::-1],
             [r["best_dev"] * 100 for r in scored][::-1], color="#4c72b0")
     if base is not None:
@@ -145,9 +143,10 @@ def _plots(out: Path, rows: list[dict], metric: str, label: str, base: BaseResul
         ax.set_xlim(max(0, min(values) - 5), max(values) + 1)
     fig.tight_layout()
     fig.savefig(out / "dev_by_setting.png", dpi=110)
-    plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig = Figure(figsize=(7, 4))
+
+    ax = fig.subplots()
     for r in scored[:5]:
         steps = [h.get("step", i) for i, h in enumerate(r["history"])]
         ax.plot(steps, [h[metric] * 100 for h in r["history"]], marker="o", label=params_label(r["params"])[:60])
@@ -160,11 +159,11 @@ def _plots(out: Path, rows: list[dict], metric: str, label: str, base: BaseResul
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "learning_curves.png", dpi=110)
-    plt.close(fig)
 
 
 def _loss_curves(out: Path, rows: list[dict]) -> None:
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig = Figure(figsize=(7, 4))
+    ax = fig.subplots()
     for r in rows[:5]:
         points = [(h.get("step", i), h["loss"]) for i, h in enumerate(r["history"]) if "loss" in h]
         if points:
@@ -176,7 +175,6 @@ def _loss_curves(out: Path, rows: list[dict]) -> None:
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "loss_curves.png", dpi=110)
-    plt.close(fig)
 
 
 def _per_task(out: Path, test: TestReport, base: BaseResult | None, champion: dict) -> None:
@@ -187,7 +185,8 @@ def _per_task(out: Path, test: TestReport, base: BaseResult | None, champion: di
         series["base (this run)"] = [base.test.metrics.get(k, np.nan) for k in keys]
     if champion:
         series[f"champion v{champion.get('version')}"] = [float(champion.get(f"test_{k}", "nan")) for k in keys]
-    fig, ax = plt.subplots(figsize=(1.5 + 0.9 * len(keys), 3.8))
+    fig = Figure(figsize=(1.5 + 0.9 * len(keys), 3.8))
+    ax = fig.subplots()
     x = np.arange(len(keys))
     width = 0.8 / len(series)
     for i, (name, values) in enumerate(series.items()):
@@ -202,4 +201,3 @@ def _per_task(out: Path, test: TestReport, base: BaseResult | None, champion: di
     ax.set_title("Test per task")
     fig.tight_layout()
     fig.savefig(out / "per_task.png", dpi=110)
-    plt.close(fig)

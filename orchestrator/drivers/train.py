@@ -13,19 +13,16 @@ from __future__ import annotations
 import math
 import os
 import threading
+from dataclasses import dataclass
+from pathlib import Path
 
-os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")  # before ray.train is imported: Train V2 is the API we use
-
-from dataclasses import dataclass  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import pyarrow as pa  # noqa: E402
-import pyarrow.fs as pafs  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
-import ray.data  # noqa: E402
-import torch  # noqa: E402
-from ray.exceptions import NodeDiedError, RayActorError  # noqa: E402
-from ray.train import (  # noqa: E402
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import ray.data
+import torch
+from ray.exceptions import NodeDiedError, RayActorError
+from ray.train import (
     Checkpoint,
     CheckpointConfig,
     ControllerError,
@@ -34,16 +31,16 @@ from ray.train import (  # noqa: E402
     RunConfig,
     ScalingConfig,
 )
-from ray.train.torch import TorchConfig, TorchTrainer  # noqa: E402
+from ray.train.torch import TorchConfig, TorchTrainer
 
-from orchestrator import storage, tracking  # noqa: E402
-from orchestrator.config import EncoderMethodConfig, MethodConfig, repo_path  # noqa: E402
-from orchestrator.errors import ConfigError, DataError, SieveError  # noqa: E402
-from orchestrator.evaluation.encode import test_time_pooling  # noqa: E402
-from orchestrator.evaluation.suite import TestReport  # noqa: E402
-from orchestrator.models import pooling_for, resolve_model_source, saved_pooling  # noqa: E402
-from orchestrator.spec import BaseResult  # noqa: E402
-from trainers.recipe import Recipe  # noqa: E402
+from orchestrator import storage, tracking
+from orchestrator.config import EncoderMethodConfig, MethodConfig, repo_path
+from orchestrator.errors import ConfigError, DataError, SieveError
+from orchestrator.evaluation.encode import test_time_pooling
+from orchestrator.evaluation.suite import TestReport
+from orchestrator.models import pooling_for, resolve_model_source, saved_pooling
+from orchestrator.spec import BaseResult
+from trainers.recipe import Recipe
 
 
 # ---------------------------------------------------------------- before any Ray work
