@@ -175,8 +175,12 @@ def test_config_refusals():
     assert ok.train.grad_cache.mini_batch == 16
 
 
-# ---------------------------------------------------------------- two workers: DDP and ZeRO-2
-def _worker(rank: int, world: int, model_dir: str, engine: str, cached: bool, out_dir: str, init_file: str) -> None:
+# ---------------------------------------------------------------- two workers: DDP, ZeRO-2, ZeRO-3
+MODES = [("ddp", False), ("ddp", True), ("zero2", True), ("zero3", True)]  # (engine, cached), run in this order
+
+
+def _worker(rank: int, world: int, model_dir: str, out_dir: str, init_file: str) -> None:
+    """Every mode's one step in one process group (each from the same seeded model)."""
     import torch.distributed as dist
     import torch.nn.parallel
 
@@ -187,51 +191,44 @@ def _worker(rank: int, world: int, model_dir: str, engine: str, cached: bool, ou
     import ray.train.torch
 
     ray.train.torch.prepare_model = torch.nn.parallel.DistributedDataParallel
-    train = {"batch_size": len(X) // world, **({"grad_cache": {"mini_batch": 1}} if cached else {})}
-    cfg = cfg_for(model_dir, dropout=0.0, train=train, deepspeed={"stage": {"ddp": 0, "zero2": 2, "zero3": 3}[engine]})
-    torch.manual_seed(0)
-    model, tok = build_model(cfg)
-    model.train()
-    stepper = common.make_stepper(model, cfg, rows_per_worker=64)
-    reductions = []
-    if stepper.ddp is not None:
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-        def count(state, bucket):
-            reductions.append(bucket.index())
-            return allreduce_hook(state, bucket)
-
-        stepper.ddp.register_comm_hook(None, count)
     b = len(X) // world
     local = {k: v[rank * b:(rank + 1) * b] for k, v in BATCH.items()}
-    loss, logs = compute_loss(stepper.model, tok, local, cfg)
-    stepper.backward(loss)
-    torch.save({"loss": logs["loss"], "grads": stepper.gradients(), "reductions": reductions},
-               Path(out_dir) / f"rank{rank}.pt")
+    for engine, cached in MODES:
+        train = {"batch_size": b, **({"grad_cache": {"mini_batch": 1}} if cached else {})}
+        cfg = cfg_for(model_dir, dropout=0.0, train=train, deepspeed={"stage": {"ddp": 0, "zero2": 2, "zero3": 3}[engine]})
+        torch.manual_seed(0)
+        model, tok = build_model(cfg)
+        model.train()
+        stepper = common.make_stepper(model, cfg, rows_per_worker=64)
+        reductions = []
+        if stepper.ddp is not None:
+            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+            def count(state, bucket, reductions=reductions):
+                reductions.append(bucket.index())
+                return allreduce_hook(state, bucket)
+
+            stepper.ddp.register_comm_hook(None, count)
+        loss, logs = compute_loss(stepper.model, tok, local, cfg)
+        stepper.backward(loss)
+        torch.save({"loss": logs["loss"], "grads": stepper.gradients(), "reductions": reductions},
+                   Path(out_dir) / f"{engine}-{cached}-rank{rank}.pt")
     dist.destroy_process_group()
-
-
-def run_two(model_dir, engine: str, cached: bool, tmp_path) -> dict:
-    import torch.multiprocessing as mp
-
-    out = tmp_path / f"{engine}-{cached}"
-    out.mkdir()
-    mp.spawn(_worker, args=(2, str(model_dir), engine, cached, str(out), str(out / "init")), nprocs=2, join=True)
-    return {r: torch.load(out / f"rank{r}.pt") for r in range(2)}
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("engine", ["ddp", "zero2", "zero3"])
-def test_two_workers_cached_equal_one_worker_uncached_with_the_global_batch(engine, tiny_bert_dir, tmp_path):
-    """2 workers × batch 4, cached at mini-batch 1 with gathered negatives = 1 worker × batch 8 uncached;
-    under DDP the gradient is all-reduced once per step (as many bucket reductions as the uncached step)."""
+def test_two_workers_cached_equal_one_worker_uncached_with_the_global_batch(tiny_bert_dir, tmp_path):
+    """2 workers × batch 4, cached at mini-batch 1 with gathered negatives = 1 worker × batch 8 uncached, under
+    DDP, ZeRO-2 and ZeRO-3; under DDP the gradient is all-reduced once per step (as many bucket reductions as
+    the uncached step's, not one set per mini-batch)."""
+    import torch.multiprocessing as mp
+
     ref_loss, ref = one_step_grads(tiny_bert_dir, mini_batch=None, dropout=0.0)
-    cached = run_two(tiny_bert_dir, engine, True, tmp_path)
-    for r in range(2):
-        assert cached[r]["loss"] == pytest.approx(ref_loss, abs=1e-5)
-        assert_same_grads(cached[r]["grads"], ref)
-    if engine == "ddp":
-        plain = run_two(tiny_bert_dir, engine, False, tmp_path)
-        assert_same_grads(plain[0]["grads"], ref)
-        assert cached[0]["reductions"] == plain[0]["reductions"] and plain[0]["reductions"]
+    mp.spawn(_worker, args=(2, str(tiny_bert_dir), str(tmp_path), str(tmp_path / "init")), nprocs=2, join=True)
+    got = {(e, c, r): torch.load(tmp_path / f"{e}-{c}-rank{r}.pt") for e, c in MODES for r in range(2)}
+    for (engine, cached, r), out in got.items():
+        assert out["loss"] == pytest.approx(ref_loss, abs=1e-5), (engine, cached, r)
+        assert_same_grads(out["grads"], ref)
+    plain, cached = got["ddp", False, 0]["reductions"], got["ddp", True, 0]["reductions"]
+    assert plain and cached == plain

@@ -4,6 +4,7 @@ and a Ray Train run that exports, reloads, tests and logs an MLflow pyfunc."""
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -102,6 +103,28 @@ def test_word_sets():
     rows = [("great fun film", 1)] * 6 + [("dull boring film", 0)] * 6 + [("the film", 1), ("the film", 0)] * 3
     derived = train_data_words(rows, top_k=4, min_count=5)
     assert derived == {"great", "fun", "dull", "boring"}  # 'film' and 'the' are in both classes
+
+
+def test_the_frequency_matched_control_has_the_lexicons_size_and_frequency_profile():
+    """The control word set (``word_set.source: random_matched``) on the shipped SST-2 sample and the Hu & Liu
+    lexicon: as many distinct words as the lexicon has in the training text, none of them the lexicon's, each
+    frequency band (floor(log2 count)) within 2 words of the lexicon's, the tokens it opens the gate on within
+    10% of the lexicon's; the same set for a seed, another for another seed."""
+    from orchestrator.data.labelled import read_labelled
+    from orchestrator.data.word_sets import band, frequency_matched, token_counts
+
+    lexicon = lexicon_words(["data/lexicon/opinion_lexicon_positive.txt", "data/lexicon/opinion_lexicon_negative.txt"])
+    texts = [t for t, _ in read_labelled("data/sst2/train_sample.tsv", text_column="sentence")]
+    counts = token_counts(texts)
+    seen = {w for w in lexicon if counts[w]}
+    control = frequency_matched(lexicon, texts, seed=1)
+    assert len(seen) > 500 and len(control) == len(seen) and not control & lexicon
+    assert all(counts[w] > 0 for w in control)
+    profile = lambda ws: Counter(band(counts[w]) for w in ws)  # noqa: E731
+    assert all(abs(profile(control)[b] - n) <= 2 for b, n in profile(seen).items()), (profile(seen), profile(control))
+    tokens = lambda ws: sum(counts[w] for w in ws)  # noqa: E731
+    assert abs(tokens(control) - tokens(seen)) <= 0.1 * tokens(seen)
+    assert frequency_matched(lexicon, texts, seed=1) == control != frequency_matched(lexicon, texts, seed=2)
 
 
 def test_bad_labelled_files(tmp_path):

@@ -23,8 +23,9 @@ the short-circuit off (``short_circuit: false``), trained with identical setting
 
 The word set 𝕏 (``word_set``): the Hu & Liu opinion lexicon (``data/lexicon``), or the words of
 the training data whose smoothed log-odds between the classes is largest (``source:
-train_data``). Membership is decided per *word* of the sentence (lower-cased, whitespace
-split); a word that WordPiece splits into pieces marks all of its pieces.
+train_data``), or - a control - random words of the training text matched to the lexicon's in size and
+frequency (``random_matched``: is it the lexicon or the gate?). Membership is decided per *word* of the
+sentence (lower-cased, whitespace split); a word that WordPiece splits into pieces marks all of its pieces.
 
 Speed: the recurrence is sequential, so the input projections of every step are one fused
 matmul before the loop (W x_t for all t), each step is one ``addmm`` plus elementwise gates,
@@ -33,7 +34,7 @@ measures the step time against ``torch.nn.LSTM`` (cuDNN/oneDNN fused) of the sam
 
 Args (config keys, see :class:`SifterLSTMConfig`)
     short_circuit: SIFTER's input-gate short-circuit (true) or the plain LSTM baseline (false)
-    word_set.source: ``lexicon`` | ``train_data`` | ``none``
+    word_set.source: ``lexicon`` | ``train_data`` | ``random_matched`` | ``none``
     hidden_size (384), dropout (0.2), l2 (1e-7), embeddings_from (``default``: MiniLM)
 
 Paper settings (``configs/sifter_lstm/paper.yaml``): Adam lr 1e-5, batch 32, full SST-2.
@@ -47,8 +48,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
-from collections import Counter
 from pathlib import Path
 from typing import Literal
 
@@ -59,9 +58,9 @@ from pydantic import Field
 from torch import nn
 from transformers import AutoTokenizer
 
-from orchestrator.config import MethodConfig, StrictModel, TrackingConfig, TrainLoopConfig, repo_path
+from orchestrator.config import MethodConfig, StrictModel, TrackingConfig, TrainLoopConfig
 from orchestrator.data.labelled import labelled_shards, read_labelled
-from orchestrator.errors import DataError
+from orchestrator.data.word_sets import frequency_matched, lexicon_words, train_data_words, words
 from orchestrator.evaluation.suite import TestReport
 from orchestrator.models import load_encoder, load_tokenizer
 from orchestrator.storage import atomic_dir
@@ -71,7 +70,7 @@ from trainers.recipe import GLOBAL_BATCH, STEP_BUDGET, Recipe
 
 # ---------------------------------------------------------------- config
 class WordSetBlock(StrictModel):
-    source: Literal["lexicon", "train_data", "none"] = "lexicon"
+    source: Literal["lexicon", "train_data", "random_matched", "none"] = "lexicon"
     lexicon: list[str] = ["data/lexicon/opinion_lexicon_positive.txt", "data/lexicon/opinion_lexicon_negative.txt"]
     top_k: int = Field(2000, gt=0, description="train_data: this many words by |log-odds|")
     min_count: int = Field(5, ge=1, description="train_data: ignore rarer words")
@@ -104,7 +103,9 @@ class SifterLSTMConfig(MethodConfig):
         return [self.embeddings_from]
 
     def data_sources(self) -> list[tuple[str, str]]:
-        return [(f"data.{k}", getattr(self.data, k)) for k in ("train", "dev", "test")]
+        lexicon = ([(f"word_set.lexicon[{i}]", p) for i, p in enumerate(self.word_set.lexicon)]
+                   if self.word_set.source in ("lexicon", "random_matched") else [])
+        return [(f"data.{k}", getattr(self.data, k)) for k in ("train", "dev", "test")] + lexicon
 
 
 # ---------------------------------------------------------------- the cell
@@ -169,44 +170,6 @@ class SentimentLSTM(nn.Module):
 
 
 # ---------------------------------------------------------------- the word set 𝕏 and batches
-def _words(text: str) -> list[str]:
-    return text.split()
-
-
-def lexicon_words(paths: list[str]) -> set[str]:
-    out = set()
-    for p in paths:
-        path = Path(repo_path(p))
-        if not path.is_file():
-            raise DataError(f"{p}: lexicon file not found")
-        out |= {w.strip().lower() for w in path.read_text(encoding="utf-8").splitlines()
-                if w.strip() and not w.startswith(";")}
-    return out
-
-
-def train_data_words(rows: list[tuple[str, int]], top_k: int, min_count: int) -> set[str]:
-    """Words whose smoothed log-odds of appearing in one class vs the rest is largest."""
-    counts: dict[int, Counter] = {}
-    for text, y in rows:
-        counts.setdefault(y, Counter()).update({w.lower() for w in _words(text)})
-    total = Counter()
-    for c in counts.values():
-        total.update(c)
-    size = {y: sum(c.values()) for y, c in counts.items()}  # once, not per word
-    all_size = sum(size.values())
-    score = {}
-    for w, n in total.items():
-        if n < min_count or not re.search(r"[a-z]", w):
-            continue
-        best = 0.0
-        for y, c in counts.items():
-            p_in = (c[w] + 1) / (size[y] + 2)
-            p_out = (n - c[w] + 1) / (all_size - size[y] + 2)
-            best = max(best, abs(math.log(p_in / p_out)))
-        score[w] = best
-    return set(sorted(score, key=lambda w: (-score[w], w))[:top_k])
-
-
 def build_word_set(cfg: SifterLSTMConfig) -> set[str]:
     if cfg.word_set.source == "none":
         return set()
@@ -214,6 +177,8 @@ def build_word_set(cfg: SifterLSTMConfig) -> set[str]:
         return lexicon_words(cfg.word_set.lexicon)
     rows = read_labelled(cfg.data.train, text_column=cfg.data.text_column, label_column=cfg.data.label_column,
                          limit=cfg.data.limit)
+    if cfg.word_set.source == "random_matched":  # the control: is it the lexicon or the gate?
+        return frequency_matched(lexicon_words(cfg.word_set.lexicon), [t for t, _ in rows], seed=cfg.train.seed)
     return train_data_words(rows, cfg.word_set.top_k, cfg.word_set.min_count)
 
 
@@ -235,7 +200,7 @@ class Batcher:
         seqs = []
         for text in texts:
             ids, marks = [], []
-            for w in _words(str(text)):
+            for w in words(str(text)):
                 pieces = self._pieces(w)
                 ids += pieces
                 marks += [w.lower() in self.word_set] * len(pieces)
