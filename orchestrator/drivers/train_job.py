@@ -75,7 +75,9 @@ def main(doc: str) -> int:
     if beside is not None:
         bases = beside.result()
     base = max(bases, key=lambda b: b.dev) if bases else None
-    model_dir, test = export_and_test(recipe, cfg, outcome, f"outputs/models/{name}")
+    # the export lives in the run's storage, beside its checkpoints (an s3:// storage: a local copy, uploaded)
+    local = Path("outputs") if storage.is_s3(cfg.run.storage) else Path(cfg.run.storage)
+    model_dir, test = export_and_test(recipe, cfg, outcome, (local / "models" / name).resolve())
     model_ref = str(model_dir)
     if storage.is_s3(cfg.run.storage):
         model_ref = storage.join(cfg.run.storage, "models", name)

@@ -80,7 +80,8 @@ def test_train_job_tracks_live_exports_and_keeps_secrets(ray_cluster, tiny_bert_
     assert "base_dev" in run[0].data.metrics  # the base model was measured in the same run
     # one 1-CPU worker leaves a core idle: the base was measured on it while the model trained (#22.4)
     assert re.search(r"base model: measured while the model trains, on the \d+ cores? training leaves idle", out)
-    assert (tmp_path / "outputs" / "models" / "live" / "test.json").is_file()
+    exported = tmp_path / "store" / "models" / "live"  # under --storage, its absolute path in the summary
+    assert (exported / "test.json").is_file() and f'"model_dir": "{exported}"' in out
     mlflow.set_tracking_uri(mlflow_server)
     assert mlflow.pyfunc.load_model(f"runs:/{run_id}/model").predict(["a b c"]).shape == (1, 32)
 
