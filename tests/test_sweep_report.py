@@ -253,3 +253,38 @@ def test_a_trial_row_is_named_as_the_trial_function_named_it_not_by_its_folder()
 
     rows = trial_rows([Result(), NoReport()], "m")
     assert [r["trial"] for r in rows] == [name, "t2-x"]
+
+
+def test_the_closing_verdict_says_what_a_user_decides_on(tmp_path):
+    """#38.5: at most 8 lines, the registration line last; the figures beside the base and the champion, the
+    largest per-task regression, the margin in seed standard deviations (or that it is not measured), absolute
+    paths and the next command."""
+    from orchestrator.drivers.verdict import seed_devs, verdict
+
+    def report(avg, stsb, sickr):
+        return TestReport("t", {"sts_avg_spearman_all": avg, "sts_stsb_spearman_all": stsb,
+                                "sts_sickr_spearman_all": sickr}, "sts_avg_spearman_all", "")
+
+    rows = [{"trial": f"t{i}", "params": {"lambda_xy": 1, "train.seed": s}, "best_dev": d, "checkpoint_path": "c"}
+            for i, (s, d) in enumerate([(1, 0.875), (2, 0.871), (3, 0.873)])]
+    rows.append({"trial": "t9", "params": {"lambda_xy": 0, "train.seed": 1}, "best_dev": 0.86, "checkpoint_path": "c"})
+    choice = Choice(rows[0], 0.873, 0.8672, "base (default, mean)", 0.0)
+    base = BaseResult(0.8672, report(0.7887, 0.8203, 0.7715), "base (default, mean)")
+    devs = seed_devs(rows, rows[0], ["train.seed"])
+    assert devs == [0.875, 0.871, 0.873]
+    kw = dict(method="sifter_simcse", choice=choice, metric_label="STS-B dev Spearman", test=report(0.7958, 0.83, 0.7597),
+              base=base, registered={"name": "sifter-simcse", "version": 4, "run_id": "r1"}, devs=devs,
+              report=tmp_path / "summary.md", summary_json=tmp_path / "summary.json", job="sifter_sweep", gate="candidate: x")
+    lines = verdict(champion={"version": "2", "test_score": "0.7910", "test_metric": "sts_avg_spearman_all"}, **kw)
+    assert len(lines) <= 8 and lines[-1] == "candidate: x"
+    assert lines[0] == 'verdict: sifter_simcse {"lambda_xy": 1, "train.seed": 1} (trial t0)'
+    assert lines[1] == ("dev STS-B dev Spearman 87.30 vs base 86.72 (+0.58); test sts_avg_spearman_all 79.58 vs base "
+                        "78.87 (+0.71); champion v2 79.10 (+0.48)")
+    assert lines[2] == "largest regression against the base: sts_sickr_spearman_all -1.18 (1 of 2 tasks up)"
+    assert lines[3] == "noise: the setting's dev over 3 seeds has sd 0.20; its margin over the base (+0.58) is 2.9 sd"
+    assert lines[4].startswith(f"report: {tmp_path}/summary.md (summary JSON: {tmp_path}/summary.json)")
+    assert "models:/sifter-simcse/4" in lines[4]
+    assert lines[5].startswith("next: python jobs/promote.py --model sifter-simcse --version 4")
+    alone = verdict(champion={}, **{**kw, "devs": devs[:1]})
+    assert "no champion yet" in alone[1] and alone[3].startswith("noise: one seed per setting")
+

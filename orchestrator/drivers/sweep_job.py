@@ -56,6 +56,7 @@ from orchestrator.drivers.train import (
     settled,
     worker_cores,
 )
+from orchestrator.drivers.verdict import seed_devs, verdict
 from orchestrator.errors import ConfigError, TrackingError
 from orchestrator.evaluation.suite import TestReport, compare_table, headline_metrics
 from orchestrator.export import write_model_card
@@ -303,7 +304,11 @@ def publish(plan: SweepPlan, result: SweepResult, parent_id: str) -> dict:
     mlflow.log_metric("wall_s", result.wall_s)
     mlflow.set_tags({"beats_base": str(choice.beats_base).lower()})
     uri = tracking.resolve_tracking_uri(plan.base.tracking.tracking_uri)
-    return {"sweep": plan.name, "trials": len(result.rows), "best_trial": best["trial"], "best_params": best["params"],
+    closing = verdict(method=plan.job.method, choice=choice, metric_label=recipe.metric_label, test=test,
+                      base=result.base, champion=champion, registered=registered,
+                      devs=seed_devs(result.rows, best, plan.job.group_out), report=report_dir / "summary.md",
+                      summary_json=report_dir / "summary.json", job=plan.default_dir, gate=line)
+    return {"verdict": closing, "sweep": plan.name, "trials": len(result.rows), "best_trial": best["trial"], "best_params": best["params"],
             "best_dev": best["best_dev"], "base_dev": choice.base_dev, "beats_base": choice.beats_base,
             f"test_{test.headline}": test.headline_value, "registered": registered,
             "wall_s": round(result.wall_s, 1), "report": str(report_dir / "summary.md"),
@@ -343,7 +348,9 @@ def main(doc: str, default_dir: str) -> int:
     console = result.test.table
     if result.base is not None:
         console += f"\n\ncandidate − base ({result.base.label}), ×100:\n" + compare_table(result.base.test, result.test)
-    console += "\n" + json.dumps({k: v for k, v in summary.items() if k != "gate"}, indent=2) + "\n" + summary["gate"]
+    data = {k: v for k, v in summary.items() if k not in ("gate", "verdict")}
+    Path(summary["report"]).with_name("summary.json").write_text(json.dumps(data, indent=2) + "\n")
+    console += "\n\n" + "\n".join(summary["verdict"])  # the closing verdict; its last line the registration
     pub.write_published(sweep_dir(plan.base.run.storage, plan.name), summary, console)
     print(console)
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -56,8 +57,8 @@ def run_job(tmp_path, store, *args, **kw):
 
 
 def final_json(out: str) -> dict:
-    start = out.rindex('\n{\n  "sweep"')
-    return json.loads(out[start:out.index("\n}", start) + 2])
+    """The summary the job wrote beside its report, found where its closing verdict names it."""
+    return json.loads(Path(re.search(r"\(summary JSON: (/\S+)\)", out).group(1)).read_text())
 
 
 def mlflow_at(tmp_path):
@@ -126,6 +127,14 @@ def test_tiny_sweep_registers_best_and_reports(ray_cluster, tiny_bert_dir, tmp_p
     assert summary["beats_base"] == beats and (float(mv.tags["dev_score"]) > float(mv.tags["base_dev_score"])) == beats
     assert (summary["registered"]["alias"] == "candidate") == beats
     assert out.strip().splitlines()[-1].startswith("candidate:" if beats else "the sweep found nothing better")
+    # #38.5: the console closes on a verdict of at most 8 lines: setting, figures beside base and champion, the
+    # largest regression, the noise, absolute paths, the next command, the registration line last
+    closing = out.strip().splitlines()[-8:]
+    assert closing[0].startswith("verdict: sifter_simcse ") and "no champion yet" in closing[1]
+    assert re.match(r"(largest regression against the base|no task below the base)", closing[2])
+    assert closing[3].startswith("noise: one seed per setting") and closing[4].startswith(f"report: {tmp_path}")
+    assert "models:/sifter-simcse/1" in closing[4] and closing[5].startswith("next: python jobs/")
+    assert '"sweep"' not in out  # the JSON is a file, not the console's end
     parent = mlflow.get_run(parent_id).data.metrics
     assert "base_dev" in parent and "base_test_sts_stsb_spearman_all" in parent
 

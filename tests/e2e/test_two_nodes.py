@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -171,7 +172,7 @@ def test_sweep_spread_over_two_nodes_survives_losing_one_and_registers(ray_clust
             if node is not None:
                 node.stop()
     assert proc.returncode == 0, out[-5000:]
-    summary = json.loads(out[out.rindex('\n{\n  "sweep"'):].split("\n}\n")[0] + "\n}")
+    summary = json.loads(Path(re.search(r"\(summary JSON: (/\S+)\)", out).group(1)).read_text())
     assert summary["trials"] == 1 and summary["registered"]["version"] == 1
     rows = json.loads((tmp_path / "outputs" / "reports" / "two-nodes" / "trials.json").read_text())
     history = rows[0]["history"]
