@@ -29,8 +29,9 @@ sweep: install
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# the inner loop: no Ray cluster, no server, no slow end-to-end run (CI runs everything: `make test`)
 test-fast: install
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow and not services" $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -43,6 +43,17 @@ RAY_TOKEN_FILE.chmod(0o600)
 os.environ.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(RAY_TOKEN_FILE)})
 
 
+SERVICE_FIXTURES = {"ray_cluster", "tiny_shards", "mlflow_server", "postgres_uri", "s3_endpoint", "s3_bucket"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test that needs a service (the Ray cluster, MLflow, PostgreSQL, the S3 endpoint) is marked ``services``:
+    ``make test-fast`` runs the rest - no Ray, no server - as the inner loop."""
+    for item in items:
+        if SERVICE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.services)
+
+
 def pytest_unconfigure(config):
     """The session's token is a secret: not left behind in /tmp once the session (and its cluster) ended."""
     shutil.rmtree(_RAY_DIR, ignore_errors=True)

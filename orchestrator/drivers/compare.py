@@ -73,6 +73,7 @@ from orchestrator.drivers.train import (
     Outcome,
     checkpoint_at,
     export_and_test,
+    export_dir,
     materializes,
     worker_cores,
 )
@@ -296,7 +297,7 @@ def register(plan: ComparePlan, result: CompareResult, parent_id: str) -> dict |
             "gate_low": f"{row['vs_base']['low']:.6f}"}
     version = tracking.find_version(reg_name, {"compare": plan.name})
     if version is None:
-        model_dir = Path("outputs") / "models" / plan.name
+        model_dir = export_dir(cfg, plan.name)
         outcome = Outcome(checkpoint_at(rep["checkpoint_path"]), rep["best"], rep["history"])
         export_and_test(recipe, cfg, outcome, model_dir,  # tested in its trial: not measured again
                         tested=TestReport("test (measured in its trial)", rep["test"], rep["headline"], "", {}))

@@ -119,15 +119,17 @@ def gate_line(choice: Choice, metric_label: str, registered: dict) -> str:
             f"{ref} is registered with beats_base=false and does not become candidate")
 
 
-def model_card(*, recipe, cfg, sweep: str, trial: str, params: dict, test, base: BaseResult | None, choice: Choice,
+def model_card(*, recipe, cfg, origin: str, params: dict, test, base: BaseResult | None, choice: Choice,
                registered_name: str) -> str:
-    """The exported folder's README.md and the registered version's description: base model, method and
-    its settings, training data, the scores beside the base model's (this run), licence."""
+    """The exported folder's README.md and the registered version's description, for every job that exports
+    (``origin``: "sweep `s`, trial `t`", "train run `r`"): base model, method and its settings, training data,
+    the scores beside the base model's (this run), licence."""
     pooling, data = recipe.pooling(cfg), recipe.training_data(cfg)
-    lines = ["---", "language: en", "library_name: sentence-transformers", f"tags: [sieve, {recipe.name}]", "---", "",
+    library = ["library_name: sentence-transformers"] if recipe.model_format == "sentence-transformers" else []
+    lines = ["---", "language: en", *library, f"tags: [sieve, {recipe.name}]", "---", "",
              f"# {registered_name}", "",
              f"Trained by Sieve's `{recipe.name}` recipe (`trainers/`) from `{recipe.base_model(cfg)}`"
-             + (f" with `{pooling}` pooling" if pooling else "") + f"; sweep `{sweep}`, trial `{trial}`.", "",
+             + (f" with `{pooling}` pooling" if pooling else "") + f"; {origin}.", "",
              "## Setting", "", "```json", json.dumps(params, indent=1, default=str), "```", "",
              f"Training: {cfg.train.max_steps or cfg.train.epochs} {'steps' if cfg.train.max_steps else 'epochs'}, "
              f"batch {cfg.train.batch_size} × {cfg.scaling.num_workers} workers, learning rate {cfg.train.lr:g}.", ""]

@@ -51,6 +51,7 @@ from orchestrator.drivers.train import (
     Outcome,
     checkpoint_at,
     export_and_test,
+    export_dir,
     measure_bases,
     preflight,
     settled,
@@ -166,7 +167,7 @@ def run(plan: SweepPlan, parent_id: str | None = None) -> SweepResult:
     # the chosen trial, exported where the registry reads it; tested once: a trial tested above is not
     # measured again (the same checkpoint, the same deterministic evaluation: a 7-task STS test is minutes)
     known = reports.get(choice.best["trial"])
-    model_dir, test = _export(plan, choice.best, Path("outputs") / "models" / plan.name, tested=known)
+    model_dir, test = _export(plan, choice.best, export_dir(plan.base, plan.name), tested=known)
     if known is not None:
         print(f"chosen trial {choice.best['trial']}: its test, measured with every trial, is not run again",
               flush=True)
@@ -175,7 +176,7 @@ def run(plan: SweepPlan, parent_id: str | None = None) -> SweepResult:
 
 
 def _trial_dir(plan: SweepPlan, trial: str) -> Path:
-    return Path("outputs") / "models" / f"{plan.name}-trials" / trial
+    return export_dir(plan.base, f"{plan.name}-trials") / trial
 
 
 class EarlyTests:
@@ -274,7 +275,8 @@ def publish(plan: SweepPlan, result: SweepResult, parent_id: str) -> dict:
     reg_name = best_cfg.tracking.registry_model_name or plan.job.method.replace("_", "-")
     chash, test = config_hash(best_cfg), result.test
     champion = tracking.alias_tags(reg_name, "champion")  # before this version: the one a person promoted
-    card = pub.model_card(recipe=recipe, cfg=best_cfg, sweep=plan.name, trial=best["trial"], params=best["params"],
+    card = pub.model_card(recipe=recipe, cfg=best_cfg, origin=f"sweep `{plan.name}`, trial `{best['trial']}`",
+                          params=best["params"],
                           test=test, base=result.base, choice=choice, registered_name=reg_name)
     write_model_card(result.model_dir, card)
     mlflow.log_text(card, "model_card.md")

@@ -214,6 +214,14 @@ def checkpoint_at(path: str) -> Checkpoint:
     return Checkpoint(path)
 
 
+def export_dir(cfg: MethodConfig, name: str) -> Path:
+    """Where a job's exported model folder goes, as an absolute path: ``<run storage>/models/<name>``, beside the
+    run's checkpoints; on an ``s3://`` storage a local staging copy under ``outputs/models`` (uploaded by the train
+    job; the sweeps and comparisons log it to MLflow)."""
+    root = Path("outputs") if storage.is_s3(cfg.run.storage) else Path(cfg.run.storage)
+    return (root / "models" / name).resolve()
+
+
 def export_and_test(recipe: type[Recipe], cfg: MethodConfig, outcome: Outcome, out_dir: str | Path,
                     tasks: list[str] | None = None, tested: TestReport | None = None):
     """Export the best checkpoint to ``out_dir`` and run the method's final evaluation on it

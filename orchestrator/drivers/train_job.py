@@ -22,6 +22,7 @@ from orchestrator.drivers.train import (
     Beside,
     build_trainer,
     export_and_test,
+    export_dir,
     fit,
     idle_cores,
     measure_bases,
@@ -30,6 +31,7 @@ from orchestrator.drivers.train import (
 )
 from orchestrator.errors import ConfigError
 from orchestrator.evaluation.suite import compare_table
+from orchestrator.export import write_model_card
 
 
 def parse_args(doc: str) -> argparse.Namespace:
@@ -75,9 +77,13 @@ def main(doc: str) -> int:
     if beside is not None:
         bases = beside.result()
     base = max(bases, key=lambda b: b.dev) if bases else None
-    # the export lives in the run's storage, beside its checkpoints (an s3:// storage: a local copy, uploaded)
-    local = Path("outputs") if storage.is_s3(cfg.run.storage) else Path(cfg.run.storage)
-    model_dir, test = export_and_test(recipe, cfg, outcome, (local / "models" / name).resolve())
+    model_dir, test = export_and_test(recipe, cfg, outcome, export_dir(cfg, name))  # in the run's storage
+    best_dev = outcome.best_metrics.get(recipe.metric, float("nan"))
+    scored = base is not None and math.isfinite(best_dev)  # a method without a dev set (TSDAE's protocol): no dev line
+    choice = pub.Choice({"trial": name}, best_dev, base.dev if scored else None, base.label if base else "", 0.0)
+    card = pub.model_card(recipe=recipe, cfg=cfg, origin=f"train run `{name}` ({path.name})", test=test, base=base,
+                          params={"config": str(path), "overrides": overrides}, choice=choice, registered_name=name)
+    write_model_card(model_dir, card)  # Sieve's card, not sentence-transformers' empty one
     model_ref = str(model_dir)
     if storage.is_s3(cfg.run.storage):
         model_ref = storage.join(cfg.run.storage, "models", name)
@@ -86,9 +92,8 @@ def main(doc: str) -> int:
 
     # the end of the run is logged from one record; if the tracking server went away meanwhile, the record
     # waits in <run storage>/tracking-pending/ for `jobs/sync_tracking.py` (nothing is lost)
-    best_dev = outcome.best_metrics.get(recipe.metric, float("nan"))
     base_metrics = {"base_dev": base.dev, **{f"base_test_{k}": v for k, v in base.test.metrics.items()}} if base else {}
-    texts = {"test.md": f"# {test.title}\n\n{test.table}\n"}
+    texts = {"test.md": f"# {test.title}\n\n{test.table}\n", "model_card.md": card}
     if base is not None:
         texts["against_base.md"] = f"# Against {base.label}\n\n{compare_table(base.test, test)}\n"
     record = pub.run_record(

@@ -80,9 +80,9 @@ def test_tiny_sweep_registers_best_and_reports(ray_cluster, tiny_bert_dir, tmp_p
     assert summary["trials"] == 2 and summary["registered"]["version"] == 1
     # every trial tested; the chosen one's test is that report, not a second measurement (#22.4: a 7-task
     # STS test is minutes on 2 cores)
-    trials = tmp_path / "outputs" / "models" / "tiny-trials"
+    trials = store / "models" / "tiny-trials"  # the exports live in the run storage
     assert len(list(trials.glob("*/test.json"))) == 2
-    chosen = json.loads((tmp_path / "outputs" / "models" / "tiny" / "test.json").read_text())
+    chosen = json.loads((store / "models" / "tiny" / "test.json").read_text())
     assert chosen == json.loads((trials / summary["best_trial"] / "test.json").read_text())
     assert out.count("its test, measured with every trial, is not run again") == 1
     # #22.4: the trial that ends first is tested while the other still trains, on the core it leaves idle
@@ -152,7 +152,7 @@ def test_tiny_sweep_registers_best_and_reports(ray_cluster, tiny_bert_dir, tmp_p
 
     # #20: a sentence-transformers export with its config and a model card, and a registered model that loads
     # through pyfunc in a fresh process elsewhere
-    exported = tmp_path / "outputs" / "models" / "tiny"
+    exported = store / "models" / "tiny"
     assert (exported / "config_sentence_transformers.json").is_file()
     card = (exported / "README.md").read_text()
     assert "sifter_simcse" in card and "| metric | base | candidate |" in card and "Licence" in card

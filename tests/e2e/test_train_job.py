@@ -82,6 +82,9 @@ def test_train_job_tracks_live_exports_and_keeps_secrets(ray_cluster, tiny_bert_
     assert re.search(r"base model: measured while the model trains, on the \d+ cores? training leaves idle", out)
     exported = tmp_path / "store" / "models" / "live"  # under --storage, its absolute path in the summary
     assert (exported / "test.json").is_file() and f'"model_dir": "{exported}"' in out
+    card = (exported / "README.md").read_text()  # #38.2: Sieve's card, not sentence-transformers' empty one
+    assert "Trained by Sieve's `simcse` recipe" in card and "train run `live`" in card and "Unknown" not in card
+    assert "| metric | base | candidate | candidate − base |" in card  # the scores beside the base's
     mlflow.set_tracking_uri(mlflow_server)
     assert mlflow.pyfunc.load_model(f"runs:/{run_id}/model").predict(["a b c"]).shape == (1, 32)
 
