@@ -196,9 +196,8 @@ def markdown(board: dict) -> str:
 
 def plot(board: dict, path) -> None:
     """Each arm's Δ headline vs its base with its interval as error bars (a horizontal bar chart)."""
-    from matplotlib.figure import (
-        Figure,  # lazy: only the plot needs matplotlib (the job's workers import the rest)
-    )
+    # lazy: only the plot needs matplotlib (the job's workers import the rest of this module)
+    from matplotlib.figure import Figure
 
     rows = [r for r in board["rows"] if r["vs_base"] is not None]
     fig = Figure(figsize=(7, 0.5 * len(rows) + 1.5))
