@@ -324,3 +324,31 @@ def test_the_train_jobs_summary_without_a_dev_set_is_json_with_the_test_beside_t
     with_dev = summary(None, "m", 1.0, 0.87, BaseResult(0.86, report(0.7), "base"), report(0.8))
     assert with_dev["best_dev"] == 0.87 and with_dev["base_dev"] == 0.86 and "dev" not in with_dev
     assert with_dev["run_id"].startswith("pending")
+
+
+def test_the_decoder_warm_up_holds_the_encoder_bit_identical_then_lets_it_move(tiny_bert_dir):
+    """#36.1b: ``freeze_encoder_steps: 2`` - the encoder (and every decoder weight tied to it) stays bit-identical
+    for 2 steps while the decoder's own parts (cross-attention, the LM-head transform) learn; at step 3 it moves."""
+    from trainers import common
+    from trainers.tsdae import TSDAERecipe, build_model, compute_loss
+
+    cfg = tiny(tiny_bert_dir, freeze_encoder_steps=2, train={"lr": 1e-3, "batch_size": 4})
+    torch.manual_seed(0)
+    model, tok = build_model(cfg)
+    recipe = TSDAERecipe(cfg, {})
+    recipe.stepper = stepper = common.make_stepper(model, cfg, 64, **recipe.optimizer_extras(model))
+    parts = {g["part"] for g in stepper.optimizer.param_groups}
+    assert parts == {"encoder", "decoder"}
+    enc0 = {n: p.detach().clone() for n, p in model.encoder.named_parameters()}
+    own = {n: p for n, p in model.decoder.named_parameters() if "crossattention" in n}
+    own0 = {n: p.detach().clone() for n, p in own.items()}
+    assert own0 and model.decoder.get_output_embeddings().weight is model.encoder.get_input_embeddings().weight
+    for step in range(3):
+        common.hold_part(stepper.optimizer, "encoder", frozen=step < cfg.freeze_encoder_steps)
+        loss, _ = compute_loss(model, tok, TEXTS, cfg, random.Random(step))
+        stepper.step(loss)
+        same = all(torch.equal(enc0[n], p) for n, p in model.encoder.named_parameters())
+        assert same == (step < 2), step
+        assert all(not torch.equal(own0[n], p) for n, p in own.items())  # the decoder's own parts learn
+    with pytest.raises(ValueError, match="freeze_encoder_steps"):
+        tiny(tiny_bert_dir, freeze_encoder_steps=2, deepspeed={"stage": 2})

@@ -283,6 +283,16 @@ def named_param_groups(named: list[tuple[str, torch.nn.Parameter]], weight_decay
             {"params": [p for n, p in named if any(k in n for k in no_decay)], "weight_decay": 0.0}]
 
 
+def hold_part(optimizer: torch.optim.Optimizer, part: str, frozen: bool) -> None:
+    """While ``frozen``, the groups tagged ``part`` step at lr 0 - AdamW then leaves those weights bit-identical
+    (its decay is scaled by lr too); the schedule restores their lr after every step, so this is called before
+    each one. The part still gets gradients (DDP needs every parameter used), and Adam's moments see them."""
+    if frozen:
+        for g in optimizer.param_groups:
+            if g.get("part") == part:
+                g["lr"] = 0.0
+
+
 def make_stepper(module: torch.nn.Module, cfg, rows_per_worker: int, groups: list[dict] | None = None,
                  **extras) -> Stepper:
     """The optimiser of a method config with the shared ``train`` / ``deepspeed`` blocks

@@ -250,13 +250,8 @@ def parameter_groups(model: ParaBART, cfg: ParaBARTConfig) -> list[dict]:
 
 
 def hold_encoder(optimizer: torch.optim.Optimizer, frozen: bool) -> None:
-    """While ``frozen``, E_sem's groups step at lr 0 - AdamW then leaves those weights bit-identical (its
-    decay is scaled by lr too); the schedule restores their lr after every step, so this is called before
-    each one. E_sem still gets gradients (DDP needs every parameter used), and Adam's moments see them."""
-    if frozen:
-        for g in optimizer.param_groups:
-            if g.get("part") == "sem":
-                g["lr"] = 0.0
+    """E_sem's groups (part ``sem``) held still while ``frozen`` (:func:`trainers.common.hold_part`)."""
+    common.hold_part(optimizer, "sem", frozen)
 
 
 # ---------------------------------------------------------------- losses and the noise

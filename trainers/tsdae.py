@@ -38,6 +38,8 @@ Args (config keys, see :class:`TSDAEConfig`)
         ``DenoisingAutoEncoderLoss`` docstring keeps a word when ``random() < del_ratio`` (deleting ~40%).
     model.pooling: ``cls`` (the paper; the raw ``[CLS]`` state - TSDAE has no MLP head) or ``mean``
     tie_encoder_decoder: share encoder and decoder weights (true)
+    freeze_encoder_steps: a decoder warm-up (0: none, the paper) - the encoder held still for that many first
+        steps while the decoder's own parts (cross-attention, the LM-head transform), which start random, learn
     eval.dev: a labelled dev set for tuning (empty by default: the paper's protocol); eval.select: last | best
 
 Paper settings (``configs/tsdae/paper.yaml``): lr 3e-5 constant, batch 8, 100k steps.
@@ -95,6 +97,8 @@ class TSDAEConfig(EncoderMethodConfig):
     deletion_ratio: float = Field(0.6, ge=0, le=1)
     tie_encoder_decoder: bool = True
     decoder_name_or_path: str | None = Field(None, description="untied decoder's start (default: the encoder)")
+    freeze_encoder_steps: int = Field(0, ge=0, description="the encoder (and the decoder weights tied to it) not "
+                                      "updated for this many first steps, while the decoder's own parts learn")
     train: TrainLoopConfig = TrainLoopConfig(lr=3e-5, batch_size=8, lr_schedule="constant", eval_steps=1000)
     data: CorpusBlock = CorpusBlock()
     eval: TSDAEEval = TSDAEEval()
@@ -106,6 +110,12 @@ class TSDAEConfig(EncoderMethodConfig):
     def data_sources(self) -> list[tuple[str, str]]:
         extra = [("eval.dev_path", self.eval.dev_path)] if self.eval.dev_path else []
         return [*self.data.sources(), *extra, *self.eval_sources()]
+
+    @model_validator(mode="after")
+    def _freeze_without_zero(self):
+        if self.freeze_encoder_steps and self.deepspeed.stage > 0:
+            raise ValueError("freeze_encoder_steps works with the plain / DDP optimiser only, not under DeepSpeed ZeRO")
+        return self
 
     @model_validator(mode="after")
     def _best_needs_a_dev_set(self):
@@ -178,6 +188,17 @@ def build_model(cfg: TSDAEConfig):
     return TSDAE(encoder, decoder, pooling_for(cfg), tokenizer.pad_token_id), tokenizer
 
 
+def parameter_groups(model: TSDAE, weight_decay: float) -> list[dict]:
+    """AdamW groups tagged by part: the encoder's (with a tied decoder, every shared weight: a shared tensor is
+    yielded once, by its first name, the encoder's) and the decoder's own (cross-attention, the LM-head
+    transform), so ``freeze_encoder_steps`` can hold the first still while the second learns."""
+    named = list(model.named_parameters())
+    parts = {"encoder": [(n, p) for n, p in named if n.startswith("encoder.")],
+             "decoder": [(n, p) for n, p in named if not n.startswith("encoder.")]}
+    return [{**g, "part": part} for part, ps in parts.items() for g in common.named_param_groups(ps, weight_decay)
+            if g["params"]]
+
+
 # ---------------------------------------------------------------- noise + loss
 def noisy_batch(texts, ratio: float, rng: random.Random) -> list[str]:
     """Delete ``ratio`` of each sentence's whitespace-separated words."""
@@ -247,7 +268,11 @@ class TSDAERecipe(Recipe):
         module, self.tokenizer = build_model(self.cfg)
         return module
 
+    def optimizer_extras(self, module):
+        return {"groups": parameter_groups(module, self.cfg.train.weight_decay)}
+
     def loss(self, model, batch, state):
+        common.hold_part(self.stepper.optimizer, "encoder", frozen=state["step"] < self.cfg.freeze_encoder_steps)
         rng = batch_rng(self.cfg.train.seed, state["epoch"], state["step"])
         return compute_loss(model, self.tokenizer, batch["text"], self.cfg, rng, self.device)
 
