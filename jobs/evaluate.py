@@ -3,10 +3,15 @@
     python jobs/evaluate.py --model default --tasks sts12,sts13,sts14,sts15,sts16,stsb,sickr --json OUT.json
     python jobs/evaluate.py --model PATH --pooling cls_before_pooler --sts-file my_pairs.tsv
     python jobs/evaluate.py --model models:/sifter-simcse@champion --log-to-run   # the registry's champion
+    python jobs/evaluate.py --model outputs/models/mine --baseline default --sts-file my_pairs.tsv  # beside its base
 
 ``--pooling`` defaults to the model folder's own saved pooling (a sentence-transformers folder
 records it; a plain transformers folder has none, and then ``mean`` is used). ``cls`` reads the
 model's pooler layer and is refused when the folder has no pooler weights.
+
+``--baseline`` scores a second model - the one you started from - in the same call, on the same tasks, read
+with the same pooling (and, when its folder saved another, read that way too: a baseline is never shown only
+at its weaker reading); the table then gives the difference per task.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ def main() -> int:
     ap.add_argument("--pooling", choices=POOLINGS, help="default: the model folder's saved pooling, else mean")
     ap.add_argument("--tasks", default=",".join(sts.SEVEN_TASKS), help="comma-separated; '' for none")
     ap.add_argument("--sts-file", action="append", default=[], help="extra TSV(s) with sentence1, sentence2, score")
+    ap.add_argument("--baseline", help="a second model (e.g. 'default', the one you started from) scored in the "
+                    "same call with the same pooling and tasks; the table shows the difference")
     ap.add_argument("--json", help="write results here (local path or s3://)")
     ap.add_argument("--batch-size", type=int, default=64, help="sentences per forward pass")
     ap.add_argument("--max-length", type=int, default=128, help="tokens per sentence (longer ones are cut)")
@@ -53,7 +60,7 @@ def main() -> int:
     # Validate every input file and the output path before loading the model (fail fast on bad input).
     for f in args.sts_file:
         sts.read_sts_tsv(f)
-    for flag in ("model", "tracking_uri", "json"):
+    for flag in ("model", "tracking_uri", "json", "baseline"):
         value = getattr(args, flag)
         if value is not None and not value.strip():
             raise ConfigError(f"--{flag.replace('_', '-')} is empty")
@@ -73,13 +80,17 @@ def main() -> int:
     elif args.log_to_run:
         raise ConfigError("--log-to-run needs a models:/ or runs:/ model (the run that logged it)")
     pooling = args.pooling or saved_pooling(resolve_model_source(args.model)) or "mean"
-    model, tokenizer = load_encoder(args.model, add_pooling_layer=pooling == "cls", require_pooler=pooling == "cls")
-    encoder = HFEncoder(model, tokenizer, pooling=pooling, batch_size=args.batch_size,
-                        max_length=args.max_length, progress=not args.no_progress)
-    result = sts.evaluate(encoder, tasks, extra_files=args.sts_file)
-    result = {"model": args.model, "pooling": pooling, **result}
+    if args.baseline:  # resolved (and refused, if it is no model) before anything is scored
+        own = saved_pooling(resolve_model_source(args.baseline))
+    result = score(args, args.model, pooling, tasks)
     print(f"pooling: {pooling}" + ("" if args.pooling else " (the model's own)"))
     print(sts.format_table(result))
+    if args.baseline:
+        readings = [pooling] + ([own] if own and own != pooling else [])
+        result["baselines"] = [score(args, args.baseline, p, tasks) for p in readings]
+        for b in result["baselines"]:
+            print(f"\n{args.model} − baseline {args.baseline} read with {b['pooling']}, ×100:")
+            print(difference_table(result, b))
 
     if mlflow.active_run() is not None:
         mlflow.log_metrics(sts.flat_metrics(result))
@@ -92,6 +103,23 @@ def main() -> int:
         storage.write_bytes(args.json, json.dumps(result, indent=2).encode())
         print(f"wrote {args.json}")
     return 0
+
+
+def score(args, model_ref: str, pooling: str, tasks: list[str]) -> dict:
+    model, tokenizer = load_encoder(model_ref, add_pooling_layer=pooling == "cls", require_pooler=pooling == "cls")
+    encoder = HFEncoder(model, tokenizer, pooling=pooling, batch_size=args.batch_size,
+                        max_length=args.max_length, progress=not args.no_progress)
+    return {"model": model_ref, "pooling": pooling, **sts.evaluate(encoder, tasks, extra_files=args.sts_file)}
+
+
+def difference_table(result: dict, base: dict) -> str:
+    """Spearman ``all`` per task (×100): the baseline, the model, the model − the baseline."""
+    rows = ["| task | baseline | model | model − baseline |", "|---|---:|---:|---:|"]
+    pairs = [(t, base["tasks"][t]["spearman"]["all"], r["spearman"]["all"]) for t, r in result["tasks"].items()]
+    if result.get("avg"):
+        pairs.append(("**avg**", base["avg"]["spearman_all"], result["avg"]["spearman_all"]))
+    rows += [f"| {t} | {b * 100:.2f} | {m * 100:.2f} | {(m - b) * 100:+.2f} |" for t, b, m in pairs]
+    return "\n".join(rows)
 
 
 if __name__ == "__main__":

@@ -148,6 +148,23 @@ def test_cli_writes_json_schema(tmp_path, tiny_bert_dir):
     assert "| stsb | 1379 |" in res.stdout
 
 
+def test_cli_scores_a_baseline_beside_the_model_read_both_ways(tmp_path, tiny_bert_dir):
+    """#38.6: ``--baseline`` scores the starting model in the same call, with the model's pooling and, when its
+    folder saved another, with that one too; the difference per task. The same folder as both: +0.00 at the
+    same reading, and the other reading's own figures."""
+    out = tmp_path / "out.json"
+    res = run_cli("--model", str(tiny_bert_dir), "--baseline", str(tiny_bert_dir), "--pooling", "cls_before_pooler",
+                  "--tasks", "stsb", "--json", str(out), "--no-progress")
+    assert res.returncode == 0, res.stderr
+    result = json.loads(out.read_text())
+    same, own = result["baselines"]
+    assert (same["pooling"], own["pooling"]) == ("cls_before_pooler", "mean")  # the tiny folder saved mean
+    assert same["tasks"]["stsb"]["spearman"]["all"] == result["tasks"]["stsb"]["spearman"]["all"]
+    assert own["tasks"]["stsb"]["spearman"]["all"] != result["tasks"]["stsb"]["spearman"]["all"]
+    assert "baseline " + str(tiny_bert_dir) + " read with cls_before_pooler" in res.stdout
+    assert "| **avg** |" in res.stdout and "+0.00 |" in res.stdout
+
+
 def test_same_seed_same_numbers(tiny_bert_dir):
     """Seeded random init → identical evaluation numbers, twice in one process."""
     import torch
