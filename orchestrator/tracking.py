@@ -162,6 +162,9 @@ def _first_use_lock(uri: str) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+EXPERIMENT_KIND, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"  # the UI's experiment types
+
+
 def setup(tracking_uri: str | None = None, experiment: str = "sieve", *, check: bool = True) -> str:
     """Point MLflow at the resolved URI, make sure the experiment exists; return the experiment id."""
     uri = resolve_tracking_uri(tracking_uri)
@@ -172,8 +175,9 @@ def setup(tracking_uri: str | None = None, experiment: str = "sieve", *, check: 
     try:
         with _first_use_lock(uri):
             exp = mlflow.get_experiment_by_name(experiment)
-            if exp is None:
-                exp_id = mlflow.create_experiment(experiment, artifact_location=embedded_artifact_root(uri))
+            if exp is None:  # a model-training experiment: the UI opens on its runs, not on a GenAI overview
+                exp_id = mlflow.create_experiment(experiment, artifact_location=embedded_artifact_root(uri),
+                                                  tags={EXPERIMENT_KIND: MODEL_TRAINING})
             else:
                 exp_id = exp.experiment_id
     except Exception as exc:  # noqa: BLE001

@@ -40,6 +40,9 @@ def _roundtrip(tiny_bert_dir, experiment):
 @pytest.mark.slow
 def test_embedded_store_roundtrip(embedded_tracking, tiny_bert_dir):
     _roundtrip(tiny_bert_dir, "embedded")
+    import mlflow  # #38.1: the experiment is a model-training one (the UI opens on its runs, not a GenAI overview)
+
+    assert mlflow.get_experiment_by_name("embedded").tags[tracking.EXPERIMENT_KIND] == "custom_model_development"
     assert (embedded_tracking / "mlruns" / "mlflow.db").is_file()
     assert any((embedded_tracking / "mlruns" / "artifacts").rglob("MLmodel"))
 

@@ -310,6 +310,7 @@ def publish(plan: SweepPlan, result: SweepResult, parent_id: str) -> dict:
                       base=result.base, champion=champion, registered=registered,
                       devs=seed_devs(result.rows, best, plan.job.group_out), report=report_dir / "summary.md",
                       summary_json=report_dir / "summary.json", job=plan.default_dir, gate=line)
+    mlflow.set_tag("mlflow.note.content", "\n\n".join(closing))  # the parent run's description in the UI
     return {"verdict": closing, "sweep": plan.name, "trials": len(result.rows), "best_trial": best["trial"], "best_params": best["params"],
             "best_dev": best["best_dev"], "base_dev": choice.base_dev, "beats_base": choice.beats_base,
             f"test_{test.headline}": test.headline_value, "registered": registered,

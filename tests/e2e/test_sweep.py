@@ -137,6 +137,7 @@ def test_tiny_sweep_registers_best_and_reports(ray_cluster, tiny_bert_dir, tmp_p
     assert '"sweep"' not in out  # the JSON is a file, not the console's end
     parent = mlflow.get_run(parent_id).data.metrics
     assert "base_dev" in parent and "base_test_sts_stsb_spearman_all" in parent
+    assert mlflow.get_run(parent_id).data.tags["mlflow.note.content"].startswith("verdict: sifter_simcse")  # its UI description
 
     # the registered model reproduces its logged STS-B test score
     from orchestrator.evaluation import sts
