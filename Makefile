@@ -33,7 +33,7 @@ test: install
 test-fast: install
 	$(PY) -m pytest -m "not slow and not services" $(PYTEST_ARGS)
 
-lint: install
+lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 clean:
