@@ -272,6 +272,7 @@ def publish(plan: ComparePlan, result: CompareResult, parent_id: str, out: str |
         gate += f" → registered {registered['name']} v{registered['version']} @{registered['alias']}"
     mlflow.log_artifacts(str(report_dir), "leaderboard")
     mlflow.log_metric("wall_s", result.wall_s)
+    mlflow.set_tag("mlflow.note.content", (f"{gate}\n\n" if gate else "") + md)  # the parent run's UI description
     if out:
         write_out(Path(out), plan, board, md, result.wall_s)
     return {"comparison": plan.name, "trials": len(result.rows),

@@ -92,7 +92,7 @@ def test_compare_killed_and_resumed_trains_and_tests_each_trial_once(ray_cluster
     exp = mlflow.get_experiment_by_name("sieve")
     parents = mlflow.search_runs([exp.experiment_id], filter_string="tags.`sieve.role` = 'compare'",
                                  output_format="list")
-    assert len(parents) == 1
+    assert len(parents) == 1 and "| **base (" in parents[0].data.tags["mlflow.note.content"]  # the UI description
     children = mlflow.search_runs([exp.experiment_id], filter_string="tags.`sieve.role` = 'trial'",
                                   output_format="list")
     assert sorted(c.data.tags["sieve.trial"] for c in children) == tests
