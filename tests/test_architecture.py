@@ -5,6 +5,7 @@ function bodies (they hide the graph, which is how a cycle survived before)."""
 from __future__ import annotations
 
 import ast
+import inspect
 import subprocess
 import sys
 from pathlib import Path
@@ -167,7 +168,11 @@ def test_every_registered_method_is_a_recipe_class():
         for hook in ("build", "loss", "dev", "prepare_data", "export", "evaluate", *(("evaluate_base",) if recipe.has_base else ())):
             if getattr(recipe, hook) is getattr(Recipe, hook):
                 bad.append(f"{name}: {hook} not written")
+        if inspect.isabstract(recipe):
+            bad.append(f"{name}: abstract ({', '.join(sorted(recipe.__abstractmethods__))})")
     assert bad == [] and len(METHODS) >= 6
+    half = type("Half", (METHODS["tsdae"],), {"loss": Recipe.loss})  # a hook left as the base's: cannot be built
+    assert inspect.isabstract(half) and half.__abstractmethods__ == {"loss"}
 
 
 PROBES = ("getattr", "hasattr")

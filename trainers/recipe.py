@@ -2,7 +2,8 @@
 
 A recipe is a class (torchtune's shape). Its *class attributes* say what the method is - its name, its
 config class, the dev metric settings are ranked by, the shard columns its workers read. Its *hooks* say
-how it trains; each has a default, so a recipe writes only what is its own:
+how it trains; the abstract ones (``build``, ``loss``, ``dev``, ``prepare_data``, ``export``, ``evaluate``) every
+recipe writes - a class missing one cannot be instantiated - and the rest have defaults:
 
 =====================  ========================================================================
 worker hooks           ``setup()`` (read once per worker, before the model), ``build()`` (the module
@@ -25,6 +26,7 @@ its configs, one line in the registry and its test (``docs/METHODS.md``).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -45,7 +47,7 @@ GLOBAL_BATCH = "the global batch (train.batch_size × scaling.num_workers)"
 SENTENCES = "the training sentences (train.max_steps × train.batch_size × scaling.num_workers)"
 
 
-class Recipe:
+class Recipe(ABC):
     # ------------------------------------------------------------ what the method is
     name: ClassVar[str]
     config_cls: ClassVar[type[MethodConfig]]
@@ -69,26 +71,27 @@ class Recipe:
         self.stepper: common.Stepper | None = None  # set by ``train_func`` once the optimiser exists
 
     def setup(self) -> None:
-        """What a worker reads once, before the model is built (vocabularies, dev rows)."""
+        """What a worker reads once, before the model is built (vocabularies, dev rows); nothing by default."""
+        return None
 
+    @abstractmethod
     def build(self) -> nn.Module:
         """The module to train, on the CPU (``train_func`` moves it)."""
-        raise NotImplementedError
 
     def optimizer_extras(self, module: nn.Module) -> dict:
         """Keyword arguments of :func:`trainers.common.make_stepper`: ``groups`` (AdamW param groups;
         default: decay all but biases and norms) and ``extra_modules`` / ``extra_optimizers``."""
         return {}
 
+    @abstractmethod
     def loss(self, model: nn.Module, batch: dict, state: dict) -> tuple[torch.Tensor, dict]:
         """(loss, logged floats) of one batch; ``model`` is the wrapped one (DDP or the ZeRO engine),
         ``state`` holds ``step`` and ``epoch``."""
-        raise NotImplementedError
 
+    @abstractmethod
     def dev(self, module: nn.Module) -> float | dict:
         """The dev score ``metric`` of the plain module (rank 0 only), or a dict that holds it and more;
         an empty dict when the run has no dev set."""
-        raise NotImplementedError
 
     @classmethod
     def train_func(cls, config: dict) -> list[dict]:
@@ -107,24 +110,26 @@ class Recipe:
 
     # ------------------------------------------------------------ on the driver
     @staticmethod
+    @abstractmethod
     def prepare_data(cfg: MethodConfig, progress: bool = True) -> str:
         """The method's training data as parquet shards + manifest.json (content-addressed): their folder."""
-        raise NotImplementedError
 
     @staticmethod
+    @abstractmethod
     def export(cfg: MethodConfig, checkpoint_dir: Path, out_dir: Path) -> Path:
         """A reported checkpoint → the model folder users load."""
-        raise NotImplementedError
 
     @staticmethod
+    @abstractmethod
     def evaluate(cfg: MethodConfig, model_dir, tasks: list[str] | None = None) -> TestReport:
         """The exported folder's test report."""
-        raise NotImplementedError
 
     @staticmethod
     def evaluate_base(cfg: MethodConfig) -> BaseResult:
-        """The untouched starting model on the dev metric and the test report (when ``has_base``)."""
-        raise NotImplementedError
+        """The untouched starting model on the dev metric and the test report. A recipe with ``has_base`` writes
+        it; one without (its baseline is a point of its own grid) has nothing to measure, and drivers never ask."""
+        raise TypeError("this recipe has no untouched base model of its own (has_base is False): its baseline is "
+                        "a point of its sweep grid (baseline_params)")
 
     @staticmethod
     def log_model(model_dir: str, name: str = "model") -> Any:
