@@ -2,7 +2,8 @@
 
 ``python jobs/x.py`` puts ``jobs/`` on ``sys.path``, not the repo root, and on a Ray cluster
 the project is a ``--working-dir`` copy rather than an installed package; so the repo root is
-put on the path here, and ``orchestrator`` imported: its ``__init__`` sets the environment defaults. ``run(main)`` turns a :class:`SieveError` into one line on stderr and
+put on the path here, and ``orchestrator`` imported: its ``__init__`` sets the environment defaults.
+``run(main)`` turns a :class:`SieveError` into one line on stderr and
 exit code 2, with no traceback.
 """
 

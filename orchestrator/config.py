@@ -353,8 +353,8 @@ class MethodConfig(StrictModel):
     @model_validator(mode="after")
     def _grad_cache_supported(self):
         if self.train.grad_cache is not None and not self.supports_grad_cache:
-            raise ValueError(f"train.grad_cache: {self.method} cannot cache gradients (only the in-batch contrastive "
-                             "recipes can: simcse, sifter_simcse)")
+            raise ValueError(f"train.grad_cache: {self.method} cannot cache gradients (only a recipe whose loss is "
+                             "in-batch contrastive can)")
         return self
 
     def model_sources(self) -> list[str]:

@@ -145,7 +145,6 @@ def _plots(out: Path, rows: list[dict], metric: str, label: str, base: BaseResul
     fig.savefig(out / "dev_by_setting.png", dpi=110)
 
     fig = Figure(figsize=(7, 4))
-
     ax = fig.subplots()
     for r in scored[:5]:
         steps = [h.get("step", i) for i, h in enumerate(r["history"])]

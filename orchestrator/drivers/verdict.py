@@ -64,6 +64,8 @@ def verdict(*, method: str, choice: Choice, metric_label: str, test: TestReport,
         lines.append(f"noise: the setting's dev over {len(devs)} seeds has sd {sd * 100:.2f}; its margin over the base "
                      f"({margin * 100:+.2f}) is {abs(margin) / sd:.1f} sd" if sd > 0 else
                      f"noise: the setting's {len(devs)} seeds gave the same dev score")
+    elif margin is None:
+        lines.append("noise: no base score to set a margin against")
     else:
         lines.append("noise: one seed per setting, so the margin's noise is not measured here; jobs/compare.py runs "
                      "paired seeds and gives its confidence interval")
