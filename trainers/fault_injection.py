@@ -17,6 +17,7 @@ def maybe_inject_failure(step: int) -> None:
     """
     if delay := os.environ.get("SIEVE_STEP_DELAY_S"):  # tests: keep a run going while they watch MLflow
         time.sleep(float(delay))
+    maybe_hold(step)
     at = os.environ.get("SIEVE_FAIL_AT_STEP")
     rank, size = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
     if not at or step != int(at) or rank != int(os.environ.get("SIEVE_FAIL_RANK", "1")) % size:
@@ -28,3 +29,21 @@ def maybe_inject_failure(step: int) -> None:
     # after a report may otherwise lose it, and the run would restart from the checkpoint before
     time.sleep(float(os.environ.get("SIEVE_FAIL_DELAY_S", "5")))
     os._exit(1)  # a hard crash, like a killed worker process
+
+
+def maybe_hold(step: int) -> None:
+    """Stop before ``SIEVE_HOLD_AT_STEP`` on the first attempt only, until killed (at most ``SIEVE_HOLD_S``).
+
+    The node-loss test kills a node while the trial waits here, after the previous step's checkpoint
+    is taken: a race against a step delay once let a busy machine kill the node after the last step.
+    The marker file ``SIEVE_HOLD_MARKER``, written by the first worker to arrive, lets the restarted
+    trial run through. The other workers wait in their next collective.
+    """
+    at = os.environ.get("SIEVE_HOLD_AT_STEP")
+    if not at or step != int(at):
+        return
+    marker = Path(os.environ.get("SIEVE_HOLD_MARKER", "/tmp/sieve-hold-marker"))
+    if marker.exists():
+        return
+    marker.write_text(str(step))
+    time.sleep(float(os.environ.get("SIEVE_HOLD_S", "300")))

@@ -14,6 +14,15 @@ import os
 import ray
 
 MIN_LOCAL_CPUS = 4
+# the test hooks of trainers/fault_injection.py (unset in real runs), passed on to every Ray worker of a job
+TEST_HOOKS = ("SIEVE_FAIL_", "SIEVE_HOLD_", "SIEVE_STEP_DELAY", "SIEVE_SKIP_RNG")
+
+
+def fault_hooks() -> dict[str, str]:
+    """The driver's test-hook variables: a Tune trial's actor is spawned by a raylet, not by the driver,
+    so without the job's runtime env it never sees them (a step delay set for the node-loss test never
+    reached its trial - the race it was meant to prevent stayed)."""
+    return {k: v for k, v in os.environ.items() if k.startswith(TEST_HOOKS)}
 
 
 def shutdown_ray() -> None:
@@ -27,6 +36,8 @@ def init_ray(*, num_cpus: int | None = None, quiet: bool = False) -> None:
     if ray.is_initialized():
         return
     kwargs = {"log_to_driver": not quiet}
+    if hooks := fault_hooks():
+        kwargs["runtime_env"] = {"env_vars": hooks}
     address = os.environ.get("RAY_ADDRESS")
     if address and address != "local":
         ray.init(**kwargs)

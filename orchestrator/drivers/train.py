@@ -11,7 +11,6 @@ checkpoint, export and the method's final test report.
 from __future__ import annotations
 
 import math
-import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +34,7 @@ from ray.train.torch import TorchConfig, TorchTrainer
 
 from orchestrator import storage, tracking
 from orchestrator.config import EncoderMethodConfig, MethodConfig, repo_path
+from orchestrator.drivers.cluster import fault_hooks
 from orchestrator.errors import ConfigError, DataError, SieveError
 from orchestrator.evaluation.encode import test_time_pooling
 from orchestrator.evaluation.suite import TestReport
@@ -139,8 +139,7 @@ def build_trainer(recipe: type[Recipe], cfg: MethodConfig, shards: str, *, name:
            "RAY_DATA_DISABLE_PROGRESS_BARS": "1"}  # the ingest's bars would drown Tune's table
     if not cfg.scaling.use_gpu:
         env["DS_ACCELERATOR"] = "cpu"
-    env.update({k: v for k, v in os.environ.items()
-                if k.startswith(("SIEVE_FAIL_", "SIEVE_STEP_DELAY", "SIEVE_SKIP_RNG"))})  # test hooks
+    env.update(fault_hooks())
     if mlflow_run is not None:
         env.update(SIEVE_MLFLOW_RUN_ID=mlflow_run[0], SIEVE_MLFLOW_TRACKING_URI=mlflow_run[1])
     select = recipe.selection_metric(cfg)  # None: the last checkpoint (kept: the most recent ones)

@@ -111,9 +111,10 @@ def test_sweep_spread_over_two_nodes_survives_losing_one_and_registers(ray_clust
     first = WorkerNode(head, tmp_path, "node-a")
     second = None
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    # slow steps down, so that the node dies mid-trial: at 1.5 s a step, a busy machine (the listing, the state
-    # API's actor list) once got the kill in after the trial's last step, and it ended with nothing to resume
-    env["SIEVE_STEP_DELAY_S"] = "3"
+    # the first attempt stops before step 3 (after step 2's checkpoint) until the node is killed: racing a step
+    # delay instead, a busy CI machine twice got the kill in after the trial's last step (nothing to resume)
+    hold = tmp_path / "held"
+    env.update(SIEVE_HOLD_AT_STEP="3", SIEVE_HOLD_MARKER=str(hold), SIEVE_HOLD_S="300")
     proc = subprocess.Popen([sys.executable, str(ROOT / "jobs" / "sifter_sweep.py"), "--config", "sweep.yaml",
                              "--name", "two-nodes", "--no-progress", "--storage", f"{s3_bucket}/runs"],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -141,7 +142,7 @@ def test_sweep_spread_over_two_nodes_survives_losing_one_and_registers(ray_clust
             return None
 
         deadline = time.monotonic() + 600
-        while registered() is None:  # the trial's first checkpoint (step 2) is registered: kill mid-trial
+        while not hold.exists() or registered() is None:  # held before step 3, step 2's checkpoint taken
             if proc.poll() is not None or time.monotonic() > deadline:
                 pytest.fail("no checkpoint before the job ended or timed out:\n" + proc.stdout.read()[-4000:])
             time.sleep(0.5)
@@ -152,7 +153,7 @@ def test_sweep_spread_over_two_nodes_survives_losing_one_and_registers(ray_clust
         first.kill()
         t_lost = time.monotonic()
         killed_after_step = registered()
-        assert killed_after_step < 6, "the node was killed after the trial's last checkpoint: nothing left to resume"
+        assert killed_after_step == 2, "the node was not killed between the trial's first and second checkpoints"
         while first.alive():  # the head notices (health checks) - the trial is cut
             assert time.monotonic() - t_lost < 120, "the head never noticed the lost node"
             time.sleep(0.5)
