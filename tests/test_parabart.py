@@ -604,3 +604,58 @@ def test_a_frozen_encoder_stays_bit_identical_for_n_steps_then_moves(tiny_bert_d
         assert any(not torch.equal(new0[n], p) for n, p in model.syn.named_parameters())  # the new parts learn
     with pytest.raises(ValueError, match="freeze_encoder_steps"):
         tiny(tiny_bert_dir, freeze_encoder_steps=2, deepspeed={"stage": 2})
+
+
+def test_a_prior_bias_starts_d_at_the_average_bags_loss(tiny_bert_dir):
+    """``discriminator_bias: prior``: D's bias is the log-odds of the batch's average bag, and with its weights at
+    zero D's loss is exactly the best constant guess's; PyTorch's default bias (the reference code) starts far
+    above it (σ ≈ 0.5 against shares near 1/n_tags)."""
+    from trainers.parabart_adversary import set_prior_bias
+
+    cfg, model, dis, batcher = setup(tiny_bert_dir)
+    bags = batcher(ROWS, train=False)["bags"]
+    u = torch.randn(2, model.hidden_size)
+    with torch.no_grad():
+        default = float(adv_loss(dis(u), bags))
+        set_prior_bias(dis, bags)
+        torch.nn.init.zeros_(dis.linear.weight)
+        assert float(adv_loss(dis(u), bags)) == pytest.approx(average_bag_loss(bags), rel=1e-5)
+    assert default > 1.5 * average_bag_loss(bags)  # 7 tags here; with the smoke data's ~70 the gap is larger
+
+
+def test_the_confusion_objective_is_bounded_and_lowest_when_d_predicts_the_average_bag(tiny_bert_dir):
+    """``adversary_objective``: ``reverse`` (the paper) adds −λ·L_adv, which grows without bound as D's logits
+    are pushed the wrong way; ``confusion`` adds λ·BCE(D(ū), average bag), never below its value at the average
+    bag, and pulls ū's gradient the other way from ``reverse`` where D already predicts each bag well."""
+    from trainers.parabart_adversary import encoder_adv_term
+
+    tags = Vocab(["(", "NP", "S"])
+    bags = bag_targets([json.dumps({"(": 2, "S": 1}), json.dumps({"NP": 3})], tags)
+    at_average = torch.logit(bags.mean(0)).expand(2, 3)
+    wrong = torch.full((2, 3), 20.0)  # every tag predicted near 1: D as wrong as it can be
+    assert float(encoder_adv_term(wrong, bags)) < -10  # reverse: the encoder's term falls without bound
+    floor = float(encoder_adv_term(at_average, bags, objective="confusion"))
+    for z in (wrong, torch.logit(bags), torch.randn(2, 3)):
+        assert float(encoder_adv_term(z, bags, objective="confusion")) >= floor - 1e-6
+    assert float(encoder_adv_term(wrong, bags, objective="confusion")) > floor + 5
+    exact = torch.logit(bags).clone().requires_grad_(True)  # D reads each sentence's bag exactly
+    encoder_adv_term(exact, bags, objective="confusion").backward()
+    toward_average = exact.grad.clone()
+    exact.grad = None
+    encoder_adv_term(exact, bags).backward()
+    assert torch.allclose(exact.grad, torch.zeros_like(exact.grad), atol=1e-7)  # reverse: zero gradient there
+    assert (toward_average.sign() == (torch.sigmoid(exact) - bags.mean(0)).detach().sign()).all()
+
+
+def test_the_reverse_objective_is_the_papers_loss_and_confusion_a_named_option(tiny_bert_dir):
+    cfg, model, dis, batcher = setup(tiny_bert_dir, lambda_adv=0.5)
+    b = batcher(ROWS, train=False)
+    model.eval()
+    torch.manual_seed(1)
+    loss, logs = main_loss(model, dis, b, cfg, adversary_on=True)
+    assert float(loss) == pytest.approx(logs["loss_para"] - 0.5 * logs["loss_adv"], rel=1e-6)
+    conf = tiny(tiny_bert_dir, lambda_adv=0.5, adversary_objective="confusion")
+    loss_c, logs_c = main_loss(model, dis, b, conf, adversary_on=True)
+    assert logs_c["loss_adv"] == pytest.approx(logs["loss_adv"]) and float(loss_c) > logs_c["loss_para"]
+    with pytest.raises(ValueError, match="adversary_objective"):
+        tiny(tiny_bert_dir, adversary_objective="gradient_reversal")

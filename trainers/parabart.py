@@ -29,7 +29,8 @@ E_sem, E_syn and the decoder on L_para − λ_adv·L_adv with the updated D - th
 make ū *useless* for predicting syntax. Before ``adversary_start_step`` (the reference code: the first
 epoch) the adversarial term is off and D is not trained (``discriminator_warmup: idle``, the reference)
 or is fitted on ū.detach() alone (``fit``: D is a real adversary when the term starts; ours, named in
-``docs/FIDELITY.md``). λ_adv = 0 is the "w/o adversarial loss" ablation (D is still trained, but nothing
+``docs/FIDELITY.md``). ``discriminator_bias: prior`` (ours) starts D at the best constant guess (the first
+batch's average bag); ``adversary_objective: confusion`` (ours) gives the encoder λ·BCE(D(ū), average bag). λ_adv = 0 is the "w/o adversarial loss" ablation (D is still trained, but nothing
 from it reaches the encoder). Learning rates as the paper: E_sem and D at ``train.lr`` (2e-5; D's own
 ``lr_discriminator`` if set), E_syn, the decoder and the output projection at ``lr_syntax_decoder``
 (1e-4); AdamW with weight decay 0.01 (none on biases and norms); gradients clipped at 1.0.
@@ -51,17 +52,16 @@ Backbones (``architecture``)
     builds BART from config in that BERT's shape, on its WordPiece vocabulary with its word and
     position embeddings copied. E_sem and the decoder read one word-embedding matrix.
 
-E_sem with mean pooling is exported as a folder that loads with ``SentenceTransformer`` (a BART
-encoder is saved in the BlenderbotSmall encoder's form, the same network, since ST would run
-BART's decoder; see ``orchestrator.export.standalone_encoder``); the whole model, its
+E_sem with mean pooling is exported as a folder that loads with ``SentenceTransformer`` (a BART encoder in
+the BlenderbotSmall encoder's form, the same network: ST would run BART's decoder); the whole model, its
 vocabularies and the backbone's config (for generation) are saved beside it.
 
 Args (config keys, see :class:`ParaBARTConfig`)
     architecture (auto), lambda_adv (0.1), adversary_start_step, discriminator (reference | softmax),
-    discriminator_warmup (idle | fit), lr_discriminator, freeze_encoder_steps (0), word_dropout (0.2),
-    train.lr (2e-5: E_sem, D), lr_syntax_decoder (1e-4), syntax_layers (1), syntax_heads, decoder_layers (1),
-    parse_max_length (160), model.max_length (40), syntax_guidance (true), tie_output (false),
-    selection (valid_para_loss | last | stsb_dev)
+    discriminator_warmup (idle | fit), lr_discriminator, discriminator_bias (default | prior), adversary_objective
+    (reverse | confusion), freeze_encoder_steps (0), word_dropout (0.2), train.lr (2e-5: E_sem, D), lr_syntax_decoder
+    (1e-4), syntax_layers (1), syntax_heads, decoder_layers (1), parse_max_length (160), model.max_length (40),
+    syntax_guidance (true), tie_output (false), selection (valid_para_loss | last | stsb_dev)
 
 Example
     python jobs/train.py --method parabart --preset smoke
@@ -101,6 +101,8 @@ from trainers.parabart_adversary import (  # noqa: F401  (the recipe's names, re
     bag_targets,
     discriminator,
     discriminator_optimizer,
+    encoder_adv_term,
+    set_prior_bias,
 )
 from trainers.recipe import Recipe
 
@@ -127,6 +129,10 @@ class ParaBARTConfig(EncoderMethodConfig):
         "idle", description="before adversary_start_step D is not trained (idle, the reference code) or fitted "
         "on the detached embedding (fit)")
     lr_discriminator: float | None = Field(None, gt=0, description="D's learning rate (None: train.lr, the paper's)")
+    adversary_objective: Literal["reverse", "confusion"] = Field("reverse", description="reverse: D's loss "
+                                                                  "maximised (the paper); confusion: see encoder_adv_term")
+    discriminator_bias: Literal["default", "prior"] = Field("default", description="D's starting bias: PyTorch's "
+                                                            "(the reference) or the first batch's average bag (prior)")
     freeze_encoder_steps: int = Field(0, ge=0, description="E_sem not updated for this many first steps")
     word_dropout: float = Field(0.2, ge=0, lt=1)
     lr_syntax_decoder: float = Field(1e-4, gt=0, description="E_syn, the decoder and the output projection")
@@ -153,9 +159,8 @@ class ParaBARTConfig(EncoderMethodConfig):
 
 # ---------------------------------------------------------------- model
 class ParaBART(nn.Module):
-    """E_sem + E_syn + decoder: what generates, and (E_sem) what embeds. The discriminator D is a
-    separate module (:func:`discriminator`): it is an adversary used in training only, and keeping
-    it outside lets the main model run under DDP / DeepSpeed ZeRO with one backward per step."""
+    """E_sem + E_syn + decoder: what generates, and (E_sem) what embeds. D (:func:`discriminator`), used in
+    training only, is a module of its own: the main model runs under DDP / ZeRO with one backward a step."""
 
     def __init__(self, encoder: nn.Module, decoder: nn.Module, syntax: Vocab, tags: Vocab, *,
                  syntax_layers: int = 1, syntax_heads: int = 6, parse_max_length: int = 160,
@@ -224,10 +229,9 @@ def build_model(cfg: ParaBARTConfig, syntax: Vocab, tags: Vocab, skeleton: str |
     * ``bart`` with a BERT folder: BART built from config in the BERT's shape (layers, width,
       heads), with its WordPiece vocabulary, word and position embeddings copied; the rest new.
 
-    E_sem and the decoder read one word-embedding matrix; the output projection is the decoder's own
-    (initialised from the pretrained embeddings) unless ``tie_output``. ``skeleton``: a folder with the backbone's ``config.json`` + tokenizer (saved by
-    :func:`export_model`): the same architecture with no weights loaded (a state dict follows).
-    """
+    E_sem and the decoder read one word-embedding matrix; the output projection is the decoder's own (from the
+    pretrained embeddings) unless ``tie_output``. ``skeleton``: a folder with the backbone's ``config.json`` +
+    tokenizer (:func:`export_model`'s): the same architecture, no weights loaded (a state dict follows)."""
     b = backbones.build(cfg.model.name_or_path, cfg.architecture, decoder_layers=cfg.decoder_layers,
                         skeleton=skeleton, tie_output=cfg.tie_output)
     model = ParaBART(b.encoder, b.decoder, syntax, tags, syntax_layers=cfg.syntax_layers,
@@ -302,12 +306,10 @@ class Batch:
 
 def main_loss(model: nn.Module, dis: Discriminator, b: dict, cfg: ParaBARTConfig, adversary_on: bool, opt_dis=None,
               fit_discriminator: bool | None = None):
-    """One ParaBART step's loss for the encoders and decoder: L_para − λ·L_adv once ``adversary_on``,
-    L_para alone before. D is updated first (given ``opt_dis``) when ``fit_discriminator`` (default:
-    ``adversary_on``), on ū.detach() - so before the adversary starts no gradient of L_adv reaches E_sem.
-
-    ``model``: the ParaBART module, or its DDP / DeepSpeed wrapper (one forward, one backward of
-    the main model per step; D's own step works on ū.detach())."""
+    """One step's loss for the encoders and decoder: L_para + λ·:func:`encoder_adv_term` (−L_adv, the paper's)
+    once ``adversary_on``, L_para alone before. D is updated first (given ``opt_dis``) when ``fit_discriminator``
+    (default: ``adversary_on``), on ū.detach() - so before the start no gradient of L_adv reaches E_sem.
+    ``model``: the ParaBART module or its DDP / DeepSpeed wrapper (one forward and one backward a step)."""
     logits, u = model(b["src_ids"], b["src_mask"], b["parse_ids"], b["parse_mask"], b["tgt_ids"], b["tgt_mask"])
     l_para = para_loss(logits, b["tgt_ids"], b["tgt_mask"])
     logs = {"loss_para": float(l_para.detach())}
@@ -315,9 +317,11 @@ def main_loss(model: nn.Module, dis: Discriminator, b: dict, cfg: ParaBARTConfig
         logs["loss_dis"] = adversary_step(dis, opt_dis, u, b["bags"])
     if not adversary_on:
         return l_para, {**logs, "loss": logs["loss_para"]}
-    l_adv = adv_loss(dis(u), b["bags"], dis.form)
-    loss = l_para - cfg.lambda_adv * l_adv
-    return loss, {**logs, "loss_adv": float(l_adv.detach()), "loss": float(loss.detach())}
+    logits_dis = dis(u)
+    term = encoder_adv_term(logits_dis, b["bags"], dis.form, cfg.adversary_objective)
+    loss = l_para + cfg.lambda_adv * term
+    l_adv = adv_loss(logits_dis.detach(), b["bags"], dis.form)
+    return loss, {**logs, "loss_adv": float(l_adv), "loss": float(loss.detach())}
 
 
 def dev_score(encoder, tokenizer, cfg: ParaBARTConfig) -> float:
@@ -331,9 +335,8 @@ def validation_loss(model: ParaBART, dis: Discriminator, batcher: Batch, rows: d
     """On the held-out pairs: the paraphrase loss L_para (``valid_loss_para``; ``neg_valid_loss_para`` is what
     the checkpoint choice maximises), D's loss beside the average bag's (``valid_loss_adv``,
     ``valid_loss_adv_average_bag``), the reference code's printed L_para − λ·L_adv (``valid_loss``, λ counted
-    once the adversary is on; information, never the selection), and ū's mean norm and mean pairwise
-    cosine (``u_norm_mean``, ``u_cosine_mean``: an encoder that wins against D by collapsing or
-    scaling ū shows here)."""
+    once the adversary is on; information, never the selection), ū's mean norm and mean pairwise cosine
+    (``u_norm_mean``, ``u_cosine_mean``: an encoder that beats D by collapsing or scaling ū shows here)."""
     if not rows or not len(rows.get("src", [])):
         return {}
     was = model.training
@@ -420,6 +423,8 @@ class ParaBARTRecipe(Recipe):
     def loss(self, model, batch, state):
         cfg, b = self.cfg, self.batcher(batch, train=True, device=self.device)
         self.adversary_on = state["step"] >= cfg.adversary_start_step
+        if state["step"] == 0 and cfg.discriminator_bias == "prior":  # a fresh run (a resumed one loads D)
+            set_prior_bias(self.dis, b["bags"])
         hold_encoder(self.stepper.optimizer, frozen=state["step"] < cfg.freeze_encoder_steps)
         return main_loss(model, self.dis, b, cfg, adversary_on=self.adversary_on, opt_dis=self.opt_dis,
                          fit_discriminator=self.adversary_on or cfg.discriminator_warmup == "fit")

@@ -65,6 +65,19 @@ def adv_loss(dis_logits: torch.Tensor, bags: torch.Tensor, form: str = "referenc
     return -(bags * F.log_softmax(dis_logits, dim=-1)).sum(-1).mean()
 
 
+def encoder_adv_term(dis_logits: torch.Tensor, bags: torch.Tensor, form: str = "reference",
+                     objective: str = "reverse") -> torch.Tensor:
+    """What the encoder adds to L_para, times λ_adv. ``reverse`` (the paper and its reference code): −L_adv,
+    D's own loss maximised - unbounded above, so an encoder can win by driving every ū to where D is most
+    wrong (the collapse of ``bench/results/parabart_smoke.md``). ``confusion`` (ours, Tzeng et al. 2015's
+    domain confusion): D's loss against the batch's average bag, minimised - bounded below, it is lowest when
+    D predicts the same bag for every sentence, i.e. when ū tells D nothing about a sentence's own syntax."""
+    if objective == "reverse":
+        return -adv_loss(dis_logits, bags, form)
+    average = bags.mean(0, keepdim=True).expand_as(bags)
+    return adv_loss(dis_logits, average, form)
+
+
 def average_bag_loss(bags: torch.Tensor, form: str = "reference") -> float:
     """The loss of the best constant guess - the average bag of ``bags`` - on ``bags``: a D whose loss is not
     below it has learnt nothing about a sentence's syntax from ū."""
@@ -72,6 +85,21 @@ def average_bag_loss(bags: torch.Tensor, form: str = "reference") -> float:
     if form == "reference":
         return float(F.binary_cross_entropy(mean.expand_as(bags), bags))
     return float(-(bags * mean.log()).sum(-1).mean())
+
+
+@torch.no_grad()
+def set_prior_bias(dis: Discriminator, bags: torch.Tensor) -> None:
+    """``discriminator_bias: prior``: D's bias set to the best constant guess for ``bags`` (the first training
+    batch, averaged over the workers) - per tag the log-odds of its mean share (``reference``), or its log
+    (``softmax``) - so D starts at the average bag's loss and learns only what ū tells about a sentence's
+    syntax. From PyTorch's default bias (near 0, σ ≈ 0.5 against shares near 1/n_tags) D first spends its
+    steps lowering the bias: at 1e-3 an Adam step moves it 1e-3, so 120 smoke steps never got there."""
+    mean = bags.float().mean(0)
+    if common.world_size() > 1:
+        torch.distributed.all_reduce(mean)
+        mean /= common.world_size()
+    mean = mean.clamp(1e-6, 1 - 1e-6)
+    dis.linear.bias.copy_((mean / (1 - mean)).log() if dis.form == "reference" else mean.log())
 
 
 def adversary_step(dis: Discriminator, opt_dis: torch.optim.Optimizer, u: torch.Tensor, bags: torch.Tensor) -> float:
