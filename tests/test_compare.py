@@ -173,3 +173,23 @@ def test_an_arm_read_a_weaker_way_is_set_against_the_strongest_base_too_and_gate
     same = lb.build([lb.ArmRuns("sifter", "sifter_simcse", "mean", runs(0.05, spread=0.002))], bases, reference=None,
                     headline=H)
     assert same["rows"][0]["vs_strongest_base"] is None and same["rows"][0]["gate"]
+
+
+def test_the_registered_winner_gets_sieves_card_beside_the_base_read_its_way_and_the_champion():
+    """#38.2: one card writer for every export - the comparison's winner too."""
+    from orchestrator.config import REPO_ROOT, load_config
+    from orchestrator.drivers.compare import winner_card
+    from orchestrator.drivers.registry import get_method
+
+    recipe = get_method("sifter_simcse")
+    cfg = load_config(recipe.config_cls, REPO_ROOT / "configs" / "sifter_simcse" / "smoke.yaml")
+    b = board(sifter=runs(0.02), simcse=runs(0.0))
+    r = row(b, "sifter")
+    rep = {"seed": 3, "test": runs(0.02)[3]["test"]}
+    card = winner_card(recipe, cfg, "cmp", b, r, rep, "sifter-simcse", champion={})
+    assert "comparison `cmp`, arm `sifter`, seed 3" in card and "Trained by Sieve's `sifter_simcse` recipe" in card
+    base, got = BASE["mean"]["test"][H] * 100, rep["test"][H] * 100
+    assert f"| {H} | {base:.2f} | {got:.2f} | {got - base:+.2f} | — |" in card and "No champion yet" in card
+    assert f"Dev: {r['dev_mean'] * 100:.2f} vs 80.00 for the base (default, mean)" in card
+    held = winner_card(recipe, cfg, "cmp", b, r, rep, "sifter-simcse", champion={"version": "2", f"test_{H}": "0.7"})
+    assert f"| {got - base:+.2f} | 70.00 |" in held and "champion v2" in held

@@ -250,6 +250,12 @@ def test_experiments_job_survives_a_cut_publish_and_resumes_once(ray_cluster, ti
     assert sorted(r.data.tags.get("sieve.trial", "parent") for r in runs) == ["all", "orig", "parent", "siamese-sentiment"]
     for name in ("siamese-sentiment", "siamese-all"):
         assert len(client.search_model_versions(f"name = '{name}'")) == 1
+        # #38.2: Sieve's one card, as the version's description (no front matter) and in the exported folder
+        desc = client.get_model_version(name, "1").description
+        assert "Trained by Sieve's `siamese` recipe" in desc and "| metric | base | candidate |" in desc
+        assert "No champion yet" in desc and not desc.startswith("---") and "language: en" not in desc
+    card = next((tmp_path / "outputs").rglob("siamese-sentiment/README.md")).read_text()
+    assert card.startswith("---") and "experiments `exp`, siamese-sentiment" in card and "Unknown" not in card
     assert (tmp_path / "outputs" / "reports" / "exp" / "results.md").is_file()
     with pytest.raises(ConfigError, match="no experiments 'nope'"):
         ex.run_experiments(cfg, "nope", out_root=tmp_path / "outputs", resume=True)

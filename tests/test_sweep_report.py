@@ -288,3 +288,23 @@ def test_the_closing_verdict_says_what_a_user_decides_on(tmp_path):
     alone = verdict(champion={}, **{**kw, "devs": devs[:1]})
     assert "no champion yet" in alone[1] and alone[3].startswith("noise: one seed per setting")
 
+
+
+def test_the_card_sets_the_scores_beside_the_base_and_the_champion_and_mlflow_gets_no_front_matter():
+    from orchestrator.drivers.publish import mlflow_description, scores_table
+
+    base = BaseResult(0.80, TestReport("t", {"sts_avg_spearman_all": 0.70, "sts_stsb_spearman_all": 0.75},
+                                       "sts_avg_spearman_all", "", {}), "base (m, mean)")
+    test = TestReport("t", {"sts_avg_spearman_all": 0.72, "sts_stsb_spearman_all": 0.74}, "sts_avg_spearman_all", "", {})
+    plain = scores_table(base, test)  # not registered (the train job): no champion column
+    assert "champion" not in plain and "| sts_avg_spearman_all | 70.00 | 72.00 | +2.00 |" in plain
+    held = scores_table(base, test, {"version": "3", "test_sts_avg_spearman_all": "0.715"})
+    lines = held.splitlines()
+    assert lines[0].endswith("| champion v3 |") and lines[1].count("---:") == 4
+    assert "| sts_avg_spearman_all | 70.00 | 72.00 | +2.00 | 71.50 |" in held
+    assert "| sts_stsb_spearman_all | 75.00 | 74.00 | -1.00 | — |" in held  # the champion has no such tag
+    none = scores_table(base, test, {})
+    assert none.splitlines()[0].endswith("| champion |") and "No champion yet" in none
+    card = "---\nlanguage: en\ntags: [sieve]\n---\n\n# sifter-simcse\n\ntext"
+    assert mlflow_description(card) == "# sifter-simcse\n\ntext"
+    assert mlflow_description("# plain\n---\nx") == "# plain\n---\nx"

@@ -78,7 +78,9 @@ from orchestrator.drivers.train import (
     worker_cores,
 )
 from orchestrator.evaluation.suite import TestReport
+from orchestrator.export import write_model_card
 from orchestrator.models import resolve_model_source, saved_pooling
+from orchestrator.spec import BaseResult
 from trainers.recipe import Recipe
 
 
@@ -302,13 +304,34 @@ def register(plan: ComparePlan, result: CompareResult, parent_id: str) -> dict |
         outcome = Outcome(checkpoint_at(rep["checkpoint_path"]), rep["best"], rep["history"])
         export_and_test(recipe, cfg, outcome, model_dir,  # tested in its trial: not measured again
                         tested=TestReport("test (measured in its trial)", rep["test"], rep["headline"], "", {}))
+        card = winner_card(recipe, cfg, plan.name, result.board, row, rep, reg_name,
+                           champion=tracking.alias_tags(reg_name, "champion"))
+        write_model_card(model_dir, card)
         info = recipe.log_model(model_dir, name="winner_model")
-        desc = (f"comparison {plan.name}: arm {row['arm']} (seed {rep['seed']}, the run nearest its arm's mean)\n\n"
-                f"{lb.gate_text(row, h)}\n\n{lb.markdown(result.board)}")
+        desc = (f"comparison {plan.name}: {lb.gate_text(row, h)}\n\n{pub.mlflow_description(card)}\n\n"
+                f"## The comparison\n\n{lb.markdown(result.board)}")
         version = tracking.register(info.model_uri, reg_name, alias=plan.job.registration.alias,
                                     description=desc[:5000], tags=tags)
     return {"name": reg_name, "version": version, "alias": plan.job.registration.alias, "arm": row["arm"],
             "seed": rep["seed"]}
+
+
+def winner_card(recipe: type[Recipe], cfg, name: str, board: dict, row: dict, rep: dict, reg_name: str,
+                champion: dict | None) -> str:
+    """Sieve's card (:func:`publish.model_card`) for the run of arm ``row`` registered from comparison ``name``:
+    its test figures beside the base read the arm's way (this comparison's measure) and the champion's."""
+    h = board["headline"]
+    b = board["bases"].get(row["pooling"])
+    base = BaseResult(b["dev"], TestReport(b["label"], b["test"], h, ""), b["label"]) if b else None
+    mean_dev = row.get("dev_mean")  # None: no run of the arm had a dev score (TSDAE's protocol)
+    scored = b is not None and mean_dev is not None and b.get("dev") is not None
+    return pub.model_card(
+        recipe=recipe, cfg=cfg, origin=f"comparison `{name}`, arm `{row['arm']}`, seed {rep['seed']} (the run "
+        "nearest its arm's mean)", params={"arm": row["arm"], "seed": rep["seed"]},
+        test=TestReport("test (measured in its trial)", rep["test"], h, ""), base=base,
+        choice=pub.Choice(rep, mean_dev if scored else math.nan, b["dev"] if scored else None,
+                          b["label"] if b else "", 0.0),
+        registered_name=reg_name, champion=champion)
 
 
 def write_out(md_path: Path, plan: ComparePlan, board: dict, md: str, wall_s: float) -> None:

@@ -43,6 +43,7 @@ from orchestrator.drivers.train import (
 )
 from orchestrator.errors import ConfigError
 from orchestrator.evaluation.suite import TestReport
+from orchestrator.export import write_model_card
 from orchestrator.spec import BaseResult
 from orchestrator.storage import atomic_dir
 
@@ -206,19 +207,29 @@ def _publish(cfg: ExperimentsConfig, name: str, exp_id: str, origs: dict, traine
         for (exp, mode), done in trained.items():
             label = _label(exp, mode)
             results.setdefault(mode, {}).update(_per_set(done["metrics"]))
+            reg_name = "siamese-all" if mode == "all" else f"siamese-{exp}"
+            choice = pub.Choice({"trial": label, "params": {}, "best_dev": done["best_dev"], "checkpoint_path": "-",
+                                 "stopped_early": False}, done["best_dev"], origs[exp].dev, origs[exp].label,
+                                cfg.candidate_margin)
+            card = ""
+            if mode != "naive":  # Sieve's card in the folder before it is logged, and as the version's description
+                test = TestReport("Δ cosine distance and same-class MAP", {**done["metrics"], "delta_mean": done["headline"]},
+                                  "delta_mean", "")
+                card = pub.model_card(recipe=recipe, cfg=recipe.config_cls.model_validate(done["config"]),
+                                      origin=f"experiments `{name}`, {label}", params={"experiment": exp, "mode": mode},
+                                      test=test, base=origs[exp], choice=choice, registered_name=reg_name,
+                                      champion=tracking.alias_tags(reg_name, "champion"))
+                write_model_card(done["model_dir"], card)
             model_uri = _child(exp_id, run.info.run_id, name, label, done["config"], _per_set(done["metrics"]),
                                history=done["history"], model_dir=done["model_dir"] if mode != "naive" else None)
             if mode == "naive":
                 continue
-            row = {"trial": label, "params": {}, "best_dev": done["best_dev"], "checkpoint_path": "-",
-                   "stopped_early": False}
-            choice = pub.Choice(row, done["best_dev"], origs[exp].dev, origs[exp].label, cfg.candidate_margin)
             test_names = sorted({k.rpartition("_")[0] for k in done["metrics"]})
             reg = pub.register(
-                model_uri, "siamese-all" if mode == "all" else f"siamese-{exp}", choice,
-                key=f"experiments:{name}:{label}",
+                model_uri, reg_name, choice, key=f"experiments:{name}:{label}",
                 description=f"{name} {label}: Δ cos distance {done['headline'] * 100:.2f} (×100) on "
-                            f"{', '.join(test_names)}; ORIG {origs[exp].test.headline_value * 100:.2f}",
+                            f"{', '.join(test_names)}; ORIG {origs[exp].test.headline_value * 100:.2f}\n\n"
+                            + pub.mlflow_description(card),
                 tags={"experiments": name, "test_metric": "delta_mean", "test_score": f"{done['headline']:.6f}",
                       "base_test_score": f"{origs[exp].test.headline_value:.6f}"})
             registered[reg["name"]] = reg["version"]

@@ -119,11 +119,42 @@ def gate_line(choice: Choice, metric_label: str, registered: dict) -> str:
             f"{ref} is registered with beats_base=false and does not become candidate")
 
 
+def scores_table(base: BaseResult | None, test, champion: dict | None = None) -> str:
+    """The card's table: each headline test metric of the base (this run), this model, this − base, and - when
+    ``champion`` was looked up (the tags of the version ``@champion`` held before this one, ``{}``: none) - the
+    champion's score from its ``test_<metric>`` tags (its own run's measure), or a note that there is none."""
+    if base is None:
+        return test.table
+    table = compare_table(base.test, test)
+    if champion is None:
+        return table
+    version = champion.get("version")
+    head, rule, *rows = table.split("\n")
+    col = f"champion v{version}" if version else "champion"
+    out = [f"{head} {col} |", f"{rule}---:|"]
+    for row in rows:
+        key = row.split("|")[1].strip()
+        value = champion.get(f"test_{key}")
+        out.append(f"{row} {float(value) * 100:.2f} |" if value is not None else f"{row} — |")
+    note = ("" if version else "\n\nNo champion yet: set the alias `champion` on a version (the UI's version list, "
+            "or `jobs/promote.py`) and the next card shows it here.")
+    return "\n".join(out) + note
+
+
+def mlflow_description(card: str) -> str:
+    """A card as the registry shows it: without the YAML front matter (Hugging Face's metadata, which MLflow
+    would print as text above the title)."""
+    if card.startswith("---\n") and (end := card.find("\n---\n", 4)) != -1:
+        return card[end + 5:].lstrip("\n")
+    return card
+
+
 def model_card(*, recipe, cfg, origin: str, params: dict, test, base: BaseResult | None, choice: Choice,
-               registered_name: str) -> str:
+               registered_name: str, champion: dict | None = None) -> str:
     """The exported folder's README.md and the registered version's description, for every job that exports
     (``origin``: "sweep `s`, trial `t`", "train run `r`"): base model, method and its settings, training data,
-    the scores beside the base model's (this run), licence."""
+    the scores beside the base model's (this run) and, for a registered version, the current champion's
+    (:func:`scores_table`), licence."""
     pooling, data = recipe.pooling(cfg), recipe.training_data(cfg)
     library = ["library_name: sentence-transformers"] if recipe.model_format == "sentence-transformers" else []
     lines = ["---", "language: en", *library, f"tags: [sieve, {recipe.name}]", "---", "",
@@ -139,7 +170,7 @@ def model_card(*, recipe, cfg, origin: str, params: dict, test, base: BaseResult
     if choice.base_dev is not None:
         lines += [f"Dev: {choice.best_dev * 100:.2f} vs {choice.base_dev * 100:.2f} for the {choice.base_label}"
                   f" - {'beats' if choice.beats_base else 'does not beat'} it.", ""]
-    lines += [compare_table(base.test, test) if base is not None else test.table, "",
+    lines += [scores_table(base, test, champion), "",
               "## Licence", "", "The base model's licence applies to these weights (the packaged all-MiniLM-L6-v2: "
               "Apache-2.0); the training and evaluation data keep theirs (`data/SOURCES.md`).", ""]
     return "\n".join(lines)

@@ -277,7 +277,7 @@ def publish(plan: SweepPlan, result: SweepResult, parent_id: str) -> dict:
     champion = tracking.alias_tags(reg_name, "champion")  # before this version: the one a person promoted
     card = pub.model_card(recipe=recipe, cfg=best_cfg, origin=f"sweep `{plan.name}`, trial `{best['trial']}`",
                           params=best["params"],
-                          test=test, base=result.base, choice=choice, registered_name=reg_name)
+                          test=test, base=result.base, choice=choice, registered_name=reg_name, champion=champion)
     write_model_card(result.model_dir, card)
     mlflow.log_text(card, "model_card.md")
     # each publish step is idempotent, so a resumed sweep finishes what a crash cut and repeats nothing
@@ -287,7 +287,7 @@ def publish(plan: SweepPlan, result: SweepResult, parent_id: str) -> dict:
         mlflow.set_tag("sieve.best_model_uri", model_uri)
     registered = pub.register(
         model_uri, reg_name, choice, key=f"sweep:{plan.name}",
-        description=f"sweep {plan.name}; config {chash}; best trial {best['trial']}\n\n{card}",
+        description=f"sweep {plan.name}; config {chash}; best trial {best['trial']}\n\n{pub.mlflow_description(card)}",
         tags={"sweep": plan.name, "config_hash": chash, "trial": best["trial"], "run_id": parent_id,
               recipe.metric: f"{best['best_dev']:.6f}",
               "test_metric": test.headline, "test_score": f"{test.headline_value:.6f}",  # what promote compares
