@@ -318,9 +318,10 @@ def write_results(out_dir: Path, name: str, cfg: ExperimentsConfig, results: dic
         ax = fig.subplots()
         x = np.arange(len(rows))
         width = 0.8 / max(1, len(models))
-        for i, m in enumerate(models):
-            ax.bar(x + i * width, [results[m].get(t, {}).get("delta", np.nan) * 100 for _, t in rows], width,
-                   label=m.upper())
+        for i, m in enumerate(models):  # ORIG, the untouched model, is the first bar of every group
+            bars = ax.bar(x + i * width, [results[m].get(t, {}).get("delta", np.nan) * 100 for _, t in rows], width,
+                          label=m.upper() + (" (untouched)" if m == "orig" else ""))
+            ax.bar_label(bars, fmt="%.2f", fontsize=6, padding=1)
         ax.set_xticks(x + width * (len(models) - 1) / 2, [f"{e}\n{t}" for e, t in rows], fontsize=8)
         ax.set_ylabel("Δ cosine distance ×100")
         ax.legend(fontsize=8)

@@ -200,16 +200,23 @@ def plot(board: dict, path) -> None:
     from matplotlib.figure import Figure
 
     rows = [r for r in board["rows"] if r["vs_base"] is not None]
-    fig = Figure(figsize=(7, 0.5 * len(rows) + 1.5))
+    fig = Figure(figsize=(7.5, 0.5 * len(rows) + 1.7))
     ax = fig.subplots()
     for i, r in enumerate(rows):
         d = r["vs_base"]
         finite = math.isfinite(d["low"]) and math.isfinite(d["high"])
         err = [[(d["mean"] - d["low"]) * 100], [(d["high"] - d["mean"]) * 100]] if finite else None
-        ax.barh(i, d["mean"] * 100, xerr=err, capsize=4,
-                color="tab:green" if r["gate"] else ("tab:gray" if d["verdict"] == "indistinguishable" else "tab:red"))
-    ax.set_yticks(range(len(rows)), [f"{r['arm']} ({r['pooling']})" for r in rows])
-    ax.axvline(0, color="black", linewidth=0.8)
+        bars = ax.barh(i, d["mean"] * 100, xerr=err, capsize=4,
+                       color="tab:green" if r["gate"] else ("tab:gray" if d["verdict"] == "indistinguishable"
+                                                            else "tab:red"))
+        ci = f" [{d['low'] * 100:+.2f}, {d['high'] * 100:+.2f}]" if finite else ""
+        ax.bar_label(bars, [f"{d['mean'] * 100:+.2f}{ci}"], fontsize=7, padding=6)
+    # the leaderboard's first arm (ranked on the headline) marked; the base is the line at 0
+    ax.set_yticks(range(len(rows)), [("★ " if r is board["rows"][0] else "") + f"{r['arm']} ({r['pooling']})"
+                                     for r in rows])
+    ax.axvline(0, color="black", linewidth=0.8, label="the untouched base")
+    ax.legend(fontsize=7, loc="lower right")
+    ax.margins(x=0.35)  # room for the labels
     ax.set_xlabel(f"Δ {board['headline']} vs the untouched base, ×100 ({board['confidence']:.0%} CI)")
     ax.invert_yaxis()
     fig.tight_layout()

@@ -131,16 +131,19 @@ def _plots(out: Path, rows: list[dict], metric: str, label: str, base: BaseResul
     scored = [r for r in rows if r["best_dev"] == r["best_dev"]]
     fig = Figure(figsize=(8, 0.5 + 0.45 * max(1, len(scored))))
     ax = fig.subplots()
-    ax.barh([params_label(r["params"]) or r["trial"] for r in scored][::-1],
-            [r["best_dev"] * 100 for r in scored][::-1], color="#4c72b0")
+    top = max(scored, key=lambda r: r["best_dev"]) if scored else None
+    bars = ax.barh([("★ " if r is top else "") + (params_label(r["params"]) or r["trial"]) for r in scored][::-1],
+                   [r["best_dev"] * 100 for r in scored][::-1],
+                   color=["#dd8452" if r is top else "#4c72b0" for r in scored][::-1])
+    ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=2)  # the values, readable without the axis
     if base is not None:
-        ax.axvline(base.dev * 100, color="#c44e52", linestyle="--", label=base.label)
+        ax.axvline(base.dev * 100, color="#c44e52", linestyle="--", label=f"{base.label}: {base.dev * 100:.2f}")
         ax.legend(fontsize=7)
     ax.set_xlabel(f"best {label} ×100")
     ax.set_title("Dev score per setting")
     if scored:
         values = [r["best_dev"] * 100 for r in scored] + ([base.dev * 100] if base else [])
-        ax.set_xlim(max(0, min(values) - 5), max(values) + 1)
+        ax.set_xlim(max(0, min(values) - 5), max(values) + 3)  # room for the value labels
     fig.tight_layout()
     fig.savefig(out / "dev_by_setting.png", dpi=110)
 
@@ -189,7 +192,8 @@ def _per_task(out: Path, test: TestReport, base: BaseResult | None, champion: di
     x = np.arange(len(keys))
     width = 0.8 / len(series)
     for i, (name, values) in enumerate(series.items()):
-        ax.bar(x + i * width, np.array(values) * 100, width, label=name)
+        bars = ax.bar(x + i * width, np.array(values) * 100, width, label=name)
+        ax.bar_label(bars, fmt="%.1f", fontsize=5, padding=1)
     ax.set_xticks(x + width * (len(series) - 1) / 2, [k.replace("sts_", "").replace("_spearman_all", "") for k in keys],
                   rotation=30, fontsize=7)
     ax.set_ylabel("×100")
