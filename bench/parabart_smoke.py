@@ -5,6 +5,9 @@ Run the sweep first (the ``seeds`` preset: 3 paired seeds of each variant), then
 
     python jobs/parabart_sweep.py --preset seeds --name parabart-seeds
     python bench/parabart_smoke.py --name parabart-seeds --preset seeds
+
+``--name`` again adds another sweep's trials (e.g. the ``seeds_confusion`` preset's variant over the same seeds);
+each sweep measured the untouched encoder itself, and the script refuses sweeps whose base figures differ.
 """
 
 from __future__ import annotations
@@ -92,16 +95,18 @@ def verdict(base: dict, trials: list[dict]) -> list[str]:
     def mean(v, k):
         return statistics.fmean(r[k] for r in trials if r["variant"] == v)
 
-    full, no_al = "ParaBART", "w/o adversarial loss"
-    if not any(r["variant"] == full for r in trials) or not any(r["variant"] == no_al for r in trials):
+    no_al = "w/o adversarial loss"
+    fulls = [v for v in dict.fromkeys(r["variant"] for r in trials) if v.startswith("ParaBART")]
+    if not fulls or not any(r["variant"] == no_al for r in trials):
         return []
-    gap = (mean(full, "sts_avg") - mean(no_al, "sts_avg")) * 100
-    top = (mean(full, "probe_top_const_acc") - mean(no_al, "probe_top_const_acc")) * 100
-    lines = ["## Verdict", "",
-             f"- ParaBART's mean STS avg is {gap:+.2f} points from \"w/o adversarial loss\" (target: within 1.0): "
-             f"**{'met' if abs(gap) <= 1.0 else 'not met'}**.",
-             f"- TopConst: ParaBART {top:+.2f} points against \"w/o adversarial loss\" (target: below it): "
-             f"**{'met' if top < 0 else 'not met'}**."]
+    lines = ["## Verdict", ""]
+    for full in fulls:
+        gap = (mean(full, "sts_avg") - mean(no_al, "sts_avg")) * 100
+        top = (mean(full, "probe_top_const_acc") - mean(no_al, "probe_top_const_acc")) * 100
+        lines += [f"- {full}'s mean STS avg is {gap:+.2f} points from \"w/o adversarial loss\" (target: within 1.0): "
+                  f"**{'met' if abs(gap) <= 1.0 else 'not met'}**.",
+                  f"- TopConst: {full} {top:+.2f} points against \"w/o adversarial loss\" (target: below it): "
+                  f"**{'met' if top < 0 else 'not met'}**."]
     for v in dict.fromkeys(r["variant"] for r in trials):
         d = paired_difference({r["seed"]: r["sts_avg"] for r in trials if r["variant"] == v}, base["sts_avg"])
         word = {"higher": "beats", "lower": "is below", "indistinguishable": "is indistinguishable from"}[d.verdict]
@@ -118,23 +123,41 @@ def base_folder(base: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--name", default="parabart-smoke")
+    ap.add_argument("--name", action="append", help="the sweep's name (again: another sweep's trials too)")
     ap.add_argument("--preset", default="seeds", help="the sweep preset the run used (for the command line printed)")
     ap.add_argument("--outputs", default=str(ROOT / "outputs"))
+    ap.add_argument("--reuse", action="store_true", help="take QQP and the probes of a model this file's last run "
+                    "measured (same sweep, same trial) from bench/results/parabart_smoke.json instead of again")
     args = ap.parse_args()
-    out = Path(args.outputs)
-    trials = json.loads((out / "reports" / args.name / "trials.json").read_text())
-    base = json.loads((out / "reports" / args.name / "base.json").read_text())  # measured by the sweep itself
+    cache: dict = {}
+    if args.reuse and (last := ROOT / "bench" / "results" / "parabart_smoke.json").is_file():
+        old = json.loads(last.read_text())
+        for sweep in old.get("sweeps", [old.get("sweep")]):
+            cache.update({(sweep, r.get("trial")): r for r in old["rows"]})
+
+    def extra(sweep: str | None, trial: str | None, folder: str) -> dict:
+        if (hit := cache.get((sweep, trial))) is not None:
+            return {k: v for k, v in hit.items() if k.startswith(("qqp_", "probe_"))}
+        return evaluate_extra(folder)
+
+    out, names = Path(args.outputs), args.name or ["parabart-smoke"]
+    trials = [{**t, "sweep": n} for n in names for t in json.loads((out / "reports" / n / "trials.json").read_text())]
+    bases = [json.loads((out / "reports" / n / "base.json").read_text()) for n in names]  # each sweep measured it
+    base = bases[0]
+    if any((b["dev"], b["test"]) != (base["dev"], base["test"]) for b in bases[1:]):
+        raise SystemExit(f"the sweeps {names} measured different untouched encoders: not read side by side")
     rows = [{"model": f"{base['label']}: untouched E_sem, this run", "dev_stsb_spearman": base["dev"],
              "sts": {t: base["test"][f"sts_{t}_pearson_all"] for t in TASKS}, "sts_avg": base["test"]["sts_avg_pearson_all"],
-             "sts_senteval": base["test"]["sts_senteval_avg_pearson"], **evaluate_extra(base_folder(base))}]
+             "sts_senteval": base["test"]["sts_senteval_avg_pearson"], **extra(names[0], None, base_folder(base))}]
     for i, t in enumerate(trials):
         if not t.get("test"):
             continue
-        folder = out / "models" / args.name if i == 0 else out / "models" / f"{args.name}-trials" / t["trial"]
+        first = i == 0 or trials[i - 1]["sweep"] != t["sweep"]  # a sweep's best trial is exported under its name
+        folder = out / "models" / t["sweep"] if first else out / "models" / f"{t['sweep']}-trials" / t["trial"]
         v = t["params"].get("variant", t["params"])
-        label = ("ParaBART" if v.get("lambda_adv") else "w/o adversarial loss" if v.get("syntax_guidance", True)
-                 else "w/o AL and SG")
+        confusion = v.get("adversary_objective") == "confusion"
+        label = (("ParaBART, confusion term" if confusion else "ParaBART") if v.get("lambda_adv")
+                 else "w/o adversarial loss" if v.get("syntax_guidance", True) else "w/o AL and SG")
         last = t["history"][-1] if t.get("history") else {}
         rows.append({"model": f"{label} (λ_adv={v.get('lambda_adv'):g}, syntax guidance {v.get('syntax_guidance', True)})",
                      "variant": label, "seed": t["params"].get("train.seed"),
@@ -144,14 +167,14 @@ def main() -> None:
                      "u_cosine_mean": last.get("u_cosine_mean"), "u_norm_mean": last.get("u_norm_mean"),
                      "sts": {k: t["test"][f"sts_{k}_pearson_all"] for k in TASKS},
                      "sts_avg": t["test"]["sts_avg_pearson_all"], "sts_senteval": t["test"]["sts_senteval_avg_pearson"],
-                     **evaluate_extra(str(folder))})
+                     **extra(t["sweep"], t["trial"], str(folder))})
         print(rows[-1])
-    md = [f"# ParaBART smoke (`{args.name}`): STS Pearson, QQP-Easy/Hard, probes (all ×100)", "",
-          f"Sweep: `python jobs/parabart_sweep.py --preset {args.preset} --name {args.name}` (120 steps, batch 16, "
+    md = [f"# ParaBART smoke (`{'`, `'.join(names)}`): STS Pearson, QQP-Easy/Hard, probes (all ×100)", "",
+          f"Sweep: `python jobs/parabart_sweep.py --preset {args.preset} --name {names[0]}` (120 steps, batch 16, "
           "bert2bert from MiniLM, the paper's learning rates, the checkpoint with the lowest paraphrase validation "
           "loss L_para; training pairs: the shipped mix of MRPC train, PAWS-X en dev, PIT-2015 dev and QQP duplicates "
           "disjoint from the QQP-Easy/Hard pool, both ways, shuffled: 17,710 directed pairs); then "
-          f"`python bench/parabart_smoke.py --name {args.name}`. Mean pooling everywhere. STS: Pearson ×100, SimCSE's "
+          f"`python bench/parabart_smoke.py {' '.join('--name ' + n for n in names)}{' --reuse' if args.reuse else ''}`. Mean pooling everywhere. STS: Pearson ×100, SimCSE's "
           "\"all\" per task; 'SentEval avg' = the paper's aggregation (Pearson averaged over each task's subsets, then "
           "tasks).", ""]
     md += summary(rows)
@@ -174,7 +197,7 @@ def main() -> None:
            "(`data/probes/bshift-ptb.tsv`); lower = less syntax in the embedding.",
            "", "Smoke scale (120 steps × 16 = 1,920 of the 17,710 pairs) says little about the method; the paper "
            "trains BART-base on 1M ParaNMT pairs for many epochs."]
-    write_results("parabart_smoke", {"sweep": args.name, "rows": rows}, "\n".join(md))
+    write_results("parabart_smoke", {"sweeps": names, "rows": rows}, "\n".join(md))
 
 
 if __name__ == "__main__":
