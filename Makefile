@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 INFRA_VENV ?= .venv-infra
 INFRA_STAMP := $(INFRA_VENV)/.installed-stamp
 
-.PHONY: install sweep test test-fast lint bench clean
+.PHONY: install browser sweep test test-fast lint bench clean
 
 # One pip command, as the stack notes say: installing in steps lets later packages
 # downgrade pyarrow / python-dateutil. torch stays pinned in pyproject.toml (CPU wheel).
@@ -21,7 +21,16 @@ $(INFRA_STAMP):
 	$(INFRA_VENV)/bin/pip install -q --disable-pip-version-check checkov==3.3.30
 	touch $(INFRA_STAMP)
 
-install: $(STAMP) $(INFRA_STAMP)
+# headless Chromium (Debian's package) for the test that reads the MLflow UI's version page; where apt cannot
+# install it, that check skips and says so
+browser:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+	      --no-install-recommends chromium >/dev/null 2>&1; }; }; } || \
+	  echo "chromium not installed: the MLflow UI check of tests/e2e/test_sweep.py will skip"
+
+install: $(STAMP) $(INFRA_STAMP) browser
 
 sweep: $(STAMP)  # the project alone: checkov's venv is for the infra tests
 	$(PY) jobs/sifter_sweep.py --preset smoke $(ARGS)

@@ -176,6 +176,19 @@ def test_tiny_sweep_registers_best_and_reports(ray_cluster, tiny_bert_dir, tmp_p
     assert (report / "dev_by_setting.png").stat().st_size > 1000
     assert (report / "learning_curves.png").stat().st_size > 1000
 
+    # #38.1, last (without Chromium it skips, after everything above passed): the version page as the MLflow UI
+    # renders it - the card's table rendered as a table (not "72.3773.46"), the base model named, a champion
+    # column (none yet here), no front matter shown as text
+    from browser import mlflow_ui, rendered_dom
+
+    with mlflow_ui(mlflow.get_tracking_uri(), tmp_path) as ui:
+        dom = rendered_dom(f"{ui}/#/models/sifter-simcse/versions/1")
+    page = dom[dom.index('data-testid="note-editor-preview-content"'):]
+    assert str(tiny_bert_dir) in page and "<th>champion</th>" in page and "No champion yet" in page
+    test_avg = float(mv.tags["test_sts_avg_spearman_all"]) * 100
+    assert re.search(rf"<td>sts_avg_spearman_all</td>\s*<td>[\d.]+</td>\s*<td>{test_avg:.2f}</td>", page), page[:3000]
+    assert "language: en" not in dom
+
 
 def test_ray_job_submit_runs_the_sweep(ray_cluster, tiny_bert_dir, tmp_path, store):
     """The README's cluster command, against the session's head node: `ray job submit --working-dir .`."""
