@@ -308,3 +308,27 @@ def test_the_card_sets_the_scores_beside_the_base_and_the_champion_and_mlflow_ge
     card = "---\nlanguage: en\ntags: [sieve]\n---\n\n# sifter-simcse\n\ntext"
     assert mlflow_description(card) == "# sifter-simcse\n\ntext"
     assert mlflow_description("# plain\n---\nx") == "# plain\n---\nx"
+
+
+def test_trial_runs_get_each_evaluation_once_whatever_the_outage_kept(embedded_tracking):
+    """#38.1: a trial's live points (logged while it trained) are not logged again at the end; the steps an outage
+    kept from the run are added once; a resumed publish adds nothing."""
+    import mlflow
+
+    from orchestrator import tracking
+    from orchestrator.drivers.publish import log_trials
+
+    exp_id = tracking.setup(None, "sieve")
+    with mlflow.start_run(experiment_id=exp_id) as parent:
+        child = tracking.create_child_run(exp_id, parent.info.run_id, "t0",
+                                          {"sieve.sweep": "s", "sieve.trial": "t0", "sieve.role": "trial"}, {},
+                                          mlflow.get_tracking_uri())
+        for key, value in (("m", 0.5), ("loss", 1.0)):  # step 2's evaluation logged live; step 4's lost to an outage
+            tracking.MlflowClient().log_metric(child, key, value, step=2)
+        row = {"trial": "t0", "params": {}, "best_dev": 0.6, "stopped_early": False, "test": {}, "error": None,
+               "history": [{"step": 2, "m": 0.5, "loss": 1.0}, {"step": 4, "m": 0.6, "loss": 0.8}]}
+        for _ in range(2):  # the publish, then a resumed one
+            log_trials(exp_id, parent.info.run_id, "s", [row], "m")
+    history = tracking.MlflowClient().get_metric_history(child, "m")
+    assert sorted((h.step, h.value) for h in history) == [(2, 0.5), (4, 0.6)]
+    assert sorted(h.step for h in tracking.MlflowClient().get_metric_history(child, "loss")) == [2, 4]

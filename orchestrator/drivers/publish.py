@@ -234,10 +234,11 @@ def log_trials(exp_id: str, parent_id: str, name: str, rows: list[dict], metric:
                                       mlflow.get_tracking_uri())
         else:
             run_id = run.info.run_id
-        if len(client.get_metric_history(run_id, metric)) < len(r["history"]):  # an outage ate live points
-            for h in r["history"]:
+        logged = {m.step for m in client.get_metric_history(run_id, metric)}  # live, while it trained
+        for h in r["history"]:  # only the evaluations an outage kept from the run: each step once
+            if (step := int(h.get("step", 0))) not in logged:
                 client.log_batch(run_id, metrics=[
-                    Metric(k, float(v), 0, int(h.get("step", 0))) for k, v in h.items()
+                    Metric(k, float(v), 0, step) for k, v in h.items()
                     if k not in TUNE_KEYS and isinstance(v, int | float) and math.isfinite(v)])
         final = {"best_" + metric: r["best_dev"], "evaluations": len(r["history"]),
                  "stopped_early": float(r["stopped_early"]), **{f"test_{k}": v for k, v in r.get("test", {}).items()}}
