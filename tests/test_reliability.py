@@ -489,3 +489,39 @@ def test_a_job_without_ray_address_starts_its_own_ray_beside_another_cluster(ray
                           env={**env, "RAY_ADDRESS": ray_cluster}, cwd=ROOT)
     assert told.returncode == 0, told.stderr[-2000:]
     assert told.stdout.strip().splitlines()[-1].rsplit(":", 1)[1] == port
+
+
+@pytest.mark.slow
+@pytest.mark.services
+def test_a_cluster_that_goes_away_mid_job_ends_it_with_one_line_naming_it(tmp_path):
+    """#38.3: a job joined to a cluster (RAY_ADDRESS) whose head is killed mid-job exits with code 2 and one line
+    naming the cluster's address, within seconds - it hung for 60 s in ``ray.get``, then Ray exited with code 1
+    and "Failed to connect to GCS"."""
+    import tempfile
+    import time
+
+    from conftest import BIN, free_port, stop_ray_processes
+
+    temp_dir, port = tempfile.mkdtemp(prefix="sieve-gone-", dir="/tmp"), free_port()  # short: socket paths
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_ADDRESS": f"127.0.0.1:{port}"}
+    try:
+        subprocess.run([str(BIN / "ray"), "start", "--head", f"--port={port}", "--num-cpus=1", f"--temp-dir={temp_dir}",
+                        "--include-dashboard=false", "--disable-usage-stats"], check=True, capture_output=True,
+                       timeout=120, env=env)
+        code = ("import time, ray; from orchestrator.drivers.cluster import init_ray; init_ray(quiet=True)\n"
+                "@ray.remote\ndef step():\n    time.sleep(0.2)\n"
+                "print('joined', flush=True)\nwhile True:\n    ray.get(step.remote())\n")
+        job = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+        assert job.stdout.readline().strip() == "joined", job.stderr.read()[-2000:]
+        time.sleep(2)  # mid-job: tasks running
+        stop_ray_processes(temp_dir, timeout_s=0, graceful=False)  # the head goes, as a lost machine
+        t_lost = time.monotonic()
+        _, err = job.communicate(timeout=90)
+        took = time.monotonic() - t_lost
+    finally:
+        stop_ray_processes(temp_dir, timeout_s=0, graceful=False)
+    assert job.returncode == 2, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: the Ray cluster at ") and f":{port} went away mid-job" in last, err[-3000:]
+    assert took < 30

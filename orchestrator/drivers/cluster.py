@@ -5,11 +5,17 @@
 * Otherwise start a private local Ray - never someone else's cluster that happens to run on the machine -
   with at least 4 logical CPUs: on a 2-core machine two 1-CPU actors would otherwise take every CPU and a
   Ray Data read task would never run (a silent hang seen here).
+* A cluster that goes away mid-job ends the job with one line naming its address (exit code 2): without it
+  the driver hangs in ``ray.get`` for 60 s and Ray then exits with "Failed to connect to GCS".
 """
 
 from __future__ import annotations
 
 import os
+import socket
+import sys
+import threading
+import time
 
 import ray
 
@@ -25,10 +31,42 @@ def fault_hooks() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith(TEST_HOOKS)}
 
 
+_WATCH_STOP = threading.Event()  # set by shutdown_ray: a cluster we stop ourselves has not gone away
+
+
 def shutdown_ray() -> None:
     """Disconnect before a job prints its results, so that late worker log lines cannot follow them."""
+    _WATCH_STOP.set()
     if ray.is_initialized():
         ray.shutdown()
+
+
+def watch_cluster(gcs_address: str, *, every_s: float = 2.0, grace_s: float = 10.0) -> threading.Thread:
+    """A daemon thread that ends the process with one line (exit code 2) once the cluster's GCS at
+    ``gcs_address`` has refused connections for ``grace_s``; it stops quietly after :func:`shutdown_ray` or
+    when Ray is no longer initialised. A TCP connect: a busy GCS still accepts, a dead one refuses at once."""
+    host, port = gcs_address.rsplit(":", 1)
+
+    def watch() -> None:
+        lost_since = None
+        while not _WATCH_STOP.wait(every_s):
+            if not ray.is_initialized():
+                return
+            try:
+                socket.create_connection((host, int(port)), timeout=every_s).close()
+                lost_since = None
+            except OSError:
+                lost_since = lost_since or time.monotonic()
+                if time.monotonic() - lost_since >= grace_s and not _WATCH_STOP.is_set():
+                    print(f"error: the Ray cluster at {gcs_address} went away mid-job (its GCS refused connections "
+                          f"for {grace_s:.0f} s); the job stops here - a sweep, comparison or experiments job "
+                          "continues from its storage with --resume", file=sys.stderr, flush=True)
+                    os._exit(2)
+
+    _WATCH_STOP.clear()
+    thread = threading.Thread(target=watch, name="sieve-cluster-watch", daemon=True)
+    thread.start()
+    return thread
 
 
 def init_ray(*, num_cpus: int | None = None, quiet: bool = False) -> None:
@@ -41,10 +79,10 @@ def init_ray(*, num_cpus: int | None = None, quiet: bool = False) -> None:
     address = os.environ.get("RAY_ADDRESS")
     if address and address != "local":
         ray.init(**kwargs)
-        return
-    # a new private local cluster (address="local": even when another one runs on this machine)
-    cpus = num_cpus or max(MIN_LOCAL_CPUS, os.cpu_count() or 1)
-    ray.init(address="local", num_cpus=cpus, include_dashboard=True, dashboard_host="127.0.0.1", **kwargs)
+    else:  # a new private local cluster (address="local": even when another one runs on this machine)
+        cpus = num_cpus or max(MIN_LOCAL_CPUS, os.cpu_count() or 1)
+        ray.init(address="local", num_cpus=cpus, include_dashboard=True, dashboard_host="127.0.0.1", **kwargs)
+    watch_cluster(ray.get_runtime_context().gcs_address)
 
 
 def concurrent_trials(cfg, requested: int | None, streams: bool = True) -> int:
