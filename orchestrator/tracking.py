@@ -180,10 +180,27 @@ def setup(tracking_uri: str | None = None, experiment: str = "sieve", *, check: 
                                                   tags={EXPERIMENT_KIND: MODEL_TRAINING})
             else:
                 exp_id = exp.experiment_id
+                if (note := moved_store_note(uri, exp.artifact_location)) is not None:
+                    print(note, file=sys.stderr, flush=True)
     except Exception as exc:  # noqa: BLE001
         raise TrackingError(f"MLflow tracking server {uri}: cannot use experiment {experiment!r} ({exc})") from None
     mlflow.set_experiment(experiment_id=exp_id)
     return exp_id
+
+
+def moved_store_note(tracking_uri: str, artifact_location: str) -> str | None:
+    """One line when an embedded store was moved (copied to another folder or machine): MLflow records artifact
+    locations as absolute paths (it resolves relative ones on creation), so the experiment's runs - old and new -
+    still read and write artifacts at the old place. None where nothing moved, or for a server."""
+    here = embedded_artifact_root(tracking_uri)
+    if here is None or not artifact_location.startswith("file://"):
+        return None
+    store = Path(tracking_uri[len("sqlite:///"):]).parent.resolve()
+    if Path(urllib.parse.urlparse(artifact_location).path).is_relative_to(store):
+        return None
+    return (f"warning: the embedded MLflow store {tracking_uri} was moved: its experiment's artifacts are at "
+            f"{artifact_location}, not under {store} (MLflow keeps absolute artifact paths); copy them there, or "
+            "start a new store (another working directory) for new runs")
 
 
 def secret_values() -> set[str]:

@@ -124,3 +124,29 @@ def test_jobs_started_at_once_share_a_fresh_embedded_store(tmp_path):
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0] * 4, [e[-800:] for _, e in outs]
     assert len({o.strip().splitlines()[-1] for o, _ in outs}) == 1  # one experiment
+
+
+def test_a_moved_embedded_store_says_where_its_artifacts_still_are(tmp_path, monkeypatch, capsys):
+    """#38.8: MLflow keeps absolute artifact paths (relative ones are resolved when the experiment is made), so an
+    embedded store copied elsewhere still points at the old folder: the next job says so in one line; an unmoved
+    store says nothing."""
+    import shutil
+    import subprocess
+    import sys
+
+    from orchestrator import tracking
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    first = tmp_path / "first"
+    first.mkdir()
+    for _ in range(2):  # a job makes the store (a process of its own: the file is complete when it ends), one reuses it
+        done = subprocess.run([sys.executable, "-c", "from orchestrator import tracking; tracking.setup(None, 'sieve')"],
+                              cwd=first, capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+        assert done.returncode == 0 and "warning" not in done.stderr, done.stderr[-2000:]
+    shutil.copytree(first, tmp_path / "second")
+    monkeypatch.chdir(tmp_path / "second")
+    tracking.setup(None, "sieve")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "was moved" in err[0] and str(first / "mlruns" / "artifacts") in err[0], err
+    assert str((tmp_path / "second" / "mlruns").resolve()) in err[0]
