@@ -25,8 +25,8 @@ $(INFRA_STAMP):
 # install it, that check skips and says so
 browser:
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
-	  { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 || \
-	    { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+	  { DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 || \
+	    { timeout 300 apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -q \
 	      --no-install-recommends chromium >/dev/null 2>&1; }; }; } || \
 	  echo "chromium not installed: the MLflow UI check of tests/e2e/test_sweep.py will skip"
 
