@@ -4,6 +4,7 @@ comparable. The job end to end (Ray, MLflow, a driver killed and resumed): tests
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -193,3 +194,23 @@ def test_the_registered_winner_gets_sieves_card_beside_the_base_read_its_way_and
     assert f"Dev: {r['dev_mean'] * 100:.2f} vs 80.00 for the base (default, mean)" in card
     held = winner_card(recipe, cfg, "cmp", b, r, rep, "sifter-simcse", champion={"version": "2", f"test_{H}": "0.7"})
     assert f"| {got - base:+.2f} | 70.00 |" in held and "champion v2" in held
+
+
+def test_an_arm_without_a_dev_score_shows_none_not_its_last_step():
+    """TSDAE's protocol has no dev set: its runs keep their last checkpoint and their row's ``best_dev`` is that
+    step (100) - the leaderboard showed "dev ×100: 10000.00". It shows "–" now; an arm with a dev keeps it."""
+    from types import SimpleNamespace
+
+    from orchestrator.config import REPO_ROOT, load_config
+    from orchestrator.drivers.compare import leaderboard
+    from orchestrator.drivers.registry import get_method
+
+    arms = {m: (get_method(m), load_config(get_method(m).config_cls, REPO_ROOT / "configs" / m / "smoke.yaml"))
+            for m in ("tsdae", "simcse")}
+    job = SimpleNamespace(headline=H, reference="tsdae", confidence=0.95, interval="t")
+    rows = [{"arm": arm, "seed": s, "test": {H: 0.7 + 0.01 * s}, "best_dev": dev, "history": [{"loss": 1.0}]}
+            for arm, dev in (("tsdae", 100), ("simcse", 0.85)) for s in (1, 2)]
+    b = leaderboard(SimpleNamespace(arms=arms, job=job), rows, BASE)
+    assert math.isnan(row(b, "tsdae")["dev_mean"]) and row(b, "simcse")["dev_mean"] == pytest.approx(0.85)
+    line = next(ln for ln in lb.markdown(b).splitlines() if ln.startswith("| tsdae") or ln.startswith("| **tsdae"))
+    assert "10000" not in line and "| – |" in line

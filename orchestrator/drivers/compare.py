@@ -241,7 +241,8 @@ def leaderboard(plan: ComparePlan, rows: list[dict], bases: dict[str, dict]) -> 
         if not r["test"]:
             continue
         losses = [h["loss"] for h in r["history"] if isinstance(h.get("loss"), int | float)]
-        arms[r["arm"]].runs[r["seed"]] = {"test": r["test"], "dev": r["best_dev"],
+        recipe, cfg = plan.arms[r["arm"]]  # without a dev score best_dev is the last step (arm_row): no dev shown
+        arms[r["arm"]].runs[r["seed"]] = {"test": r["test"], "dev": r["best_dev"] if recipe.has_dev(cfg) else None,
                                           "loss_first": losses[0] if losses else None,
                                           "loss_last": losses[-1] if losses else None}
     headline = plan.job.headline or next((r["headline"] for r in rows if r.get("headline")), "sts_avg_spearman_all")
