@@ -205,8 +205,10 @@ def test_an_arm_without_a_dev_score_shows_none_not_its_last_step():
     from orchestrator.drivers.compare import leaderboard
     from orchestrator.drivers.registry import get_method
 
-    arms = {m: (get_method(m), load_config(get_method(m).config_cls, REPO_ROOT / "configs" / m / "smoke.yaml"))
-            for m in ("tsdae", "simcse")}
+    def arm(method: str):
+        return get_method(method), load_config(get_method(method).config_cls, REPO_ROOT / "configs" / method / "smoke.yaml")
+
+    arms = {"tsdae": arm("tsdae"), "simcse": arm("simcse")}  # one recipe without a dev score, one with
     job = SimpleNamespace(headline=H, reference="tsdae", confidence=0.95, interval="t")
     rows = [{"arm": arm, "seed": s, "test": {H: 0.7 + 0.01 * s}, "best_dev": dev, "history": [{"loss": 1.0}]}
             for arm, dev in (("tsdae", 100), ("simcse", 0.85)) for s in (1, 2)]
