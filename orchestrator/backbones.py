@@ -31,7 +31,7 @@ from transformers import (
 )
 
 from orchestrator.errors import ConfigError
-from orchestrator.models import load_encoder, quiet_transformers, resolve_model_source
+from orchestrator.models import load_encoder, loading, quiet_transformers, resolve_model_source
 
 
 @dataclass
@@ -51,8 +51,9 @@ def causal_decoder(source: str | Path, *, layers: int | None = None, weights: bo
         conf.num_hidden_layers = layers
     if not weights:
         return AutoModelForCausalLM.from_config(conf), set()
-    decoder, info = AutoModelForCausalLM.from_pretrained(source, config=conf, local_files_only=True,
-                                                         output_loading_info=True)
+    with loading():
+        decoder, info = AutoModelForCausalLM.from_pretrained(source, config=conf, local_files_only=True,
+                                                             output_loading_info=True)
     return decoder, set(info["missing_keys"])
 
 
@@ -84,7 +85,8 @@ def bart(name: str, source: Path, conf, *, decoder_layers: int, weights: bool = 
     """A BART folder (encoder + first decoder layers), or BART from config on a BERT folder's vocabulary."""
     quiet_transformers()
     if conf.model_type == "bart":  # pretrained BART: encoder + the first decoder layers
-        model = BartModel.from_pretrained(source, local_files_only=True) if weights else BartModel(conf)
+        with loading():
+            model = BartModel.from_pretrained(source, local_files_only=True) if weights else BartModel(conf)
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
         if decoder_layers > model.config.decoder_layers:
             raise ConfigError(f"decoder_layers {decoder_layers}: {name!r} has only "

@@ -12,6 +12,7 @@ from pathlib import Path
 from transformers import BlenderbotSmallConfig
 from transformers.models.blenderbot_small.modeling_blenderbot_small import BlenderbotSmallEncoder
 
+from orchestrator.models import loading
 from orchestrator.storage import atomic_dir
 
 # ST's CLS pooling is the raw [CLS] state: what `cls` (MLP in training only) and `cls_before_pooler` use at test
@@ -55,7 +56,8 @@ def export_encoder(model, tokenizer, out: str | Path, *, pooling: str, max_seq_l
     with atomic_dir(out) as tmp, tempfile.TemporaryDirectory() as hf:
         model.save_pretrained(hf)
         tokenizer.save_pretrained(hf)
-        word = Transformer(hf, max_seq_length=max_seq_length)
+        with loading():
+            word = Transformer(hf, max_seq_length=max_seq_length)
         if getattr(model, "pooler", "n/a") is None and getattr(word.auto_model, "pooler", None) is not None:
             # the trained encoder has no pooler (the trainers drop it); loading it made a random one -
             # not saved, so that `cls` pooling (which reads the pooler) is refused instead of random

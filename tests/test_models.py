@@ -79,3 +79,39 @@ def test_the_s3_model_cache_follows_its_source(s3_bucket, tiny_bert_dir, tmp_pat
     evil = f"{s3_bucket}/models"
     with pytest.raises(StorageError, match="would leave its folder"):
         storage.get_dir(evil, tmp_path / "dest")
+
+
+def test_models_loaded_on_several_threads_at_once_keep_their_weights_tied(tiny_bert_dir):
+    """transformers' from_pretrained swaps ``PreTrainedModel.tie_weights`` for a no-op while it loads and puts
+    back what it found: unguarded loads on several threads leave the no-op behind (shown first, then undone), and
+    a TSDAE decoder loaded after that kept its LM-head bias on the meta device (CI at f15001a). Our loaders hold
+    one lock: the same threads leave tying intact, and the decoder's tied bias is a real, shared tensor."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from transformers import AutoModel, PreTrainedModel
+
+    from orchestrator.backbones import causal_decoder
+    from orchestrator.models import loading
+
+    tie = PreTrainedModel.tie_weights
+
+    def many(load):
+        with ThreadPoolExecutor(6) as pool:
+            list(pool.map(lambda _: [load() for _ in range(3)], range(6)))
+
+    try:
+        for _ in range(5):  # the race this lock exists for (six threads: seen at the first try in 8 runs of 8)
+            many(lambda: AutoModel.from_pretrained(tiny_bert_dir, local_files_only=True))
+            if PreTrainedModel.tie_weights is not tie:
+                break
+        assert PreTrainedModel.tie_weights is not tie
+        with pytest.raises(RuntimeError, match="tie_weights is still replaced"):
+            load_encoder(str(tiny_bert_dir))
+    finally:
+        PreTrainedModel.tie_weights = tie
+    many(lambda: (load_encoder(str(tiny_bert_dir)), causal_decoder(tiny_bert_dir)))
+    assert PreTrainedModel.tie_weights is tie
+    with loading():  # re-entrant: a loader called inside another's lock does not deadlock
+        decoder, _ = causal_decoder(tiny_bert_dir)
+    head = decoder.get_output_embeddings()
+    assert not head.bias.is_meta and head.bias is decoder.cls.predictions.bias
