@@ -9,10 +9,8 @@ Trainers talk to Ray only through ``ray.train.report`` / ``get_checkpoint`` /
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
-import tempfile
 import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -25,7 +23,6 @@ import torch.distributed as dist
 import torch.distributed.nn.functional as dist_nn
 from transformers import get_scheduler
 
-from orchestrator import tracking
 from trainers.checkpoint import (  # noqa: F401 - recipes read load_module_state here
     EXTRA_STATE,
     deepspeed_reads_weights_only,
@@ -34,7 +31,6 @@ from trainers.checkpoint import (  # noqa: F401 - recipes read load_module_state
     rng_state,
     set_rng_state,
 )
-from trainers.fault_injection import maybe_inject_failure
 from trainers.grad_cache import CachedLoss
 from trainers.ingest import Ingest
 
@@ -72,15 +68,15 @@ def average_gradients(params) -> None:
             p.grad /= n
 
 
-_WORKER_START: list[float] = []  # when this worker process's train function began (perf_counter)
+WORKER_START: list[float] = []  # when this worker process's train function began (perf_counter)
 
 
 def setup_worker(cfg) -> Ingest:
     """Start of every method's train function: this worker's shard starts reading ahead (while the
     model loads), torch gets as many threads as the worker has CPUs on CPU, and every RNG is seeded
     (rank-offset, so dropout masks differ between workers). Returns the shard's batches for
-    :func:`train_loop`."""
-    _WORKER_START[:] = [time.perf_counter()]
+    the loop (``trainers/loop.py``)."""
+    WORKER_START[:] = [time.perf_counter()]
     ingest = Ingest(cfg.train.batch_size, epochs=cfg.train.epochs, depth=cfg.perf.ingest_prefetch)
     if not torch.cuda.is_available():
         torch.set_num_threads(max(1, int(cfg.scaling.cpus_per_worker)))
@@ -306,90 +302,6 @@ def make_stepper(module: torch.nn.Module, cfg, rows_per_worker: int, groups: lis
                    deepspeed_cfg=cfg.deepspeed, **extras)
 
 
-def train_loop(cfg, stepper: Stepper, *, rows_per_worker: int, loss_fn, dev_fn, build_plain, metric: str,
-               batches) -> list[dict]:
-    """Train ``cfg.train`` steps/epochs: resume, step, evaluate every ``eval_steps``, report + checkpoint.
-
-    ``loss_fn(batch, state) -> (loss, logs)``: the method's loss on one batch (``state`` has
-    ``step`` and ``epoch``, e.g. to seed per-epoch noise). ``dev_fn(module)``: the dev score
-    ``metric`` (a float), or a dict of dev metrics that includes ``metric`` - run on rank 0 only,
-    higher is better. ``build_plain()``: a fresh module for ZeRO-3
-    evaluation. ``batches(epoch)``: an iterator of batches (the :class:`Ingest` that
-    :func:`setup_worker` returned). Returns every evaluation's metrics; the list travels in the checkpoint
-    state, so it survives a restart.
-    """
-    steps_per_epoch = max(1, rows_per_worker // cfg.train.batch_size)
-    total_steps = cfg.train.planned_steps(rows_per_worker)
-    state = {"step": 0, "epoch": 0, "best_dev": -math.inf, "restarts": 0, "history": []}
-    with resumed_checkpoint() as ckpt_dir:
-        if ckpt_dir is not None:
-            state = stepper.load(ckpt_dir)
-            state["restarts"] = state.get("restarts", 0) + 1
-    live = live_run() if rank() == 0 else None  # the MLflow run the driver made for this training, if any
-
-    def evaluate_and_report(logs: dict) -> None:
-        with stepper.eval_module(build_plain) as evaluated, eval_threads(cfg):
-            dev = dev_fn(evaluated) if rank() == 0 else {metric: float("nan")}
-        dev = {k: float(v) for k, v in dev.items()} if isinstance(dev, dict) else {metric: float(dev)}
-        stepper.module.train()
-        if rank() == 0 and metric in dev:  # a method may train without any dev score (TSDAE's protocol)
-            state["best_dev"] = max(state["best_dev"], dev[metric])
-        metrics = {**logs, "step": state["step"], "epoch": state["epoch"], **dev,
-                   f"best_{metric}": state["best_dev"], "restarts": state["restarts"]}
-        if live is not None:
-            live.log({k: v for k, v in metrics.items() if k not in ("step", "epoch")}, state["step"])
-        state["history"].append(metrics)
-        report(metrics, stepper, dict(state))
-
-    stepper.module.train()
-    t_start, logs = time.perf_counter(), {}
-    # before the loop: the model built, the checkpoint resumed (since the train function began)
-    setup_s = t_start - _WORKER_START[0] if _WORKER_START else 0.0
-    t_window, window_start = time.perf_counter(), state["step"]
-    # where the worker's time goes (s, with every report): the next batch (ingest), the loss (tokenize + forward),
-    # backward + step (DDP's all-reduce), evaluation + report + checkpoint; bench/train_throughput.py uses them
-    spent = dict.fromkeys(("time_ingest_s", "time_forward_s", "time_backward_step_s", "time_eval_report_s"), 0.0)
-    skip = state["step"] - state["epoch"] * steps_per_epoch  # batches of this epoch trained before a restart
-    while state["step"] < total_steps and state["epoch"] < cfg.train.epochs:
-        t_wait = time.perf_counter()
-        for batch in batches(state["epoch"]):
-            t0 = time.perf_counter()
-            spent["time_ingest_s"] += t0 - t_wait
-            spent.setdefault("time_ingest_first_s", t0 - t_wait)  # of which: the first batch (the ingest's start-up)
-            if skip > 0:
-                skip, t_wait = skip - 1, time.perf_counter()
-                continue
-            maybe_inject_failure(state["step"] + 1)
-            with autocast(cfg):
-                loss, logs = loss_fn(batch, state)
-            t1 = time.perf_counter()
-            stepper.step(loss)
-            t2 = time.perf_counter()
-            spent["time_forward_s"] += t1 - t0
-            spent["time_backward_step_s"] += t2 - t1
-            state["step"] += 1
-            logs.update(lr=stepper.optimizer.param_groups[0]["lr"], train_s=t2 - t_start, time_setup_s=setup_s, **spent)
-            if live is not None and state["step"] % cfg.train.log_steps == 0:
-                elapsed = time.perf_counter() - t_window
-                rate = (state["step"] - window_start) * cfg.train.batch_size * world_size() / max(elapsed, 1e-9)
-                live.log({**logs, "samples_per_s": rate}, state["step"])
-                t_window, window_start = time.perf_counter(), state["step"]
-            if state["step"] % cfg.train.eval_steps == 0 or state["step"] >= total_steps:
-                evaluate_and_report(logs)
-                spent["time_eval_report_s"] += time.perf_counter() - t2
-            if state["step"] >= total_steps:
-                break
-            t_wait = time.perf_counter()
-        else:  # the epoch's data ran out
-            state["epoch"] += 1
-            skip = 0
-            if state["epoch"] >= cfg.train.epochs and state["step"] % cfg.train.eval_steps != 0:
-                evaluate_and_report(logs)  # the last partial eval interval
-    if live is not None:
-        live.close()  # what never reached MLflow is in the history the driver logs at the end
-    return state["history"]
-
-
 def autocast(cfg):
     """bf16 autocast of the forward on the plain / DDP path (``perf.bf16``); ZeRO casts by its own config."""
     device = device_for(cfg)
@@ -403,45 +315,3 @@ def to_device(tensor: torch.Tensor, device: torch.device | str, cfg) -> torch.Te
     if device.type == "cuda" and cfg.perf.on("pin_memory", True):
         return tensor.pin_memory().to(device, non_blocking=True)
     return tensor.to(device)
-
-
-@contextmanager
-def eval_threads(cfg):
-    """On CPU, rank 0 evaluates alone while the other workers wait for it: it may use their cores too."""
-    if torch.cuda.is_available() or rank() != 0:
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(max(before, min(os.cpu_count() or 1, int(cfg.scaling.cpus_per_worker * world_size()))))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-def live_run():
-    """The MLflow run to log into while training (named by the driver in the workers' environment)."""
-    run_id, uri = os.environ.get("SIEVE_MLFLOW_RUN_ID"), os.environ.get("SIEVE_MLFLOW_TRACKING_URI")
-    return tracking.LiveRun(run_id, uri) if run_id and uri else None
-
-
-# ---------------------------------------------------------------- reporting to Ray Train
-def report(metrics: dict, stepper: Stepper | None = None, state: dict | None = None) -> None:
-    """``ray.train.report`` with (optionally) a checkpoint written by every rank that has a share."""
-    if stepper is None:
-        ray.train.report(metrics)
-        return
-    with tempfile.TemporaryDirectory() as tmp:
-        stepper.save(Path(tmp), state or {})  # a rank with no share of the state reports no checkpoint
-        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp) if any(Path(tmp).iterdir()) else None)
-
-
-@contextmanager
-def resumed_checkpoint():
-    """The latest reported checkpoint as a local directory (or None on a fresh start)."""
-    ckpt = ray.train.get_checkpoint()
-    if ckpt is None:
-        yield None
-        return
-    with ckpt.as_directory() as d:
-        yield Path(d)

@@ -9,6 +9,11 @@ from pathlib import Path
 import torch.distributed as dist
 
 
+def hooks_set() -> bool:
+    """Whether a test set any hook (the loop installs its fault-injection callback only then)."""
+    return any(os.environ.get(k) for k in ("SIEVE_STEP_DELAY_S", "SIEVE_HOLD_AT_STEP", "SIEVE_FAIL_AT_STEP"))
+
+
 def maybe_inject_failure(step: int) -> None:
     """Crash this worker once at ``SIEVE_FAIL_AT_STEP`` (rank ``SIEVE_FAIL_RANK``, default 1).
 

@@ -18,7 +18,7 @@ driver hooks           ``prepare_data``, ``export``, ``evaluate``, ``evaluate_ba
 
 :meth:`Recipe.train_func` is what Ray Train runs on every worker: the config validated once, the worker
 set up (shard read-ahead, threads, rank-offset seeds), the model built, the optimiser step (DDP or
-DeepSpeed ZeRO) and :func:`trainers.common.train_loop` - resume, evaluation, reports, checkpoints.
+DeepSpeed ZeRO) and :func:`trainers.loop.train_loop` - resume, evaluation, reports, checkpoints.
 Drivers reach recipes only through ``orchestrator.drivers.registry`` and ask them; they never probe a
 config or a model. A sixth method is one file here (its config, model, loss and a ``Recipe`` subclass),
 its configs, one line in the registry and its test (``docs/METHODS.md``).
@@ -38,7 +38,7 @@ from orchestrator.config import MethodConfig
 from orchestrator.evaluation.suite import TestReport
 from orchestrator.models import pooling_for
 from orchestrator.spec import BaseResult
-from trainers import common
+from trainers import common, loop
 
 # what arms of a comparison share: equal steps at one global batch, or (a compare file's ``budget:
 # sentences``, to compare batch sizes) equal training sentences, steps × global batch
@@ -103,7 +103,7 @@ class Recipe(ABC):
         module = recipe.build().to(recipe.device)
         rows = int(config["rows_per_worker"])
         recipe.stepper = stepper = common.make_stepper(module, cfg, rows, **recipe.optimizer_extras(module))
-        return common.train_loop(
+        return loop.train_loop(
             cfg, stepper, rows_per_worker=rows, batches=batches, metric=cls.metric,
             loss_fn=lambda batch, state: recipe.loss(stepper.model, batch, state), dev_fn=recipe.dev,
             build_plain=lambda: recipe.build().to(recipe.device))
