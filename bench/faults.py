@@ -114,12 +114,12 @@ def main() -> None:
                       "AWS_SECRET_ACCESS_KEY": "y"})
     starts.append({"fault": "S3 endpoint unreachable at start (train job)", "seconds": t, "exit": rc, "message": msg})
 
-    from orchestrator.drivers import publish
+    from orchestrator.drivers import outbox
 
-    record = publish.run_record(experiment="faults", run_name="bench", method="simcse", params={"a": 1},
+    record = outbox.run_record(experiment="faults", run_name="bench", method="simcse", params={"a": 1},
                                  history=[{"step": 2, "loss": 1.0}], metrics={"x": 1.0})
     t0 = time.time()
-    publish.log_or_defer(record, dead, str(tmp / "pending"))
+    outbox.log_or_defer(record, dead, str(tmp / "pending"))
     deferred = time.time() - t0
 
     md = ["# Faults and recovery (`python bench/faults.py`, 2-core CPU)", "",

@@ -18,7 +18,7 @@ import sys
 
 import _bootstrap
 
-from orchestrator.drivers import publish
+from orchestrator.drivers import outbox
 from orchestrator.drivers.cli import HelpFormatter
 
 
@@ -28,7 +28,7 @@ def main() -> int:
     ap.add_argument("--storage", default="outputs", help="the run storage whose tracking-pending/ to log")
     ap.add_argument("--pending", help="the pending folder itself (default: <storage>/tracking-pending)")
     args = ap.parse_args()
-    done, refused = publish.sync_pending(args.tracking_uri, args.pending or publish.pending_dir(args.storage))
+    done, refused = outbox.sync_pending(args.tracking_uri, args.pending or outbox.pending_dir(args.storage))
     for path, run_id in done:
         print(f"logged {path} as run {run_id}")
     print(f"{len(done)} pending run(s) logged")

@@ -171,17 +171,17 @@ def test_tracking_outage_after_training_keeps_the_run_and_sync_logs_it(mlflow_se
     import mlflow
     from conftest import free_port
 
-    from orchestrator.drivers import publish
+    from orchestrator.drivers import outbox
     from orchestrator.tracking import logged_models
 
     history = [{"step": 2, "stsb_dev_spearman": 0.5, "loss": 3.0}, {"step": 4, "stsb_dev_spearman": 0.6, "loss": 2.5}]
-    record = publish.run_record(experiment="outage", run_name="tiny-run", method="sifter_simcse",
+    record = outbox.run_record(experiment="outage", run_name="tiny-run", method="sifter_simcse",
                                  params={"train": {"lr": 1e-4}}, history=history, metrics={"test_sts_avg": 0.7},
                                  texts={"test.md": "| a |"}, model_dir=str(tiny_bert_dir))
     pending = tmp_path / "pending"
     dead = f"http://127.0.0.1:{free_port()}"
     t0 = time.time()
-    assert publish.log_or_defer(record, dead, pending) is None
+    assert outbox.log_or_defer(record, dead, pending) is None
     assert time.time() - t0 < 10
     err = capsys.readouterr().err
     assert err.count("warning:") == 1 and dead in err and "jobs/sync_tracking.py" in err
@@ -198,7 +198,7 @@ def test_tracking_outage_after_training_keeps_the_run_and_sync_logs_it(mlflow_se
     steps = mlflow.MlflowClient().get_metric_history(run.info.run_id, "stsb_dev_spearman")
     assert [(m.step, m.value) for m in steps] == [(2, 0.5), (4, 0.6)]
     # #18: replaying the same record again (a crash after logging, before the file was removed) adds nothing
-    again = publish.replay(record, mlflow_server)
+    again = outbox.replay(record, mlflow_server)
     assert again == run.info.run_id and len(mlflow.search_runs(experiment_names=["outage"], output_format="list")) == 1
     steps = mlflow.MlflowClient().get_metric_history(run.info.run_id, "stsb_dev_spearman")
     assert [(m.step, m.value) for m in steps] == [(2, 0.5), (4, 0.6)]
@@ -208,17 +208,17 @@ def test_tracking_outage_after_training_keeps_the_run_and_sync_logs_it(mlflow_se
 def test_a_record_that_fails_its_own_checks_is_an_error_not_an_outage(embedded_tracking, tmp_path):
     """A model folder that is not one fails the job with that message; it is not parked in tracking-pending/
     as a tracking outage for sync_tracking.py to retry for ever (how the train job's SIFTER-LSTM defect hid)."""
-    from orchestrator.drivers import publish
+    from orchestrator.drivers import outbox
     from orchestrator.errors import ModelSourceError
 
     folder = tmp_path / "not-a-model"
     folder.mkdir()
     (folder / "weights.pt").write_bytes(b"x")
-    record = publish.run_record(experiment="checks", run_name="bad-folder", method="sifter_simcse", params={},
+    record = outbox.run_record(experiment="checks", run_name="bad-folder", method="sifter_simcse", params={},
                                  history=[], metrics={"test_sts_avg": 0.7}, model_dir=str(folder))
     pending = tmp_path / "pending"
     with pytest.raises(ModelSourceError, match="not-a-model"):
-        publish.log_or_defer(record, f"sqlite:///{tmp_path / 'mlflow.db'}", str(pending))
+        outbox.log_or_defer(record, f"sqlite:///{tmp_path / 'mlflow.db'}", str(pending))
     assert not pending.exists()
 
 
@@ -229,7 +229,7 @@ def test_a_record_the_server_refuses_is_kept_aside_and_never_holds_back_the_othe
     outage and stopped every later sync at itself."""
     import mlflow
 
-    from orchestrator.drivers import publish
+    from orchestrator.drivers import outbox
     from orchestrator.errors import TrackingRejected
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -240,13 +240,13 @@ def test_a_record_the_server_refuses_is_kept_aside_and_never_holds_back_the_othe
     client.delete_run(gone)
 
     def record(name, run_id=None):
-        return publish.run_record(experiment="refused", run_name=name, method="sifter_simcse", params={"a": 1},
+        return outbox.run_record(experiment="refused", run_name=name, method="sifter_simcse", params={"a": 1},
                                   history=[{"step": 2, "stsb_dev_spearman": 0.5}], metrics={"test_sts_avg": 0.7},
                                   model_dir=str(tiny_bert_dir), run_id=run_id)
 
     pending = tmp_path / "pending"
     with pytest.raises(TrackingRejected, match=r"run 'a-bad' was refused .*deleted.*kept in .*rejected"):
-        publish.log_or_defer(record("a-bad", gone), uri, str(pending))
+        outbox.log_or_defer(record("a-bad", gone), uri, str(pending))
     assert [p.name for p in pending.iterdir()] == ["rejected"]  # nothing parked for the sync to retry
     assert len(list((pending / "rejected").iterdir())) == 1
 
@@ -270,18 +270,18 @@ def test_a_malformed_pending_record_is_set_aside_and_the_good_ones_beside_it_are
     Before, the first bad file stopped the sync with a TrackingError and nothing after it was logged."""
     import mlflow
 
-    from orchestrator.drivers import publish
+    from orchestrator.drivers import outbox
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     pending = tmp_path / "pending"
     pending.mkdir()
     (pending / "a-cut.json").write_text('{"record_id": "x", "params": {')  # cut short by a full disk
     (pending / "b-shape.json").write_text(json.dumps({"record_id": "y", "params": [1, 2]}))
-    good = publish.run_record(experiment="sync", run_name="c-good", method="sifter_simcse", params={"a": 1},
+    good = outbox.run_record(experiment="sync", run_name="c-good", method="sifter_simcse", params={"a": 1},
                               history=[{"step": 2, "stsb_dev_spearman": 0.5}], metrics={"test_sts_avg": 0.7},
                               model_dir=str(tiny_bert_dir))
     (pending / "c-good.json").write_text(json.dumps(good))
-    done, refused = publish.sync_pending(uri, str(pending))
+    done, refused = outbox.sync_pending(uri, str(pending))
     assert [Path(p).name for p, _ in done] == ["c-good.json"]
     assert [(Path(p).name, r.split(": ", 1)[1]) for p, r in refused] == [
         ("a-cut.json", "not a pending run record (Expecting property name enclosed in double quotes)"),
@@ -337,7 +337,7 @@ def test_server_killed_mid_replay_then_the_replay_completes_once(tiny_bert_dir, 
     import mlflow
     from conftest import free_port, start_mlflow_server
 
-    from orchestrator.drivers import publish
+    from orchestrator.drivers import outbox
     from orchestrator.errors import TrackingError
     from orchestrator.tracking import logged_models
 
@@ -349,24 +349,24 @@ def test_server_killed_mid_replay_then_the_replay_completes_once(tiny_bert_dir, 
         return start_mlflow_server(root, port, f"sqlite:///{root / 'db'}")
 
     history = [{"step": 2, "stsb_dev_spearman": 0.5}, {"step": 4, "stsb_dev_spearman": 0.6}]
-    record = publish.run_record(experiment="midway", run_name="cut", method="sifter_simcse", params={"a": 1},
+    record = outbox.run_record(experiment="midway", run_name="cut", method="sifter_simcse", params={"a": 1},
                                  history=history, metrics={"test_sts_avg": 0.7}, model_dir=str(tiny_bert_dir))
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     server = serve()
-    real_log_metrics = publish.log_metrics
+    real_log_metrics = outbox.log_metrics
 
     def kill_then_log(*a, **k):  # the server dies at this instant, for real
         os.killpg(server.pid, signal.SIGKILL)
         server.wait(30)
         return real_log_metrics(*a, **k)
 
-    monkeypatch.setattr(publish, "log_metrics", kill_then_log)
+    monkeypatch.setattr(outbox, "log_metrics", kill_then_log)
     with pytest.raises(TrackingError, match=f"MLflow tracking server {uri}: logging run 'cut' failed"):
-        publish.replay(record, uri)
-    monkeypatch.setattr(publish, "log_metrics", real_log_metrics)
+        outbox.replay(record, uri)
+    monkeypatch.setattr(outbox, "log_metrics", real_log_metrics)
     server = serve()
     try:
-        run_id = publish.replay(record, uri)
+        run_id = outbox.replay(record, uri)
         client = mlflow.MlflowClient(tracking_uri=uri)
         runs = client.search_runs([client.get_experiment_by_name("midway").experiment_id])
         assert [r.info.run_id for r in runs] == [run_id]  # the run the cut replay made, finished

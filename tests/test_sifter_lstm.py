@@ -190,12 +190,12 @@ def test_sifter_lstm_under_ray_train_exports_and_logs(ray_cluster, tiny_bert_dir
     # logged the way the train job logs its run (a record replayed into MLflow): the model is the method's own
     # pyfunc, not a transformers folder - this path refused it ("has no config.json") and the job called that
     # a tracking outage
-    from orchestrator.drivers import publish as pub
+    from orchestrator.drivers import outbox
     from orchestrator.tracking import logged_models
 
-    record = pub.run_record(experiment="sieve", run_name="lstm", method="sifter_lstm", params={}, history=[],
+    record = outbox.run_record(experiment="sieve", run_name="lstm", method="sifter_lstm", params={}, history=[],
                             metrics=report.metrics, model_dir=str(out))
-    run_id = pub.replay(record, f"sqlite:///{tmp_path / 'mlflow.db'}")  # its own store, whatever tests ran before
+    run_id = outbox.replay(record, f"sqlite:///{tmp_path / 'mlflow.db'}")  # its own store, whatever tests ran before
     [model_id] = logged_models(run_id, "model")
     info = mlflow.models.get_model_info(f"models:/{model_id}")
     probs = mlflow.pyfunc.load_model(info.model_uri).predict(["a charming journey .", "bleak and dull"])

@@ -30,6 +30,7 @@ from pydantic import Field
 from orchestrator import storage, tracking
 from orchestrator.config import MethodConfig, StrictModel, validate
 from orchestrator.data.labelled import LabelledSet
+from orchestrator.drivers import outbox
 from orchestrator.drivers import publish as pub
 from orchestrator.drivers.cluster import concurrent_trials, init_ray
 from orchestrator.drivers.registry import get_method
@@ -119,7 +120,7 @@ def run_experiments(cfg: ExperimentsConfig, name: str, *, out_root: str | Path =
     try:
         return _publish(cfg, name, exp_id, origs, trained, Path(out_root), time.time() - t0)
     except Exception as exc:
-        line = pub.outage(exc, probe.tracking.tracking_uri, f"experiments {name!r}", state,
+        line = outbox.outage(exc, probe.tracking.tracking_uri, f"experiments {name!r}", state,
                           f"python jobs/siamese_experiments.py --name {name} --resume")
         raise line or exc  # noqa: B904 - the outage line replaces MLflow's retries' traceback
 

@@ -30,6 +30,7 @@ from orchestrator.config import (
     set_path,
     validate,
 )
+from orchestrator.drivers import outbox
 from orchestrator.drivers import publish as pub
 from orchestrator.drivers.cli import job_parser, location_overrides, print_config
 from orchestrator.drivers.cluster import init_ray, shutdown_ray
@@ -320,8 +321,8 @@ def publish(plan: SweepPlan, result: SweepResult, parent_id: str) -> dict:
 
 
 def publish_outage(exc: BaseException, plan: SweepPlan) -> TrackingError | None:
-    """The outage line (``publish.outage``) for a sweep: its trials are kept in the sweep's storage."""
-    return pub.outage(exc, plan.base.tracking.tracking_uri, f"sweep {plan.name!r}", plan.base.run.storage,
+    """The outage line (``outbox.outage``) for a sweep: its trials are kept in the sweep's storage."""
+    return outbox.outage(exc, plan.base.tracking.tracking_uri, f"sweep {plan.name!r}", plan.base.run.storage,
                       f"python jobs/{plan.default_dir}.py --name {plan.name} --resume")
 
 

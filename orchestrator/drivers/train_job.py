@@ -14,6 +14,7 @@ from pathlib import Path
 
 from orchestrator import storage, tracking
 from orchestrator.config import apply_overrides, config_hash, read_yaml, resolve_config_path, validate
+from orchestrator.drivers import outbox
 from orchestrator.drivers import publish as pub
 from orchestrator.drivers.cli import job_parser, location_overrides, print_config
 from orchestrator.drivers.cluster import init_ray, shutdown_ray
@@ -96,13 +97,13 @@ def main(doc: str) -> int:
     texts = {"test.md": f"# {test.title}\n\n{test.table}\n", "model_card.md": card}
     if base is not None:
         texts["against_base.md"] = f"# Against {base.label}\n\n{compare_table(base.test, test)}\n"
-    record = pub.run_record(
+    record = outbox.run_record(
         experiment=cfg.tracking.experiment, run_name=name, method=args.method, run_id=run_id,
         params={**params, "shards": shards}, history=outcome.history,
         metrics={**{f"test_{k}": v for k, v in test.metrics.items()}, "wall_s": wall_s,
                  f"best_{recipe.metric}": best_dev, **base_metrics},
         texts=texts, model_dir=model_ref)
-    run_id = pub.log_or_defer(record, cfg.tracking.tracking_uri, pub.pending_dir(cfg.run.storage))
+    run_id = outbox.log_or_defer(record, cfg.tracking.tracking_uri, outbox.pending_dir(cfg.run.storage))
     shutdown_ray()
     print(test.table)
     if base is not None:
