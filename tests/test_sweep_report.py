@@ -211,8 +211,8 @@ def test_the_base_is_measured_with_every_pooling_and_the_strongest_is_the_yardst
 def test_a_finished_trial_is_tested_early_only_on_cores_the_trials_left_leave_idle():
     """#22.4: EarlyTests starts a finished trial's test beside training only when a core would idle - never while
     trials still wait for a slot (it would slow every trial that follows)."""
+    from orchestrator.drivers.early_tests import spare_threads
     from orchestrator.drivers.sweep import total_trials
-    from orchestrator.drivers.sweep_job import spare_threads
 
     parabart = validate(SweepJobConfig, read_yaml(REPO_ROOT / "configs" / "parabart_sweep" / "smoke.yaml"), "smoke")
     sentiment = validate(SweepJobConfig, read_yaml(REPO_ROOT / "configs" / "sentiment_sweep" / "smoke.yaml"), "smoke")

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlflow
-import torch
 
 from orchestrator import storage, tracking
 from orchestrator.config import (
@@ -34,21 +33,19 @@ from orchestrator.drivers import outbox
 from orchestrator.drivers import publish as pub
 from orchestrator.drivers.cli import job_parser, location_overrides, print_config
 from orchestrator.drivers.cluster import init_ray, shutdown_ray
+from orchestrator.drivers.early_tests import EarlyTests
 from orchestrator.drivers.registry import get_method
 from orchestrator.drivers.report import write_sweep_report
 from orchestrator.drivers.sweep import (
     SweepJobConfig,
     check_space,
     refuse_existing,
-    reports_uri,
     run_sweep,
     sweep_dir,
     trial_config,
-    trial_row,
     trial_rows,
 )
 from orchestrator.drivers.train import (
-    Beside,
     Outcome,
     checkpoint_at,
     export_and_test,
@@ -56,7 +53,6 @@ from orchestrator.drivers.train import (
     measure_bases,
     preflight,
     settled,
-    worker_cores,
 )
 from orchestrator.drivers.verdict import seed_devs, verdict
 from orchestrator.errors import ConfigError, TrackingError
@@ -147,7 +143,8 @@ def run(plan: SweepPlan, parent_id: str | None = None) -> SweepResult:
         tracking.log_metrics({"base_dev": base.dev})
     live = {"uri": tracking.resolve_tracking_uri(plan.base.tracking.tracking_uri), "experiment_id": plan.exp_id,
             "parent_run_id": parent_id, "sweep": plan.name} if parent_id else None
-    early = EarlyTests(plan) if job.test_every_trial else None
+    early = (EarlyTests(plan.base, recipe, lambda row: _export(plan, row, _trial_dir(plan, row["trial"]))[1])
+             if job.test_every_trial else None)
     grid = run_sweep(job, plan.base, shards, name=plan.name, storage_root=plan.base.run.storage, resume=plan.resume,
                      verbose=plan.verbose, tracking=live, listener=early)
     tested_early = early.finish() if early is not None else {}  # a failed sweep does not wait for it (a daemon)
@@ -178,82 +175,6 @@ def run(plan: SweepPlan, parent_id: str | None = None) -> SweepResult:
 
 def _trial_dir(plan: SweepPlan, trial: str) -> Path:
     return export_dir(plan.base, f"{plan.name}-trials") / trial
-
-
-class EarlyTests:
-    """A sweep that tests every trial tests each one as it finishes, on a thread of the driver, while the
-    last trials still train and leave a core idle - instead of every test after the last trial. ParaBART's
-    smoke sweep trains its third trial alone on one of the two cores (2.8 min) and then ran three 7-task
-    tests one after the other (#22.4). The test is the same call on the same checkpoint (the evaluation is
-    deterministic and its figures do not depend on the thread count: ``test_perf_switches``); a test that
-    fails here is run again after the sweep, where its error surfaces as before.
-
-    The cores left idle are counted as :func:`idle_cores` counts them for the base measured beside training:
-    this machine's torch threads less the workers of the trials that can still run at once (so nothing moves
-    while trials wait for a slot, nor on a GPU run)."""
-
-    def __init__(self, plan: SweepPlan):
-        self.plan = plan
-        self.per_trial = worker_cores(plan.base)
-        self.cores = torch.get_num_threads()  # this machine's, as idle_cores() counts them
-        self.total, self.concurrent, self.sweep_dir = 0, 1, ""
-        self.ended: set[str] = set()
-        self.waiting: list[tuple[str, dict]] = []
-        self.tested: dict[str, tuple[str, TestReport]] = {}
-        self.running: tuple[str, str, Beside] | None = None
-
-    def configure(self, *, total: int, concurrent: int, sweep_dir: str) -> None:
-        self.total, self.concurrent, self.sweep_dir = total, concurrent, sweep_dir
-
-    def finished(self, trial: str, params: dict, ok: bool) -> None:
-        self.ended.add(trial)
-        if ok:
-            self.waiting.append((trial, params))
-        self.poll()
-
-    def poll(self) -> None:
-        if self.running is not None and self.running[2].done():
-            self._collect()
-        if self.running is not None or not self.waiting or self.plan.base.scaling.use_gpu:
-            return
-        still, threads = spare_threads(self.cores, self.per_trial, self.concurrent, self.total, len(self.ended))
-        if threads < 1:
-            return
-        trial, params = self.waiting.pop(0)
-        records = reports_uri(self.sweep_dir, trial)
-        if not storage.exists(records):
-            return
-        recipe = self.plan.recipe
-        row = trial_row(trial, params, json.loads(storage.read_bytes(records)), recipe.metric,
-                        recipe.selection_metric(self.plan.base))
-        if row["checkpoint_path"] is None:
-            return
-        beside = f"beside the {still} trial(s) still training" if still else "(every trial has ended)"
-        print(f"[{trial}] tested now, on {threads} thread(s) {beside}", flush=True)
-        self.running = (trial, row["checkpoint_path"],
-                        Beside(lambda: _export(self.plan, row, _trial_dir(self.plan, trial))[1], threads))
-
-    def _collect(self) -> None:
-        trial, path, beside = self.running
-        self.running = None
-        try:
-            self.tested[trial] = (path, beside.result())
-        except Exception as exc:  # noqa: BLE001 - tested again after the sweep, where the error surfaces
-            print(f"[{trial}] its test failed beside training ({str(exc).splitlines()[0][:200]}): "
-                  "tested again after the sweep", flush=True)
-
-    def finish(self) -> dict[str, tuple[str, TestReport]]:
-        """Wait for the test under way; {trial: (checkpoint path, its test report)}."""
-        if self.running is not None:
-            self._collect()
-        return self.tested
-
-
-def spare_threads(cores: int, per_trial: int, concurrent: int, total: int, ended: int) -> tuple[int, int]:
-    """(trials that can still train at once, threads they leave idle) once ``ended`` of ``total`` trials ended,
-    ``concurrent`` running at most, each on ``per_trial`` cores of this machine's ``cores``."""
-    still = min(concurrent, max(0, total - ended))
-    return still, cores - still * per_trial
 
 
 def _export(plan: SweepPlan, row: dict, out: Path, tested: TestReport | None = None):
