@@ -29,7 +29,8 @@ from _common import SHARED, write_results
 def single_process(sentences: list[str], cfg) -> tuple[float, float, int]:
     """(total s, parse + augment s, rows kept): clean + dedup/shuffle + parse + augment in a loop,
     the parser loaded inside the timing as each Ray actor loads its own (no file output)."""
-    from orchestrator.data.corpus import augment_rows, clean_records, shuffle_key
+    from orchestrator.data.cleaning import clean_records
+    from orchestrator.data.corpus import augment_rows, shuffle_key
     from orchestrator.data.parsing import SpacyParser
 
     t0 = time.perf_counter()

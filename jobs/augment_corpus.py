@@ -16,7 +16,8 @@ import json
 import _bootstrap
 
 from orchestrator.config import load_config
-from orchestrator.data.corpus import CorpusConfig, input_files, run_pipeline
+from orchestrator.data.cleaning import input_files
+from orchestrator.data.corpus import CorpusConfig, run_pipeline
 from orchestrator.drivers.cli import HelpFormatter
 from orchestrator.drivers.cluster import init_ray
 from orchestrator.storage import build_committed, join, read_bytes

@@ -11,7 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from orchestrator import storage
-from orchestrator.data.corpus import CorpusConfig, clean_records, run_pipeline
+from orchestrator.data.cleaning import clean_records
+from orchestrator.data.corpus import CorpusConfig, run_pipeline
 from orchestrator.errors import DataError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -183,7 +184,7 @@ def test_s3_input_and_output(ray_cluster, s3_bucket, tmp_path):
 
 
 def test_missing_and_empty_inputs(tmp_path):
-    from orchestrator.data.corpus import input_files
+    from orchestrator.data.cleaning import input_files
 
     with pytest.raises(DataError, match="no such input file or directory"):
         input_files(str(tmp_path / "nope.txt"))

@@ -44,7 +44,7 @@ from safetensors import safe_open
 from torch import nn
 
 from orchestrator.config import EncoderMethodConfig, ModelConfig, TrackingConfig, TrainLoopConfig
-from orchestrator.data.corpus import CorpusBlock
+from orchestrator.data.training_corpus import CorpusBlock
 from orchestrator.export import export_encoder
 from orchestrator.models import load_encoder, pooling_for, resolve_model_source
 from trainers import common

@@ -72,7 +72,7 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from orchestrator.config import EncoderMethodConfig, EvalConfig, ModelConfig, TrackingConfig, TrainLoopConfig
-from orchestrator.data.corpus import CorpusBlock, prepare_corpus
+from orchestrator.data.training_corpus import CorpusBlock, prepare_corpus
 from orchestrator.evaluation import sts
 from orchestrator.evaluation.domain import evaluate_encoder
 from orchestrator.evaluation.encode import HFEncoder, mean_pool, test_time_pooling

@@ -65,7 +65,7 @@ from torch import nn
 from orchestrator.backbones import causal_decoder
 from orchestrator.config import EncoderMethodConfig, EvalConfig, ModelConfig, TrackingConfig, TrainLoopConfig
 from orchestrator.data.augment import tsdae_noise
-from orchestrator.data.corpus import CorpusBlock, prepare_corpus
+from orchestrator.data.training_corpus import CorpusBlock, prepare_corpus
 from orchestrator.evaluation import sts
 from orchestrator.evaluation.domain import evaluate_encoder, get_evaluator
 from orchestrator.evaluation.encode import HFEncoder, mean_pool, test_time_pooling

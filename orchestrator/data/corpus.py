@@ -2,7 +2,7 @@
 → dedup + limit → parse (actor pool) → augment → parquet shards, then ``manifest.json``.
 
 Stages
-1. **read + clean** (one task per input file, because cleaning looks at neighbouring lines):
+1. **read + clean** (one task per input file, because cleaning looks at neighbouring lines; ``cleaning.py``):
    lines are decoded (invalid UTF-8 → skipped), control characters refused, whitespace
    normalised, overlong lines truncated to ``max_words``, sentences with fewer than
    ``min_words`` words dropped, and - as the SIFTER paper does for sentence-split errors - a
@@ -22,35 +22,28 @@ Stages
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
 import os
 import random
-import re
 import sys
 import time
-import unicodedata
 from collections import Counter
-from pathlib import Path
 from typing import Literal
 
 import numpy as np
-import pyarrow.parquet as pq
 import ray
 import ray.data
 from pydantic import Field
 
 from orchestrator import storage
-from orchestrator.config import StrictModel, repo_path
+from orchestrator.config import StrictModel
 from orchestrator.data import augment as A
+from orchestrator.data.cleaning import clean_records, decode_lines, input_files
 from orchestrator.data.parsing import import_spacy_without_torch, make_parser
 from orchestrator.data.resources import DEDUP_CPUS, free_cpus, parser_cpus
 from orchestrator.data.tally import ShardSink, tallies, with_tallies
 from orchestrator.errors import DataError
-
-_WS = re.compile(r"\s+")
-_CONTROL_OK = {"\t", "\n", "\r"}
 
 
 class ParserConfig(StrictModel):
@@ -88,84 +81,10 @@ class CorpusConfig(StrictModel):
     augment: AugmentConfig = AugmentConfig()
 
 
+ROW_FORMAT = 2  # bumped when a column changes meaning (2: Z keeps pronouns, Y's core backbone, bag counts)
+
+
 # ---------------------------------------------------------------- stage 1: read + clean
-def _decode_lines(path: str, data: bytes, fmt: str, column: str) -> list[tuple[str | None, str | None]]:
-    """(text, skip_reason) for every record of one file."""
-    if fmt == "auto":
-        fmt = "parquet" if path.endswith(".parquet") else "tsv" if path.endswith(".tsv") else "text"
-    if fmt == "parquet":
-        try:
-            table = pq.read_table(io.BytesIO(data), columns=[column])
-        except Exception as exc:  # noqa: BLE001
-            raise DataError(f"{path}: cannot read column {column!r} from parquet ({exc})") from None
-        return [(v, None) if isinstance(v, str) else (None, "empty") for v in table.column(column).to_pylist()]
-    raw_lines = data.split(b"\n")
-    if raw_lines and raw_lines[-1] == b"":
-        raw_lines.pop()
-    col = None
-    if fmt == "tsv":
-        if not raw_lines:
-            return []
-        header = raw_lines.pop(0).decode("utf-8", "replace").rstrip("\r").split("\t")
-        if column not in header:
-            raise DataError(f"{path}:1: no column {column!r} (header: {', '.join(header)})")
-        col = header.index(column)
-    out: list[tuple[str | None, str | None]] = []
-    for raw in raw_lines:
-        try:
-            line = raw.decode("utf-8").rstrip("\r")
-        except UnicodeDecodeError:
-            out.append((None, "invalid_utf8"))
-            continue
-        if col is not None:
-            fields = line.split("\t")
-            line = fields[col] if col < len(fields) else ""
-        out.append((line, None))
-    return out
-
-
-def normalise(text: str) -> tuple[str | None, str | None]:
-    """(clean text, None) or (None, skip reason) for one line."""
-    if any(unicodedata.category(ch) == "Cc" and ch not in _CONTROL_OK for ch in text):
-        return None, "control_characters"
-    text = _WS.sub(" ", unicodedata.normalize("NFC", text)).strip()
-    if not text:
-        return None, "empty"
-    return text, None
-
-
-def clean_records(records: list[tuple[str | None, str | None]], cfg: CorpusConfig) -> list[dict]:
-    """Apply the cleaning rules to one file's records (order matters for the split rule)."""
-    rows: list[dict] = []
-    drop_next = False
-    for text, reason in records:
-        truncated = False
-        if reason is None:
-            text, reason = normalise(text or "")
-        if reason is None:
-            words = text.split(" ")
-            if len(words) > cfg.max_words:
-                text, truncated = " ".join(words[: cfg.max_words]), True
-                words = words[: cfg.max_words]
-            if drop_next:
-                reason = "after_capitalised_split"
-                drop_next = False
-            elif cfg.drop_capitalised_splits and _ends_capitalised(words):
-                reason, drop_next = "capitalised_split", True
-            elif len(words) < cfg.min_words:
-                reason = "too_short"
-        rows.append({"text": text if reason is None else None, "skip": reason or "", "truncated": truncated})
-    return rows
-
-
-def _ends_capitalised(words: list[str]) -> bool:
-    """The last word starts with a capital letter (``... met Dr.``): likely a bad sentence split.
-
-    On PTB-tokenised text a sentence ends with a separate ``.`` token, so only real splits match.
-    """
-    return len(words) >= 2 and words[-1][:1].isupper()
-
-
 def read_and_clean(paths: list[str], cfg: CorpusConfig):
     """Ray Data: one task per file; output rows ``{key, text, skip, n, error}``: each kept sentence
     with its shuffle key, then the file's tallies (lines kept, truncated, and dropped per reason)."""
@@ -174,7 +93,7 @@ def read_and_clean(paths: list[str], cfg: CorpusConfig):
     ds = ray.data.read_binary_files(resolved, filesystem=fs, include_paths=True)
 
     def explode(row: dict) -> list[dict]:
-        rows = clean_records(_decode_lines(row["path"], row["bytes"], cfg.format, cfg.column), cfg)
+        rows = clean_records(decode_lines(row["path"], row["bytes"], cfg.format, cfg.column), cfg)
         counts = Counter(r["skip"] or "kept" for r in rows)
         counts["truncated"] = sum(r["truncated"] for r in rows)
         kept = [{"key": shuffle_key(r["text"], cfg.seed), "text": r["text"], "skip": "", "n": 1, "error": ""}
@@ -182,26 +101,6 @@ def read_and_clean(paths: list[str], cfg: CorpusConfig):
         return kept + tallies(counts)
 
     return ds.flat_map(explode)
-
-
-def input_files(uri: str) -> list[str]:
-    """The files an input names: one file, or every file below a directory."""
-    if storage.is_s3(uri):
-        files = storage.list_files(uri)
-        if files:
-            return [storage.join(uri, f) for f in files if not f.startswith(("_", "."))]
-        if storage.exists(uri):
-            return [uri]
-        raise DataError(f"{uri}: no such input")
-    p = Path(uri)
-    if p.is_file():
-        return [str(p)]
-    if p.is_dir():
-        files = sorted(str(f) for f in p.rglob("*") if f.is_file() and not f.name.startswith((".", "_")))
-        if files:
-            return files
-        raise DataError(f"{uri}: input directory is empty")
-    raise DataError(f"{uri}: no such input file or directory")
 
 
 # ---------------------------------------------------------------- stage 2: dedup + shuffle
@@ -395,56 +294,3 @@ def run_pipeline(cfg: CorpusConfig, output: str, *, progress: bool = True) -> di
     storage.write_bytes(storage.join(output, "manifest.json"), json.dumps(manifest, indent=2).encode())
     return manifest
 
-
-# ---------------------------------------------------------------- the corpus a training run reads
-class CorpusBlock(StrictModel):
-    """A training config's corpus: augmented shards (``augment_corpus``'s folder), or a raw corpus augmented first."""
-
-    shards: str | None = None
-    corpus: str = "data/corpus/wikisplit_sample.txt"
-    limit: int | None = Field(None, gt=0)
-    parser_workers: int = Field(2, ge=1)
-    min_words: int = Field(3, ge=1)
-    max_words: int = Field(64, ge=1, description="longer sentences are cut to this many words before parsing")
-    drop_capitalised_splits: bool = Field(True, description="SIFTER's sentence-split filter; off for tweets")
-    augment: AugmentConfig = AugmentConfig()
-
-    def sources(self, key: str = "data") -> list[tuple[str, str]]:  # what preflight checks exists
-        return [(f"{key}.shards", self.shards)] if self.shards else [(f"{key}.corpus", self.corpus)]
-
-ROW_FORMAT = 2  # bumped when a column changes meaning (2: Z keeps pronouns, Y's core backbone, bag counts)
-
-def corpus_key(input_uri: str, corpus_cfg_json: str) -> str:
-    """Content address of an augmented corpus: input bytes (local) or key + size (s3), config, ROW_FORMAT."""
-    h = hashlib.sha256(f"{ROW_FORMAT}\x00{corpus_cfg_json}".encode())
-    for f in input_files(input_uri):
-        if storage.is_s3(f):  # a bucket key is stable (local paths are not); its size + ETag, not its bytes
-            h.update(f.encode())
-            h.update(storage.object_signature(f).encode())
-        else:
-            with open(f, "rb") as fh:
-                for chunk in iter(lambda: fh.read(1 << 20), b""):
-                    h.update(chunk)
-    return h.hexdigest()[:16]
-
-
-def prepare_corpus(cfg, progress: bool = True) -> str:
-    """The augmented shards a method config (``data``: a :class:`CorpusBlock`) trains on: the
-    configured ones, or the corpus augmented once and cached under ``<storage>/corpora/<content
-    hash>`` (reused when the manifest exists); the corpus seed is the training seed."""
-    data, storage_root, seed = cfg.data, cfg.run.storage, cfg.train.seed
-    if data.shards:
-        built = storage.resolve_build(data.shards)
-        if built is None:
-            raise DataError(f"{data.shards}: no committed build (not an augmented corpus from augment_corpus)")
-        return built
-    cfg = CorpusConfig(input=repo_path(data.corpus), limit=data.limit, seed=seed, min_words=data.min_words,
-                       max_words=data.max_words, drop_capitalised_splits=data.drop_capitalised_splits,
-                       augment=data.augment, parser={"workers": data.parser_workers, "cpus_per_worker": 0.5})
-    out = storage.join(storage.absolute(storage_root), "corpora",
-                       corpus_key(cfg.input, cfg.model_dump_json(exclude={"input"})))
-    if (done := storage.resolve_build(out)) is not None:
-        print(f"augmented corpus: reusing {done}")
-        return done
-    print(f"augmented corpus: building under {out}")
-    return storage.build_committed(out, lambda folder: run_pipeline(cfg, folder, progress=progress))
