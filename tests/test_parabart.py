@@ -24,8 +24,8 @@ from trainers.parabart import (
     main_loss,
     parameter_groups,
     parse_tokens,
-    word_dropout,
 )
+from trainers.parabart_batch import word_dropout
 from trainers.parabart_generate import generate
 
 ROWS = {
@@ -248,8 +248,8 @@ def test_generation_projects_only_the_next_token_and_gets_the_full_projections_l
 def test_generation_from_a_saved_model(tiny_bert_dir, tmp_path):
     from sentence_transformers import SentenceTransformer
 
-    from trainers.parabart import export_model
     from trainers.parabart_generate import load_parabart
+    from trainers.parabart_recipe import export_model
 
     cfg, model, dis, batcher = setup(tiny_bert_dir)
     ckpt = tmp_path / "ckpt"
@@ -457,8 +457,8 @@ def test_a_bart_model_exports_an_encoder_sentence_transformers_runs_as_an_encode
 
     from orchestrator.evaluation.encode import HFEncoder
     from orchestrator.models import load_encoder
-    from trainers.parabart import export_model
     from trainers.parabart_generate import load_parabart
+    from trainers.parabart_recipe import export_model
 
     if arch == "bart-folder":
         cfg, model, dis, batcher = setup(tiny_bart_dir)
@@ -571,7 +571,8 @@ def test_before_the_adversary_starts_d_is_fitted_and_no_adversarial_gradient_rea
 
 
 def test_the_checkpoint_is_chosen_on_the_paraphrase_loss_alone(tiny_bert_dir):
-    from trainers.parabart import ParaBARTRecipe, validation_loss
+    from trainers.parabart import validation_loss
+    from trainers.parabart_recipe import ParaBARTRecipe
 
     cfg, model, dis, batcher = setup(tiny_bert_dir)
     assert cfg.selection == "valid_para_loss" and ParaBARTRecipe.selection_metric(cfg) == "neg_valid_loss_para"

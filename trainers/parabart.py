@@ -82,16 +82,9 @@ from orchestrator.config import EncoderMethodConfig, EvalConfig, ModelConfig, Tr
 from orchestrator.data.paraphrase import (
     ParaphraseData,
     Vocab,
-    load_valid_rows,
-    load_vocabs,
-    parse_tokens,
-    prepare_paraphrase_data,
 )
 from orchestrator.evaluation import sts
-from orchestrator.evaluation.domain import evaluate_encoder
 from orchestrator.evaluation.encode import HFEncoder, mean_pool
-from orchestrator.export import export_encoder, standalone_encoder
-from orchestrator.spec import BaseResult, measure_base
 from trainers import common
 from trainers.parabart_adversary import (  # noqa: F401  (the recipe's names, re-exported)
     Discriminator,
@@ -104,7 +97,7 @@ from trainers.parabart_adversary import (  # noqa: F401  (the recipe's names, re
     encoder_adv_term,
     set_prior_bias,
 )
-from trainers.recipe import Recipe
+from trainers.parabart_batch import Batch
 
 
 # ---------------------------------------------------------------- config
@@ -258,50 +251,10 @@ def hold_encoder(optimizer: torch.optim.Optimizer, frozen: bool) -> None:
     common.hold_part(optimizer, "sem", frozen)
 
 
-# ---------------------------------------------------------------- losses and the noise
-def word_dropout(ids: torch.Tensor, mask: torch.Tensor, p: float, mask_id: int, keep_ids: set[int],
-                 generator: torch.Generator | None = None) -> torch.Tensor:
-    """Replace each real, non-special token by ``mask_id`` with probability ``p``."""
-    if p <= 0:
-        return ids
-    drop = torch.rand(ids.shape, generator=generator, device=ids.device) < p
-    special = torch.zeros_like(drop)
-    for k in keep_ids:
-        special |= ids == k
-    return torch.where(drop & mask.bool() & ~special, torch.full_like(ids, mask_id), ids)
-
-
+# ---------------------------------------------------------------- the losses (the inputs and their noise: parabart_batch.py)
 def para_loss(logits: torch.Tensor, tgt_ids: torch.Tensor, tgt_mask: torch.Tensor) -> torch.Tensor:
     """L_para: mean cross-entropy over the target's real tokens (``logits``: :meth:`ParaBART.forward`'s)."""
     return F.cross_entropy(logits, tgt_ids[:, 1:][tgt_mask[:, 1:].bool()])
-
-
-class Batch:
-    """Tokenised source (word-dropped), target, target parse and source bag tensors."""
-
-    def __init__(self, tokenizer, syntax: Vocab, tags: Vocab, cfg: ParaBARTConfig):
-        self.tok, self.syntax, self.tags, self.cfg = tokenizer, syntax, tags, cfg
-        self.keep = {tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id}
-
-    def __call__(self, rows: dict, *, train: bool, generator: torch.Generator | None = None, device="cpu"):
-        kw = dict(padding=True, truncation=True, max_length=self.cfg.model.max_length, return_tensors="pt",
-                  return_token_type_ids=False)
-        src = self.tok([str(s) for s in rows["src"]], **kw)
-        tgt = self.tok([str(s) for s in rows["tgt"]], **kw)
-        src_ids = src["input_ids"]
-        if train:
-            src_ids = word_dropout(src_ids, src["attention_mask"], self.cfg.word_dropout, self.tok.mask_token_id,
-                                   self.keep, generator)
-        parses = [self.syntax.ids(parse_tokens(str(p)))[: self.cfg.parse_max_length] or [1] for p in rows["tgt_parse"]]
-        width = max(len(p) for p in parses)
-        parse_ids = torch.zeros(len(parses), width, dtype=torch.long)
-        for i, p in enumerate(parses):
-            parse_ids[i, : len(p)] = torch.tensor(p)
-        bags = bag_targets([str(b) for b in rows["src_bag"]], self.tags, self.cfg.discriminator)
-        out = {"src_ids": src_ids, "src_mask": src["attention_mask"], "parse_ids": parse_ids,
-               "parse_mask": (parse_ids != 0).long(), "tgt_ids": tgt["input_ids"], "tgt_mask": tgt["attention_mask"],
-               "bags": bags}
-        return {k: v.to(device) for k, v in out.items()}
 
 
 def main_loss(model: nn.Module, dis: Discriminator, b: dict, cfg: ParaBARTConfig, adversary_on: bool, opt_dis=None,
@@ -361,90 +314,3 @@ def validation_loss(model: ParaBART, dis: Discriminator, batcher: Batch, rows: d
     return {"valid_loss_para": para, "neg_valid_loss_para": -para, "valid_loss": loss, "valid_loss_adv": adv,
             "valid_loss_adv_average_bag": average_bag_loss(torch.cat(bags), dis.form),
             "u_norm_mean": float(u.norm(dim=-1).mean()), "u_cosine_mean": cosine}
-
-
-# ---------------------------------------------------------------- export, load, evaluate
-def export_model(cfg: ParaBARTConfig, checkpoint_dir, out_dir):
-    """E_sem as a sentence encoder (mean pooling; loads with ``SentenceTransformer``) +
-    ``parabart.pt`` (the whole model and its two vocabularies) + ``generator/`` (the backbone's
-    config and tokenizer) + ``parabart_config.json``, for generation (``trainers.parabart_generate``)."""
-    state = common.load_module_state(checkpoint_dir)
-    model, tokenizer = build_model(cfg, Vocab(state["_extra_state"]["syntax"]), Vocab(state["_extra_state"]["tags"]))
-    model.load_state_dict(state)
-
-    def generator_files(folder: Path) -> None:
-        model.sem.config.save_pretrained(folder / "generator")
-        tokenizer.save_pretrained(folder / "generator")
-        torch.save(model.state_dict(), folder / "parabart.pt")
-
-    return export_encoder(standalone_encoder(model.sem), tokenizer, out_dir, pooling="mean",
-                          max_seq_length=cfg.eval.max_length,
-                          extra_files={"parabart_config.json": cfg.model_dump_json(indent=2)},
-                          write_more=generator_files)
-
-
-def evaluate(cfg: ParaBARTConfig, model_dir, tasks: list[str] | None = None):
-    """STS Pearson (the paper's metric; the headline) and Spearman, mean pooling over E_sem, with the
-    paper's SentEval aggregation beside SimCSE's "all": each task's Pearson averaged over its subsets
-    (SentEval's "mean"), then over the tasks."""
-    report = evaluate_encoder(cfg, Path(model_dir), tasks)
-    sts_tasks = report.detail["sts"]["tasks"]
-    report.metrics["sts_senteval_avg_pearson"] = sum(t["pearson"]["mean"] for t in sts_tasks.values()) / len(sts_tasks)
-    report.table += (f"\n\nSentEval aggregation (Pearson averaged over each task's subsets, then tasks): "
-                     f"{report.metrics['sts_senteval_avg_pearson'] * 100:.2f}")
-    report.headline = "sts_avg_pearson_all"
-    return report
-
-
-# ---------------------------------------------------------------- the recipe
-class ParaBARTRecipe(Recipe):
-    name = "parabart"
-    config_cls = ParaBARTConfig
-    metric, metric_label = "stsb_dev_spearman", "STS-B dev Spearman"
-    columns = ("src", "tgt", "tgt_parse", "src_bag")
-
-    def setup(self):
-        self.syntax, self.tags = load_vocabs(self.job["shards"])
-        self.valid = load_valid_rows(self.job["shards"]) if common.rank() == 0 else {}
-        self.adversary_on = False
-
-    def build(self) -> nn.Module:
-        model, self.tokenizer = build_model(self.cfg, self.syntax, self.tags)
-        self.batcher = Batch(self.tokenizer, self.syntax, self.tags, self.cfg)
-        return model
-
-    def optimizer_extras(self, module):
-        # D trains outside DDP / ZeRO with its own optimiser; its gradients are averaged by hand
-        self.dis = discriminator(module, self.cfg.discriminator).to(self.device)
-        self.opt_dis = discriminator_optimizer(self.dis, self.cfg)
-        return {"groups": parameter_groups(module, self.cfg), "extra_modules": {"discriminator": self.dis},
-                "extra_optimizers": {"discriminator": self.opt_dis}}
-
-    def loss(self, model, batch, state):
-        cfg, b = self.cfg, self.batcher(batch, train=True, device=self.device)
-        self.adversary_on = state["step"] >= cfg.adversary_start_step
-        if state["step"] == 0 and cfg.discriminator_bias == "prior":  # a fresh run (a resumed one loads D)
-            set_prior_bias(self.dis, b["bags"])
-        hold_encoder(self.stepper.optimizer, frozen=state["step"] < cfg.freeze_encoder_steps)
-        return main_loss(model, self.dis, b, cfg, adversary_on=self.adversary_on, opt_dis=self.opt_dis,
-                         fit_discriminator=self.adversary_on or cfg.discriminator_warmup == "fit")
-
-    def dev(self, module):
-        return {"stsb_dev_spearman": dev_score(module.sem, self.tokenizer, self.cfg),
-                **validation_loss(module, self.dis, self.batcher, self.valid, self.cfg,
-                                  adversary_on=self.adversary_on, device=self.device)}
-
-    @staticmethod
-    def prepare_data(cfg: ParaBARTConfig, progress: bool = True) -> str:
-        return prepare_paraphrase_data(cfg.data, cfg.run.storage, progress=progress)
-
-    export = staticmethod(export_model)
-    evaluate = staticmethod(evaluate)
-
-    @staticmethod
-    def evaluate_base(cfg: ParaBARTConfig) -> BaseResult:  # E_sem before training, as the trained one is read
-        return measure_base(cfg, dev_score, evaluate)
-
-    @classmethod
-    def selection_metric(cls, cfg):
-        return {"valid_para_loss": "neg_valid_loss_para", "last": None}.get(cfg.selection, cls.metric)

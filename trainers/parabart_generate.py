@@ -7,7 +7,8 @@ from pathlib import Path
 
 import torch
 
-from trainers.parabart import Batch, ParaBART, ParaBARTConfig, Vocab, build_model
+from trainers.parabart import ParaBART, ParaBARTConfig, Vocab, build_model
+from trainers.parabart_batch import Batch
 
 
 @torch.inference_mode()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from orchestrator.errors import ConfigError
 from trainers.mlm import MLMRecipe
-from trainers.parabart import ParaBARTRecipe
+from trainers.parabart_recipe import ParaBARTRecipe
 from trainers.recipe import Recipe
 from trainers.siamese import SiameseRecipe
 from trainers.sifter_lstm import SifterLSTMRecipe

@@ -1,0 +1,51 @@
+"""ParaBART's inputs: a batch of (source, target, target parse, source bag) rows as tensors - the source
+word-dropped while training (the reference code's noise), the target parse as syntax-vocabulary ids, the
+source's bag of constituents as D's targets (``parabart_adversary.bag_targets``)."""
+
+from __future__ import annotations
+
+import torch
+
+from orchestrator.data.paraphrase import Vocab, parse_tokens
+from trainers.parabart_adversary import bag_targets
+
+
+def word_dropout(ids: torch.Tensor, mask: torch.Tensor, p: float, mask_id: int, keep_ids: set[int],
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+    """Replace each real, non-special token by ``mask_id`` with probability ``p``."""
+    if p <= 0:
+        return ids
+    drop = torch.rand(ids.shape, generator=generator, device=ids.device) < p
+    special = torch.zeros_like(drop)
+    for k in keep_ids:
+        special |= ids == k
+    return torch.where(drop & mask.bool() & ~special, torch.full_like(ids, mask_id), ids)
+
+
+class Batch:
+    """Tokenised source (word-dropped), target, target parse and source bag tensors."""
+
+    def __init__(self, tokenizer, syntax: Vocab, tags: Vocab, cfg):
+        """``cfg``: a :class:`trainers.parabart.ParaBARTConfig` (its lengths, word dropout and D's form)."""
+        self.tok, self.syntax, self.tags, self.cfg = tokenizer, syntax, tags, cfg
+        self.keep = {tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id}
+
+    def __call__(self, rows: dict, *, train: bool, generator: torch.Generator | None = None, device="cpu"):
+        kw = dict(padding=True, truncation=True, max_length=self.cfg.model.max_length, return_tensors="pt",
+                  return_token_type_ids=False)
+        src = self.tok([str(s) for s in rows["src"]], **kw)
+        tgt = self.tok([str(s) for s in rows["tgt"]], **kw)
+        src_ids = src["input_ids"]
+        if train:
+            src_ids = word_dropout(src_ids, src["attention_mask"], self.cfg.word_dropout, self.tok.mask_token_id,
+                                   self.keep, generator)
+        parses = [self.syntax.ids(parse_tokens(str(p)))[: self.cfg.parse_max_length] or [1] for p in rows["tgt_parse"]]
+        width = max(len(p) for p in parses)
+        parse_ids = torch.zeros(len(parses), width, dtype=torch.long)
+        for i, p in enumerate(parses):
+            parse_ids[i, : len(p)] = torch.tensor(p)
+        bags = bag_targets([str(b) for b in rows["src_bag"]], self.tags, self.cfg.discriminator)
+        out = {"src_ids": src_ids, "src_mask": src["attention_mask"], "parse_ids": parse_ids,
+               "parse_mask": (parse_ids != 0).long(), "tgt_ids": tgt["input_ids"], "tgt_mask": tgt["attention_mask"],
+               "bags": bags}
+        return {k: v.to(device) for k, v in out.items()}

@@ -1,0 +1,116 @@
+"""ParaBART as a :class:`Recipe`: what every worker runs (the vocabularies and held-out pairs loaded, the model
+and D built, one step's loss with the adversary's schedule, the dev score with the validation diagnostics) and
+what the driver runs (the paraphrase pairs prepared, the export, the test). The method itself - its model, its
+losses and its settings - is ``trainers/parabart.py``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from orchestrator.data.paraphrase import Vocab, load_valid_rows, load_vocabs, prepare_paraphrase_data
+from orchestrator.evaluation.domain import evaluate_encoder
+from orchestrator.export import export_encoder, standalone_encoder
+from orchestrator.spec import BaseResult, measure_base
+from trainers import common
+from trainers.parabart import (
+    ParaBARTConfig,
+    build_model,
+    dev_score,
+    hold_encoder,
+    main_loss,
+    parameter_groups,
+    validation_loss,
+)
+from trainers.parabart_adversary import discriminator, discriminator_optimizer, set_prior_bias
+from trainers.parabart_batch import Batch
+from trainers.recipe import Recipe
+
+
+# ---------------------------------------------------------------- export and evaluate
+def export_model(cfg: ParaBARTConfig, checkpoint_dir, out_dir):
+    """E_sem as a sentence encoder (mean pooling; loads with ``SentenceTransformer``) +
+    ``parabart.pt`` (the whole model and its two vocabularies) + ``generator/`` (the backbone's
+    config and tokenizer) + ``parabart_config.json``, for generation (``trainers.parabart_generate``)."""
+    state = common.load_module_state(checkpoint_dir)
+    model, tokenizer = build_model(cfg, Vocab(state["_extra_state"]["syntax"]), Vocab(state["_extra_state"]["tags"]))
+    model.load_state_dict(state)
+
+    def generator_files(folder: Path) -> None:
+        model.sem.config.save_pretrained(folder / "generator")
+        tokenizer.save_pretrained(folder / "generator")
+        torch.save(model.state_dict(), folder / "parabart.pt")
+
+    return export_encoder(standalone_encoder(model.sem), tokenizer, out_dir, pooling="mean",
+                          max_seq_length=cfg.eval.max_length,
+                          extra_files={"parabart_config.json": cfg.model_dump_json(indent=2)},
+                          write_more=generator_files)
+
+
+def evaluate(cfg: ParaBARTConfig, model_dir, tasks: list[str] | None = None):
+    """STS Pearson (the paper's metric; the headline) and Spearman, mean pooling over E_sem, with the
+    paper's SentEval aggregation beside SimCSE's "all": each task's Pearson averaged over its subsets
+    (SentEval's "mean"), then over the tasks."""
+    report = evaluate_encoder(cfg, Path(model_dir), tasks)
+    sts_tasks = report.detail["sts"]["tasks"]
+    report.metrics["sts_senteval_avg_pearson"] = sum(t["pearson"]["mean"] for t in sts_tasks.values()) / len(sts_tasks)
+    report.table += (f"\n\nSentEval aggregation (Pearson averaged over each task's subsets, then tasks): "
+                     f"{report.metrics['sts_senteval_avg_pearson'] * 100:.2f}")
+    report.headline = "sts_avg_pearson_all"
+    return report
+
+
+# ---------------------------------------------------------------- the recipe
+class ParaBARTRecipe(Recipe):
+    name = "parabart"
+    config_cls = ParaBARTConfig
+    metric, metric_label = "stsb_dev_spearman", "STS-B dev Spearman"
+    columns = ("src", "tgt", "tgt_parse", "src_bag")
+
+    def setup(self):
+        self.syntax, self.tags = load_vocabs(self.job["shards"])
+        self.valid = load_valid_rows(self.job["shards"]) if common.rank() == 0 else {}
+        self.adversary_on = False
+
+    def build(self) -> nn.Module:
+        model, self.tokenizer = build_model(self.cfg, self.syntax, self.tags)
+        self.batcher = Batch(self.tokenizer, self.syntax, self.tags, self.cfg)
+        return model
+
+    def optimizer_extras(self, module):
+        # D trains outside DDP / ZeRO with its own optimiser; its gradients are averaged by hand
+        self.dis = discriminator(module, self.cfg.discriminator).to(self.device)
+        self.opt_dis = discriminator_optimizer(self.dis, self.cfg)
+        return {"groups": parameter_groups(module, self.cfg), "extra_modules": {"discriminator": self.dis},
+                "extra_optimizers": {"discriminator": self.opt_dis}}
+
+    def loss(self, model, batch, state):
+        cfg, b = self.cfg, self.batcher(batch, train=True, device=self.device)
+        self.adversary_on = state["step"] >= cfg.adversary_start_step
+        if state["step"] == 0 and cfg.discriminator_bias == "prior":  # a fresh run (a resumed one loads D)
+            set_prior_bias(self.dis, b["bags"])
+        hold_encoder(self.stepper.optimizer, frozen=state["step"] < cfg.freeze_encoder_steps)
+        return main_loss(model, self.dis, b, cfg, adversary_on=self.adversary_on, opt_dis=self.opt_dis,
+                         fit_discriminator=self.adversary_on or cfg.discriminator_warmup == "fit")
+
+    def dev(self, module):
+        return {"stsb_dev_spearman": dev_score(module.sem, self.tokenizer, self.cfg),
+                **validation_loss(module, self.dis, self.batcher, self.valid, self.cfg,
+                                  adversary_on=self.adversary_on, device=self.device)}
+
+    @staticmethod
+    def prepare_data(cfg: ParaBARTConfig, progress: bool = True) -> str:
+        return prepare_paraphrase_data(cfg.data, cfg.run.storage, progress=progress)
+
+    export = staticmethod(export_model)
+    evaluate = staticmethod(evaluate)
+
+    @staticmethod
+    def evaluate_base(cfg: ParaBARTConfig) -> BaseResult:  # E_sem before training, as the trained one is read
+        return measure_base(cfg, dev_score, evaluate)
+
+    @classmethod
+    def selection_metric(cls, cfg):
+        return {"valid_para_loss": "neg_valid_loss_para", "last": None}.get(cfg.selection, cls.metric)
