@@ -12,7 +12,7 @@ from orchestrator.config import REPO_ROOT, load_config, read_yaml, set_path, val
 from orchestrator.drivers.publish import Choice, choose, gate_line, register
 from orchestrator.drivers.registry import get_method, method_names
 from orchestrator.drivers.report import common_step, dev_at, group_rows, group_table
-from orchestrator.drivers.sweep import Dimension, SweepJobConfig, check_space, trial_config
+from orchestrator.drivers.sweep_space import Dimension, SweepJobConfig, check_space, trial_config
 from orchestrator.errors import ConfigError
 from orchestrator.evaluation.suite import TestReport, compare_table
 from orchestrator.spec import BaseResult
@@ -212,7 +212,7 @@ def test_a_finished_trial_is_tested_early_only_on_cores_the_trials_left_leave_id
     """#22.4: EarlyTests starts a finished trial's test beside training only when a core would idle - never while
     trials still wait for a slot (it would slow every trial that follows)."""
     from orchestrator.drivers.early_tests import spare_threads
-    from orchestrator.drivers.sweep import total_trials
+    from orchestrator.drivers.sweep_space import total_trials
 
     parabart = validate(SweepJobConfig, read_yaml(REPO_ROOT / "configs" / "parabart_sweep" / "smoke.yaml"), "smoke")
     sentiment = validate(SweepJobConfig, read_yaml(REPO_ROOT / "configs" / "sentiment_sweep" / "smoke.yaml"), "smoke")

@@ -36,15 +36,8 @@ from orchestrator.drivers.cluster import init_ray, shutdown_ray
 from orchestrator.drivers.early_tests import EarlyTests
 from orchestrator.drivers.registry import get_method
 from orchestrator.drivers.report import write_sweep_report
-from orchestrator.drivers.sweep import (
-    SweepJobConfig,
-    check_space,
-    refuse_existing,
-    run_sweep,
-    sweep_dir,
-    trial_config,
-    trial_rows,
-)
+from orchestrator.drivers.sweep import refuse_existing, run_sweep, sweep_dir, trial_rows
+from orchestrator.drivers.sweep_space import SweepJobConfig, check_space, trial_config
 from orchestrator.drivers.train import (
     Outcome,
     checkpoint_at,

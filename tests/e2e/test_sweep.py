@@ -92,7 +92,7 @@ def test_tiny_sweep_registers_best_and_reports(ray_cluster, tiny_bert_dir, tmp_p
     assert out.count("] tested now, on ") + out.count("] tested after the sweep") == 2  # each trial once
     from orchestrator.config import read_yaml, set_path
     from orchestrator.drivers.registry import get_method
-    from orchestrator.drivers.sweep import trial_config
+    from orchestrator.drivers.sweep_space import trial_config
 
     job, spec = yaml.safe_load(cfg.read_text()), get_method("sifter_simcse")
     data = read_yaml(Path(job["base"]))

@@ -1,0 +1,121 @@
+"""A sweep file's typed models - the method, its base preset and overrides, the search space and the scheduler -
+and the check every space passes before Ray starts: each dimension's values, and every grid point, must give a
+valid method config (values valid alone can be invalid together)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+from ray import tune
+
+from orchestrator.config import MethodConfig, StrictModel, with_params
+from orchestrator.drivers.publish import flat_params
+from orchestrator.errors import ConfigError
+
+
+class Dimension(StrictModel):
+    grid: list[Any] | None = None
+    choice: list[Any] | None = None
+    uniform: tuple[float, float] | None = None
+    loguniform: tuple[float, float] | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self):
+        given = [k for k in ("grid", "choice", "uniform", "loguniform") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of grid, choice, uniform, loguniform")
+        bounds = self.uniform or self.loguniform
+        if bounds is not None and not bounds[0] < bounds[1]:
+            raise ValueError(f"lower bound {bounds[0]} must be below upper bound {bounds[1]}")
+        if self.loguniform is not None and self.loguniform[0] <= 0:
+            raise ValueError("loguniform bounds must be > 0")
+        if (self.grid is not None and not self.grid) or (self.choice is not None and not self.choice):
+            raise ValueError("grid/choice needs at least one value")
+        return self
+
+    def candidates(self) -> list[Any]:
+        """Values that must validate against the method config: every grid / choice value; for a range its
+        bounds and an interior point a sampler can draw (a float range on an integer key fails here, not
+        inside a trial)."""
+        if self.uniform is not None:
+            return [*self.uniform, self.uniform[0] + (self.uniform[1] - self.uniform[0]) * 0.37]
+        if self.loguniform is not None:
+            lo, hi = self.loguniform
+            return [lo, hi, lo * (hi / lo) ** 0.37]
+        return list(self.grid or self.choice)
+
+    def to_tune(self):
+        if self.grid is not None:
+            return tune.grid_search(self.grid)
+        if self.choice is not None:
+            return tune.choice(self.choice)
+        if self.uniform is not None:
+            return tune.uniform(*self.uniform)
+        return tune.loguniform(*self.loguniform)
+
+
+class SchedulerBlock(StrictModel):
+    type: str = Field("asha", pattern="^(asha|fifo)$")
+    grace_period: int = Field(1, ge=1, description="evaluations before a trial may be stopped")
+    reduction_factor: float = Field(2.0, gt=1)
+
+
+class SweepConfig(StrictModel):
+    search: Literal["variants", "optuna"] = Field(
+        "variants", description="variants: every grid point × num_samples random draws; optuna: Bayesian (TPE), "
+        "num_samples trials, seeded")
+    num_samples: int = Field(1, ge=1)
+    max_concurrent_trials: int | None = Field(None, ge=1, description="default: what the cluster fits")
+    seed: int = 0
+    scheduler: SchedulerBlock = SchedulerBlock()
+    space: dict[str, Dimension] = {}
+
+
+class SweepJobConfig(StrictModel):
+    """A sweep file: the method, its base preset (+ overrides by path), and the search space."""
+
+    method: str
+    base: str | dict[str, Any] = Field(..., description="path of the method's base config (relative to the repo "
+                                       "root), or the whole config inline")
+    base_overrides: dict[str, Any] = {}
+    sweep: SweepConfig = SweepConfig()
+    test_every_trial: bool = Field(False, description="export + test every trial, not only the best")
+    group_out: list[str] = Field(["train.seed"], description="space keys averaged over in the report's groups")
+    candidate_margin: float = Field(0.0, ge=0, description="the alias `candidate` moves only when the best "
+                                    "setting's dev score beats the base model's by more than this")
+
+
+def trial_config(base: MethodConfig, params: dict[str, Any], source: str) -> MethodConfig:
+    return with_params(base, flat_params(params), source)
+
+
+def check_space(base: MethodConfig, space: dict[str, Dimension], source: str, max_points: int = 10_000) -> None:
+    """Every dimension's values must give a valid method config (unknown keys fail here), and so must
+    every point of the grid: values valid alone can be invalid together (λXY = λXZ = λYZ = 0)."""
+    for key, dim in space.items():
+        for value in dim.candidates():
+            try:
+                trial_config(base, {key: value}, source)
+            except ConfigError as exc:
+                raise ConfigError(f"{source}: sweep.space.{key}={value!r}: {str(exc).split(': ', 1)[-1]}") from None
+    grids = {k: d.grid for k, d in space.items() if d.grid is not None}
+    others = {k: d.candidates()[0] for k, d in space.items() if d.grid is None}
+    if math.prod(len(v) for v in grids.values()) > max_points:
+        return
+    for point in itertools.product(*grids.values()):
+        params = {**others, **dict(zip(grids, point, strict=True))}
+        try:
+            trial_config(base, params, source)
+        except ConfigError as exc:
+            shown = ", ".join(f"{k}={v!r}" for k, v in zip(grids, point, strict=True))
+            raise ConfigError(f"{source}: sweep grid point {shown}: {str(exc).split(': ', 1)[-1]}") from None
+
+
+def total_trials(job: SweepJobConfig) -> int:
+    """How many trials the sweep runs: every grid point × ``num_samples`` (Optuna: ``num_samples``)."""
+    if job.sweep.search == "optuna":
+        return job.sweep.num_samples
+    return job.sweep.num_samples * math.prod(len(d.grid) for d in job.sweep.space.values() if d.grid is not None)
