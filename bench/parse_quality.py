@@ -56,19 +56,19 @@ def leaves(node) -> list[str]:
 
 
 def top_constituent_agreement(parser, path, limit=None):
-    from orchestrator.data import augment as A
+    from orchestrator.data import constituency as C
 
     lines = path.read_text(encoding="utf-8").splitlines()[:limit]
     exact = n = 0
     tp = n_pred = n_gold = 0
     confusions = Counter()
     for line in lines:
-        gold = A.clean_ptb(A.read_bracketed(line))
+        gold = C.clean_ptb(C.read_bracketed(line))
         if gold is None:
             continue
         words = leaves(gold)
-        ours = A.dep_to_tree(parser.parse_words(words))
-        g, o = A.top_constituents(gold), A.top_constituents(ours)
+        ours = C.dep_to_tree(parser.parse_words(words))
+        g, o = C.top_constituents(gold), C.top_constituents(ours)
         exact += g == o
         if g != o:
             confusions[(" ".join(g), " ".join(o))] += 1

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.data import augment as A
+from orchestrator.data import constituency as C
 from orchestrator.data.parsing import Parse, Token
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -132,14 +133,14 @@ def test_repetition_duplicates_in_place():
 
 
 def test_dep_to_tree_and_linearize():
-    tree = A.dep_to_tree(CAT)
+    tree = C.dep_to_tree(CAT)
     assert tree == ("S", [("NP", [("DT", ["The"]), ("NN", ["cat"])]),
                           ("VP", [("VBD", ["sat"]), ("PP", [("IN", ["on"]), ("NP", [("DT", ["the"]), ("NN", ["mat"])])])]),
                           (".", ["."])])
-    assert A.linearize(tree, 3) == "(S (NP (DT) (NN)) (VP (VBD) (PP)) (.))"
-    assert A.linearize(tree, 10) == "(S (NP (DT) (NN)) (VP (VBD) (PP (IN) (NP (DT) (NN)))) (.))"
-    assert A.top_constituents(tree) == ["NP", "VP", "."]
-    bag = A.constituent_bag(tree)
+    assert C.linearize(tree, 3) == "(S (NP (DT) (NN)) (VP (VBD) (PP)) (.))"
+    assert C.linearize(tree, 10) == "(S (NP (DT) (NN)) (VP (VBD) (PP (IN) (NP (DT) (NN)))) (.))"
+    assert C.top_constituents(tree) == ["NP", "VP", "."]
+    bag = C.constituent_bag(tree)
     # counts, as ParaBART's reference code counts the linearized tree under ROOT: 12 nodes + ROOT, 13 brackets a side
     assert bag["NP"] == 2 and bag["DT"] == 2 and bag["ROOT"] == 1 and bag["("] == bag[")"] == 13
     assert sum(bag.values()) == 3 * 13
@@ -148,20 +149,20 @@ def test_dep_to_tree_and_linearize():
 def test_subordinate_clause_becomes_sbar():
     s = P("I/PRON/PRP/2/nsubj left/VERB/VBD/0/root because/SCONJ/IN/5/mark it/PRON/PRP/5/nsubj "
           "rained/VERB/VBD/2/advcl ./PUNCT/./2/punct")
-    assert A.linearize(A.dep_to_tree(s), 5) == "(S (NP (PRP)) (VP (VBD) (SBAR (IN) (S (NP) (VP)))) (.))"
-    assert A.linearize(A.dep_to_tree(s), 4) == "(S (NP (PRP)) (VP (VBD) (SBAR (IN) (S))) (.))"
+    assert C.linearize(C.dep_to_tree(s), 5) == "(S (NP (PRP)) (VP (VBD) (SBAR (IN) (S (NP) (VP)))) (.))"
+    assert C.linearize(C.dep_to_tree(s), 4) == "(S (NP (PRP)) (VP (VBD) (SBAR (IN) (S))) (.))"
 
 
 def test_ptb_reader_strips_function_tags_and_traces():
     raw = "( (S (NP-SBJ-1 (NNP Mr.) (NNP Vinken)) (VP (VBZ is) (NP-PRD (-NONE- *T*-1) (NN chairman))) (. .)))"
-    tree = A.clean_ptb(A.read_bracketed(raw))
-    assert A.top_constituents(tree) == ["NP", "VP", "."]
-    assert A.linearize(tree, 3) == "(S (NP (NNP) (NNP)) (VP (VBZ) (NP)) (.))"
+    tree = C.clean_ptb(C.read_bracketed(raw))
+    assert C.top_constituents(tree) == ["NP", "VP", "."]
+    assert C.linearize(tree, 3) == "(S (NP (NNP) (NNP)) (VP (VBZ) (NP)) (.))"
 
 
 def test_parser_tree_wins_over_conversion():
     p = Parse(CAT.text, CAT.tokens, tree="(ROOT (S (NP (DT The) (NN cat)) (VP (VBD sat)) (. .)))")
-    assert A.linearize(A.constituency(p), 3) == "(S (NP (DT) (NN)) (VP (VBD)) (.))"
+    assert C.linearize(C.constituency(p), 3) == "(S (NP (DT) (NN)) (VP (VBD)) (.))"
 
 
 def test_real_spacy_parse():
@@ -170,7 +171,7 @@ def test_real_spacy_parse():
     parse = SpacyParser().parse_batch(["The cat sat on the mat."])[0]
     assert [t.deprel for t in parse.tokens] == ["det", "nsubj", "root", "prep", "det", "pobj", "punct"]
     assert A.backbone_view(parse, random.Random(0)) == "The cat sat on the mat. cat sat on"
-    assert A.linearize(A.constituency(parse), 3) == "(S (NP (DT) (NN)) (VP (VBD) (PP)) (.))"
+    assert C.linearize(C.constituency(parse), 3) == "(S (NP (DT) (NN)) (VP (VBD) (PP)) (.))"
 
 
 # ---------------------------------------------------------------- stanza adapter on UD gold
@@ -214,10 +215,10 @@ def test_stanza_pipeline_needs_a_model_dir(tmp_path):
 def test_coordinated_clauses_and_appositive_comma_follow_ptb():
     coord = P("He/PRON/PRP/2/nsubj came/VERB/VBD/0/root ,/PUNCT/,/2/punct and/CCONJ/CC/2/cc "
               "she/PRON/PRP/6/nsubj left/VERB/VBD/2/conj ./PUNCT/./6/punct")
-    assert A.top_constituents(A.dep_to_tree(coord)) == ["S", ",", "CC", "S", "."]
+    assert C.top_constituents(C.dep_to_tree(coord)) == ["S", ",", "CC", "S", "."]
     appos = P("Vinken/PROPN/NNP/5/nsubj ,/PUNCT/,/1/punct chairman/NOUN/NN/1/appos ,/PUNCT/,/5/punct "
               "joined/VERB/VBD/0/root ./PUNCT/./5/punct")
-    assert A.linearize(A.dep_to_tree(appos), 3) == "(S (NP (NNP) (,) (NP) (,)) (VP (VBD)) (.))"
+    assert C.linearize(C.dep_to_tree(appos), 3) == "(S (NP (NNP) (,) (NP) (,)) (VP (VBD)) (.))"
 
 
 # The paper's worked example (SIFTER, Section 3), parsed by the shipped spaCy pipeline; and ESimCSE's sentence.

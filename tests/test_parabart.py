@@ -32,7 +32,7 @@ ROWS = {
     "src": ["the cat sat on the mat .", "a man is playing a guitar ."],
     "tgt": ["on the mat sat the cat .", "a guitar is being played by a man ."],
     "tgt_parse": ["(S (PP (IN) (NP)) (VP (VBD)) (NP (DT) (NN)) (.))", "(S (NP (DT) (NN)) (VP (VBZ) (VP)) (.))"],
-    # the bags as the pipeline writes them (orchestrator.data.augment.constituent_bag): counts, ROOT and brackets
+    # the bags as the pipeline writes them (orchestrator.data.constituency.constituent_bag): counts, ROOT and brackets
     "src_bag": [json.dumps({"(": 6, ")": 6, "ROOT": 1, "S": 1, "NP": 2, "VP": 1, "DT": 1}),
                 json.dumps({"(": 5, ")": 5, "ROOT": 1, "S": 1, "NP": 2, "VP": 1})],
 }
@@ -134,7 +134,7 @@ def test_without_syntax_guidance_the_decoder_sees_only_the_sentence_vector(tiny_
 
 def test_the_syntax_input_keeps_the_whole_tree_of_a_long_sentence(tiny_bert_dir):
     """A 30-word sentence's parse, as the pipeline linearizes it by default, reaches E_syn whole."""
-    from orchestrator.data import augment as A
+    from orchestrator.data import constituency as C
     from orchestrator.data.corpus import AugmentConfig
     from orchestrator.data.parsing import SpacyParser
 
@@ -142,11 +142,11 @@ def test_the_syntax_input_keeps_the_whole_tree_of_a_long_sentence(tiny_bert_dir)
             "expensive plan that the mayor of the old northern city proposed last spring .")
     assert len(text.split()) >= 30
     parse = SpacyParser().parse_batch([text])[0]
-    tree = A.constituency(parse)
-    linear = A.linearize(tree, AugmentConfig().parse_max_depth)
-    assert AugmentConfig().parse_max_depth is None and linear == A.linearize(tree, 100)  # nothing cut
+    tree = C.constituency(parse)
+    linear = C.linearize(tree, AugmentConfig().parse_max_depth)
+    assert AugmentConfig().parse_max_depth is None and linear == C.linearize(tree, 100)  # nothing cut
     assert len(re.findall(r"\((\S+)\)", linear)) == len(parse.tokens) > 30  # every word's tag is there
-    assert linear != A.linearize(tree, 4)  # the old depth-4 cut would have lost part of it
+    assert linear != C.linearize(tree, 4)  # the old depth-4 cut would have lost part of it
     cfg, model, dis, batcher = setup(tiny_bert_dir)
     syntax = Vocab.build([parse_tokens(linear)])
     b = Batch(batcher.tok, syntax, batcher.tags, cfg)({**ROWS, "tgt_parse": [linear, linear]}, train=False)
@@ -501,10 +501,10 @@ def test_a_hold_out_that_would_swallow_the_training_pairs_is_refused(tmp_path):
 def test_the_bag_counts_brackets_and_root_and_the_target_starts_at_one():
     """The pipeline's bag is the reference code's count of the linearized tree's tokens under ROOT; D's
     target adds one to every tag and normalises (``synt_bow``)."""
-    from orchestrator.data import augment as A
+    from orchestrator.data import constituency as C
 
     tree = ("S", [("NP", [("PRP", ["I"])]), ("VP", [("VBP", ["like"]), ("NP", [("NN", ["apples"])])]), (".", ["."])])
-    bag = A.constituent_bag(tree)
+    bag = C.constituent_bag(tree)
     # (ROOT (S (NP (PRP)) (VP (VBP) (NP (NN))) (.))): 9 nodes with ROOT, each with an opening and a closing bracket
     assert bag == {"(": 9, ")": 9, "ROOT": 1, "S": 1, "NP": 2, "PRP": 1, "VP": 1, "VBP": 1, "NN": 1, ".": 1}
     tags = Vocab(sorted(bag) + ["DT"])  # DT: a tag of the vocabulary this sentence does not have

@@ -39,6 +39,7 @@ from pydantic import Field
 from orchestrator import storage
 from orchestrator.config import StrictModel
 from orchestrator.data import augment as A
+from orchestrator.data import constituency as C
 from orchestrator.data.cleaning import clean_records, decode_lines, input_files
 from orchestrator.data.parsing import import_spacy_without_torch, make_parser
 from orchestrator.data.resources import DEDUP_CPUS, free_cpus, parser_cpus
@@ -197,11 +198,11 @@ def augment_rows(texts: list[str], keys: list[str], parser, cfg: CorpusConfig) -
             if y is None:
                 row["skip"] = "no_triple"
             else:
-                tree = A.constituency(parse)
+                tree = C.constituency(parse)
                 row.update(
                     words=parse.words, backbone_view=y, deletion_view=A.deletion_view(parse, a.deletion_classes),
-                    linearized_parse=A.linearize(tree, a.parse_max_depth),
-                    constituent_bag=json.dumps(A.constituent_bag(tree), sort_keys=True),
+                    linearized_parse=C.linearize(tree, a.parse_max_depth),
+                    constituent_bag=json.dumps(C.constituent_bag(tree), sort_keys=True),
                 )
         for c in COLUMNS:
             out[c].append(row[c])

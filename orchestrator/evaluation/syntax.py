@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from orchestrator.data import augment as A
+from orchestrator.data import constituency as C
 from orchestrator.data.parsing import SpacyParser
 from orchestrator.evaluation.domain import cosine_rows, encode_unique
 
@@ -44,7 +44,7 @@ def build_qqp_easy_hard(qqp_tsv: Path, out: Path, *, seed: int = 0, limit: int |
     rows = _read(qqp_tsv)[:limit]
     parser = SpacyParser()
     texts = sorted({r[k] for r in rows for k in ("sentence1", "sentence2")})
-    tops = {t: " ".join(A.top_constituents(A.constituency(p))) for t, p in zip(texts, parser.parse_batch(texts), strict=True)}
+    tops = {t: " ".join(C.top_constituents(C.constituency(p))) for t, p in zip(texts, parser.parse_batch(texts), strict=True)}
     easy = [r for r in rows if r["label"] == "1" and tops[r["sentence1"]] == tops[r["sentence2"]]]
     hard = [r for r in rows if r["label"] == "1" and tops[r["sentence1"]] != tops[r["sentence2"]]]
     neg = [r for r in rows if r["label"] == "0"]
@@ -74,11 +74,11 @@ def build_probes(ptb_trees: Path, out: Path) -> dict:
     """TreeDepth (clipped to 5…12) and TopConst (19 most frequent sequences + OTHER) per PTB sentence."""
     rows = []
     for line in ptb_trees.read_text(encoding="utf-8").splitlines():
-        tree = A.clean_ptb(A.read_bracketed(line))
+        tree = C.clean_ptb(C.read_bracketed(line))
         if tree is None:
             continue
         words = _leaves(tree)
-        rows.append((" ".join(words), min(12, max(5, tree_depth(tree))), "-".join(A.top_constituents(tree))))
+        rows.append((" ".join(words), min(12, max(5, tree_depth(tree))), "-".join(C.top_constituents(tree))))
     common = {c for c, _ in Counter(r[2] for r in rows).most_common(19)}
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w", encoding="utf-8") as f:
