@@ -315,12 +315,12 @@ def test_trial_runs_get_each_evaluation_once_whatever_the_outage_kept(embedded_t
     kept from the run are added once; a resumed publish adds nothing."""
     import mlflow
 
-    from orchestrator import tracking
+    from orchestrator import live_runs, tracking
     from orchestrator.drivers.publish import log_trials
 
     exp_id = tracking.setup(None, "sieve")
     with mlflow.start_run(experiment_id=exp_id) as parent:
-        child = tracking.create_child_run(exp_id, parent.info.run_id, "t0",
+        child = live_runs.create_child_run(exp_id, parent.info.run_id, "t0",
                                           {"sieve.sweep": "s", "sieve.trial": "t0", "sieve.role": "trial"}, {},
                                           mlflow.get_tracking_uri())
         for key, value in (("m", 0.5), ("loss", 1.0)):  # step 2's evaluation logged live; step 4's lost to an outage

@@ -25,7 +25,7 @@ from pathlib import Path
 import ray.train
 import torch
 
-from orchestrator import tracking
+from orchestrator.live_runs import LiveRun
 from trainers import common
 from trainers.common import autocast, rank, world_size
 from trainers.fault_injection import hooks_set, maybe_inject_failure
@@ -209,7 +209,7 @@ def eval_threads(cfg):
 def live_run():
     """The MLflow run to log into while training (named by the driver in the workers' environment)."""
     run_id, uri = os.environ.get("SIEVE_MLFLOW_RUN_ID"), os.environ.get("SIEVE_MLFLOW_TRACKING_URI")
-    return tracking.LiveRun(run_id, uri) if run_id and uri else None
+    return LiveRun(run_id, uri) if run_id and uri else None
 
 
 def report(metrics: dict, stepper=None, state: dict | None = None) -> None:

@@ -25,13 +25,9 @@ from mlflow.entities import Metric
 
 from orchestrator import storage
 from orchestrator.evaluation.suite import compare_table
+from orchestrator.live_runs import create_child_run
 from orchestrator.spec import BaseResult
-from orchestrator.tracking import (
-    create_child_run,
-    find_run,
-    find_version,
-    set_alias,
-)
+from orchestrator.tracking import find_run, find_version, set_alias
 from orchestrator.tracking import register as register_version
 
 

@@ -48,7 +48,7 @@ from orchestrator.drivers.report import params_label
 from orchestrator.drivers.sweep_space import SweepJobConfig, total_trials, trial_config
 from orchestrator.drivers.train import build_trainer, fit, materializes
 from orchestrator.errors import ConfigError
-from orchestrator.tracking import create_child_run
+from orchestrator.live_runs import create_child_run
 
 
 # ---------------------------------------------------------------- the trainable

@@ -12,7 +12,7 @@ import math
 import time
 from pathlib import Path
 
-from orchestrator import storage, tracking
+from orchestrator import live_runs, storage, tracking
 from orchestrator.config import apply_overrides, config_hash, read_yaml, resolve_config_path, validate
 from orchestrator.drivers import outbox
 from orchestrator.drivers import publish as pub
@@ -61,7 +61,7 @@ def main(doc: str) -> int:
     params = {**cfg.model_dump(mode="json"), "config_hash": config_hash(cfg)}
     # the run exists from the start: rank 0 logs loss, learning rate, throughput and every dev evaluation
     # into it while training; what an outage keeps from it is logged from the record at the end
-    run_id = tracking.create_run(exp_id, name, {"sieve.method": args.method}, params, uri)
+    run_id = live_runs.create_run(exp_id, name, {"sieve.method": args.method}, params, uri)
 
     init_ray(quiet=not args.verbose)
     t0 = time.time()
