@@ -20,7 +20,8 @@ from orchestrator import storage
 from orchestrator.config import load_config, resolve_config_path
 from orchestrator.drivers.cli import job_parser, location_overrides, print_config
 from orchestrator.drivers.cluster import shutdown_ray
-from orchestrator.drivers.experiments import ExperimentsConfig, run_experiments
+from orchestrator.drivers.experiments import run_experiments
+from orchestrator.drivers.experiments_config import ExperimentsConfig
 from orchestrator.errors import ConfigError
 
 

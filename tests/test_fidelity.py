@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from orchestrator.config import load_config
-from orchestrator.drivers.experiments import ExperimentsConfig
+from orchestrator.drivers.experiments_config import ExperimentsConfig
 from orchestrator.drivers.registry import RECIPES, get_method
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -147,7 +147,7 @@ def test_siamese_under_ray_train(ray_cluster, tiny_bert_dir, tmp_path):
 
 def test_experiment_presets_expand_into_valid_runs(monkeypatch):
     from orchestrator.config import load_config
-    from orchestrator.drivers.experiments import ExperimentsConfig
+    from orchestrator.drivers.experiments_config import ExperimentsConfig
     from orchestrator.errors import ConfigError
 
     monkeypatch.setenv("SIEVE_STORAGE", "s3://acme-sieve")  # the paper preset reads its data from the bucket
@@ -169,7 +169,8 @@ def test_experiment_presets_expand_into_valid_runs(monkeypatch):
 def test_results_table_and_chart(tmp_path):
     """The experiments job's per-set bookkeeping and its report (no training: hand-made results)."""
     from orchestrator.config import load_config
-    from orchestrator.drivers.experiments import ExperimentsConfig, _per_set, write_results
+    from orchestrator.drivers.experiments import _per_set, write_results
+    from orchestrator.drivers.experiments_config import ExperimentsConfig
 
     assert _per_set({"sentiment140_delta": 0.1, "sentiment140_map": 0.6, "sanders_topics_delta": 0.2}) == {
         "sentiment140": {"delta": 0.1, "map": 0.6}, "sanders_topics": {"delta": 0.2}}

@@ -19,20 +19,18 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Literal
 
 import mlflow
 import numpy as np
 from matplotlib.figure import Figure  # no pyplot: a figure drawn to a file needs no backend or display
 from mlflow import MlflowClient
-from pydantic import Field
 
 from orchestrator import storage, tracking
-from orchestrator.config import MethodConfig, StrictModel, validate
-from orchestrator.data.labelled import LabelledSet
+from orchestrator.config import MethodConfig
 from orchestrator.drivers import outbox
 from orchestrator.drivers import publish as pub
 from orchestrator.drivers.cluster import concurrent_trials, init_ray
+from orchestrator.drivers.experiments_config import MODELS, ExperimentsConfig
 from orchestrator.drivers.registry import get_method
 from orchestrator.drivers.train import (
     build_trainer,
@@ -47,36 +45,6 @@ from orchestrator.evaluation.suite import TestReport
 from orchestrator.export import write_model_card
 from orchestrator.spec import BaseResult
 from orchestrator.storage import atomic_dir
-
-MODELS = ("orig", "naive", "siamese", "all")
-
-
-class ExperimentBlock(StrictModel):
-    train: LabelledSet
-    test: list[LabelledSet] = Field(..., min_length=1)
-
-
-class ExperimentsConfig(StrictModel):
-    base: dict[str, Any] = Field({}, description="SiameseConfig keys shared by every run (model, train, scaling, ...)")
-    experiments: dict[str, ExperimentBlock] = Field(..., min_length=1)
-    all_pairs: int = Field(3000, gt=0, description="ALL: training pairs in all, drawn equally from every "
-                           "experiment's train set (the paper: 70,000)")
-    models: list[Literal["orig", "naive", "siamese", "all"]] = list(MODELS)
-    candidate_margin: float = Field(0.0, ge=0, description="dev Δ a model must beat ORIG's by to become candidate")
-    models_at_once: int | None = Field(None, ge=1, description="models trained at the same time (default: what "
-                                       "the cluster fits, each taking its workers' CPUs + 1 for its export and test)")
-
-    def run_config(self, experiment: str | None, mode: str) -> MethodConfig:
-        """The SiameseConfig of one run (``experiment`` None = ALL)."""
-        data = json.loads(json.dumps(self.base))
-        if experiment is None:
-            data.update(train_sets=[e.train.model_dump() for e in self.experiments.values()],
-                        test_sets=[t.model_dump() for e in self.experiments.values() for t in e.test],
-                        n_pairs=max(1, self.all_pairs // len(self.experiments)), mode="siamese")
-        else:
-            e = self.experiments[experiment]
-            data.update(train_sets=[e.train.model_dump()], test_sets=[t.model_dump() for t in e.test], mode=mode)
-        return validate(get_method("siamese").config_cls, data, f"experiment {experiment or 'ALL'} ({mode})")
 
 
 def run_experiments(cfg: ExperimentsConfig, name: str, *, out_root: str | Path = "outputs", verbose: bool = False,
