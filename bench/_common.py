@@ -11,14 +11,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-SHARED = Path(os.environ.get("SIEVE_SHARED_DATA", ROOT.parent / "shared" / "data"))  # the data beside the repo
+SHARED = Path(
+    os.environ.get("SIEVE_SHARED_DATA", ROOT.parent / "shared" / "data")
+)  # the data beside the repo
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
 def machine() -> dict:
-    return {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
-            "date": time.strftime("%Y-%m-%d")}
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "date": time.strftime("%Y-%m-%d"),
+    }
 
 
 def write_results(name: str, data: dict, markdown: str) -> None:

@@ -39,12 +39,14 @@ def every_position_loss(logits, ids, mask):
 def simcse_case():
     from trainers.sifter_simcse import ContrastiveConfig, build_model, compute_loss
 
-    cfg = ContrastiveConfig.model_validate({"model": {"name_or_path": "default", "max_length": 32, "pooling": "mean"}})
+    cfg = ContrastiveConfig.model_validate(
+        {"model": {"name_or_path": "default", "max_length": 32, "pooling": "mean"}}
+    )
     torch.manual_seed(0)
     model, tok = build_model(cfg)
 
     def loss(m, i, keep_only_real):  # no decoder: nothing to project
-        x = WIKI[i * 32:(i + 1) * 32]
+        x = WIKI[i * 32 : (i + 1) * 32]
         return compute_loss(m, tok, {"text": x, "backbone_view": x, "deletion_view": x}, cfg)[0]
 
     return "SimCSE (MiniLM, batch 32, max length 32)", model, loss, None, False
@@ -57,17 +59,27 @@ def tsdae_case():
     torch.manual_seed(0)
     model, tok = build_model(cfg)
     texts = (ROOT / "data" / "corpus" / "twitterpara_pit2015_dev_sentences.txt").read_text().splitlines()
-    kw = dict(padding=True, truncation=True, max_length=cfg.model.max_length, return_tensors="pt",
-              return_token_type_ids=False)
+    kw = dict(
+        padding=True,
+        truncation=True,
+        max_length=cfg.model.max_length,
+        return_tensors="pt",
+        return_token_type_ids=False,
+    )
 
     def loss(m, i, keep_only_real):
-        x = texts[i * cfg.train.batch_size:(i + 1) * cfg.train.batch_size]
+        x = texts[i * cfg.train.batch_size : (i + 1) * cfg.train.batch_size]
         noisy, target = tok(noisy_batch(x, cfg.deletion_ratio, random.Random(i)), **kw), tok(x, **kw)
         if keep_only_real:
-            return m(noisy["input_ids"], noisy["attention_mask"], target["input_ids"], target["attention_mask"])
+            return m(
+                noisy["input_ids"], noisy["attention_mask"], target["input_ids"], target["attention_mask"]
+            )
         ids, mask = target["input_ids"], target["attention_mask"]
-        return every_position_loss(m.decode(m.encode(noisy["input_ids"], noisy["attention_mask"]), ids[:, :-1],
-                                            mask[:, :-1]), ids, mask)
+        return every_position_loss(
+            m.decode(m.encode(noisy["input_ids"], noisy["attention_mask"]), ids[:, :-1], mask[:, :-1]),
+            ids,
+            mask,
+        )
 
     return "TSDAE (smoke: MiniLM + tied decoder, batch 8, max length 48)", model, loss, None, True
 
@@ -76,9 +88,14 @@ def parabart_case():
     from orchestrator.data.paraphrase import Vocab
     from trainers.parabart import Batch, ParaBARTConfig, build_model, para_loss, parameter_groups
 
-    cfg = ParaBARTConfig.model_validate(yaml.safe_load((ROOT / "configs" / "parabart" / "smoke.yaml").read_text()))
-    rows = list(csv.DictReader((ROOT / "data" / "paraphrase" / "mrpc-train.tsv").open(), delimiter="\t",
-                               quoting=csv.QUOTE_NONE))
+    cfg = ParaBARTConfig.model_validate(
+        yaml.safe_load((ROOT / "configs" / "parabart" / "smoke.yaml").read_text())
+    )
+    rows = list(
+        csv.DictReader(
+            (ROOT / "data" / "paraphrase" / "mrpc-train.tsv").open(), delimiter="\t", quoting=csv.QUOTE_NONE
+        )
+    )
     tags = ["S", "NP", "VP", "PP", "DT", "NN", "IN", "VBD", "JJ", "."]
     syntax, tagv = Vocab([f"({t}" for t in tags] + [")"]), Vocab(tags)
     torch.manual_seed(0)
@@ -86,20 +103,37 @@ def parabart_case():
     batcher = Batch(tok, syntax, tagv, cfg)
 
     def parse(s):  # a tree as long as the target (the parser is not what is measured)
-        return "(S " + " ".join(f"({tags[(len(w) + k) % len(tags)]} (NN))" for k, w in enumerate(s.split())) + ")"
+        return (
+            "(S "
+            + " ".join(f"({tags[(len(w) + k) % len(tags)]} (NN))" for k, w in enumerate(s.split()))
+            + ")"
+        )
 
     def loss(m, i, keep_only_real):
-        rs = rows[i * cfg.train.batch_size:(i + 1) * cfg.train.batch_size]
-        b = batcher({"src": [r["sentence1"] for r in rs], "tgt": [r["sentence2"] for r in rs],
-                     "tgt_parse": [parse(r["sentence2"]) for r in rs], "src_bag": [json.dumps({"NP": 1.0})] * len(rs)},
-                    train=False)
+        rs = rows[i * cfg.train.batch_size : (i + 1) * cfg.train.batch_size]
+        b = batcher(
+            {
+                "src": [r["sentence1"] for r in rs],
+                "tgt": [r["sentence2"] for r in rs],
+                "tgt_parse": [parse(r["sentence2"]) for r in rs],
+                "src_bag": [json.dumps({"NP": 1.0})] * len(rs),
+            },
+            train=False,
+        )
         if keep_only_real:
-            logits, _ = m(b["src_ids"], b["src_mask"], b["parse_ids"], b["parse_mask"], b["tgt_ids"], b["tgt_mask"])
+            logits, _ = m(
+                b["src_ids"], b["src_mask"], b["parse_ids"], b["parse_mask"], b["tgt_ids"], b["tgt_mask"]
+            )
             return para_loss(logits, b["tgt_ids"], b["tgt_mask"])
         u = m.embed(b["src_ids"], b["src_mask"])
         ids, mask = b["tgt_ids"], b["tgt_mask"]
-        return every_position_loss(m.decode(u, m.syntax(b["parse_ids"], b["parse_mask"]), b["parse_mask"],
-                                            ids[:, :-1], mask[:, :-1]), ids, mask)
+        return every_position_loss(
+            m.decode(
+                u, m.syntax(b["parse_ids"], b["parse_mask"]), b["parse_mask"], ids[:, :-1], mask[:, :-1]
+            ),
+            ids,
+            mask,
+        )
 
     return ("ParaBART (smoke model, batch 16, L_para)", model, loss, lambda m: parameter_groups(m, cfg), True)
 
@@ -107,8 +141,13 @@ def parabart_case():
 def run(model, loss_fn, groups, *, fused: bool, real_only: bool, steps: int) -> tuple[float, float, float]:
     """(s per whole step, s per optimiser step, last loss) over ``steps`` steps from ``model``'s weights."""
     m = copy.deepcopy(model).train()
-    opt = torch.optim.AdamW(groups(m) if groups else m.parameters(), lr=2e-5, weight_decay=0.01,
-                            fused=True if fused else None, foreach=None if fused else False)
+    opt = torch.optim.AdamW(
+        groups(m) if groups else m.parameters(),
+        lr=2e-5,
+        weight_decay=0.01,
+        fused=True if fused else None,
+        foreach=None if fused else False,
+    )
     torch.manual_seed(1)  # the same dropout masks for every variant
     whole, opt_s, last = 0.0, 0.0, float("nan")
     for i in range(steps):
@@ -147,12 +186,22 @@ def main() -> None:
         loss = {v: got[v][-1][2] for v in got}
         params = sum(p.numel() for p in model.parameters()) / 1e6
         now = "fused+real" if has_decoder else "fused"
-        data["cases"].append({"case": label, "params_m": round(params, 2), "step_s": step, "optimizer_s": opt,
-                              "loss_after": loss, "runs": got})
+        data["cases"].append(
+            {
+                "case": label,
+                "params_m": round(params, 2),
+                "step_s": step,
+                "optimizer_s": opt,
+                "loss_after": loss,
+                "runs": got,
+            }
+        )
         real = f"{step['fused+real']:.3f}" if has_decoder else "-"
-        rows.append(f"| {label} | {params:.1f} | {opt['before'] * 1000:.0f} → {opt['fused'] * 1000:.0f} | "
-                    f"{step['before']:.3f} | {step['fused']:.3f} | {real} | **{step['before'] / step[now]:.2f}x** | "
-                    f"{max(abs(loss[v] - loss['before']) for v in loss):.1e} |")
+        rows.append(
+            f"| {label} | {params:.1f} | {opt['before'] * 1000:.0f} → {opt['fused'] * 1000:.0f} | "
+            f"{step['before']:.3f} | {step['fused']:.3f} | {real} | **{step['before'] / step[now]:.2f}x** | "
+            f"{max(abs(loss[v] - loss['before']) for v in loss):.1e} |"
+        )
     md = f"""# A CPU training step: fused AdamW, and only real tokens projected onto the vocabulary (1 thread)
 
 Command: `python bench/cpu_step.py --steps {args.steps} --rounds {args.rounds}` (one process, the variants interleaved

@@ -23,7 +23,10 @@ from pathlib import Path
 
 from _common import ROOT, SHARED, write_results
 
-SOURCES = [SHARED / "corpus" / "wikisplit_split_sentences.txt", SHARED / "corpus" / "wikisplit_complex_sentences.txt"]
+SOURCES = [
+    SHARED / "corpus" / "wikisplit_split_sentences.txt",
+    SHARED / "corpus" / "wikisplit_complex_sentences.txt",
+]
 
 
 def child(n: int, corpus: str) -> None:
@@ -37,13 +40,24 @@ def child(n: int, corpus: str) -> None:
     init_ray(quiet=True)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # MiB: imports + Ray client
     t0 = time.perf_counter()
-    manifest = run_pipeline(CorpusConfig(input=corpus, max_words=32, min_words=3,
-                                         parser={"workers": 2, "cpus_per_worker": 1}),
-                            str(tmp / "out"), progress=False)
+    manifest = run_pipeline(
+        CorpusConfig(input=corpus, max_words=32, min_words=3, parser={"workers": 2, "cpus_per_worker": 1}),
+        str(tmp / "out"),
+        progress=False,
+    )
     wall = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"n": n, "rows": manifest["written"], "rss_before_mib": round(before, 1),
-                      "rss_peak_mib": round(peak, 1), "wall_s": round(wall, 1)}))
+    print(
+        json.dumps(
+            {
+                "n": n,
+                "rows": manifest["written"],
+                "rss_before_mib": round(before, 1),
+                "rss_peak_mib": round(peak, 1),
+                "wall_s": round(wall, 1),
+            }
+        )
+    )
 
 
 def main() -> None:
@@ -67,8 +81,12 @@ def main() -> None:
     sizes = [args.small, args.small * args.factor] * args.repeats
     runs = []
     for n in sizes:
-        res = subprocess.run([sys.executable, __file__, "--child", str(n), str(files[n])], capture_output=True,
-                             text=True, cwd=ROOT)
+        res = subprocess.run(
+            [sys.executable, __file__, "--child", str(n), str(files[n])],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        )
         if res.returncode != 0:
             sys.exit(res.stderr[-3000:])
         runs.append(json.loads(res.stdout.strip().splitlines()[-1]))
@@ -78,19 +96,29 @@ def main() -> None:
     peak_s, peak_l = max(r["rss_peak_mib"] for r in small), max(r["rss_peak_mib"] for r in large)
     growth = lambda rs: max(r["rss_peak_mib"] - r["rss_before_mib"] for r in rs)  # noqa: E731
     ratio = peak_l / peak_s
-    md = [f"# Driver memory of the corpus pipeline: {args.small:,} vs {args.small * args.factor:,} sentences",
-          "", f"Command: `python bench/driver_memory.py --small {args.small} --factor {args.factor} --repeats "
-          f"{args.repeats}` (each run a fresh process with its own local Ray, sizes alternating; 2 parser actors, "
-          "spaCy sm, WikiSplit sentences from `../shared/data/corpus`). RSS = the driver's peak resident set "
-          "(`getrusage`), MiB; 'before' = after imports and `ray.init`, before the pipeline.", "",
-          "| sentences | rows written | RSS before | RSS peak | peak − before | wall s |",
-          "|---:|---:|---:|---:|---:|---:|"]
-    md += [f"| {r['n']:,} | {r['rows']:,} | {r['rss_before_mib']:.0f} | {r['rss_peak_mib']:.0f} | "
-           f"{r['rss_peak_mib'] - r['rss_before_mib']:.0f} | {r['wall_s']:.1f} |" for r in runs]
+    md = [
+        f"# Driver memory of the corpus pipeline: {args.small:,} vs {args.small * args.factor:,} sentences",
+        "",
+        f"Command: `python bench/driver_memory.py --small {args.small} --factor {args.factor} --repeats "
+        f"{args.repeats}` (each run a fresh process with its own local Ray, sizes alternating; 2 parser actors, "
+        "spaCy sm, WikiSplit sentences from `../shared/data/corpus`). RSS = the driver's peak resident set "
+        "(`getrusage`), MiB; 'before' = after imports and `ray.init`, before the pipeline.",
+        "",
+        "| sentences | rows written | RSS before | RSS peak | peak − before | wall s |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    md += [
+        f"| {r['n']:,} | {r['rows']:,} | {r['rss_before_mib']:.0f} | {r['rss_peak_mib']:.0f} | "
+        f"{r['rss_peak_mib'] - r['rss_before_mib']:.0f} | {r['wall_s']:.1f} |"
+        for r in runs
+    ]
     verdict = "within" if ratio <= 1.2 else "NOT within"
-    md += ["", f"**Peak driver RSS, {args.factor}× corpus / smoke corpus: {ratio:.2f}×** ({peak_l:.0f} vs "
-           f"{peak_s:.0f} MiB; largest growth during the pipeline {growth(large):.0f} vs {growth(small):.0f} MiB) "
-           f"— {verdict} the 20% target."]
+    md += [
+        "",
+        f"**Peak driver RSS, {args.factor}× corpus / smoke corpus: {ratio:.2f}×** ({peak_l:.0f} vs "
+        f"{peak_s:.0f} MiB; largest growth during the pipeline {growth(large):.0f} vs {growth(small):.0f} MiB) "
+        f"— {verdict} the 20% target.",
+    ]
     write_results("driver_memory", {"runs": runs, "ratio_peak": ratio, "target": 1.2}, "\n".join(md))
 
 

@@ -28,10 +28,28 @@ def bert_config(size: str):
     from transformers import BertConfig
 
     if size == "tiny":
-        return BertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128)
+        return BertConfig(
+            vocab_size=30522,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=128,
+        )
     if size == "base":
-        return BertConfig(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
-    return BertConfig(vocab_size=30522, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096)
+        return BertConfig(
+            vocab_size=30522,
+            hidden_size=768,
+            num_hidden_layers=12,
+            num_attention_heads=12,
+            intermediate_size=3072,
+        )
+    return BertConfig(
+        vocab_size=30522,
+        hidden_size=1024,
+        num_hidden_layers=24,
+        num_attention_heads=16,
+        intermediate_size=4096,
+    )
 
 
 def flops_per_token(cfg, seq: int) -> float:
@@ -73,7 +91,9 @@ def step_throughput(model_fn, views: int, batch: int, seq: int, steps: int, devi
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             out = model(input_ids=ids, attention_mask=mask).last_hidden_state[:, 0].float()
         e = out.view(views, batch, -1)
-        loss = sum(info_nce(e[a], e[b], 0.05) for a, b in ([(0, 1)] if views == 2 else [(0, 1), (0, 2), (1, 2)]))
+        loss = sum(
+            info_nce(e[a], e[b], 0.05) for a, b in ([(0, 1)] if views == 2 else [(0, 1), (0, 2), (1, 2)])
+        )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -81,8 +101,13 @@ def step_throughput(model_fn, views: int, batch: int, seq: int, steps: int, devi
     dt = time_steps(one, steps, device)
     tokens = batch * views * seq
     achieved = flops_per_token(cfg, seq) * tokens / dt / 1e12
-    return {"step_s": dt, "sentences_per_s": batch / dt, "tflops": achieved, "mfu": achieved / PEAK_BF16_TFLOPS,
-            "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None}
+    return {
+        "step_s": dt,
+        "sentences_per_s": batch / dt,
+        "tflops": achieved,
+        "mfu": achieved / PEAK_BF16_TFLOPS,
+        "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
+    }
 
 
 def cached_step(cfg, batch: int, mini_batch: int, seq: int, steps: int, device) -> dict:
@@ -111,8 +136,13 @@ def cached_step(cfg, batch: int, mini_batch: int, seq: int, steps: int, device) 
 
     dt = time_steps(one, steps, device)
     achieved = flops_per_token(cfg, seq) * batch * 3 * seq * (4 / 3) / dt / 1e12  # the extra forward counted
-    return {"step_s": dt, "sentences_per_s": batch / dt, "tflops": achieved, "mfu": achieved / PEAK_BF16_TFLOPS,
-            "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None}
+    return {
+        "step_s": dt,
+        "sentences_per_s": batch / dt,
+        "tflops": achieved,
+        "mfu": achieved / PEAK_BF16_TFLOPS,
+        "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
+    }
 
 
 def st_mnrl(cfg, batch, seq, steps, device) -> dict:
@@ -142,7 +172,12 @@ def st_mnrl(cfg, batch, seq, steps, device) -> dict:
 
     dt = time_steps(one, steps, device)
     achieved = flops_per_token(cfg, seq) * batch * 2 * seq / dt / 1e12
-    return {"step_s": dt, "sentences_per_s": batch / dt, "tflops": achieved, "mfu": achieved / PEAK_BF16_TFLOPS}
+    return {
+        "step_s": dt,
+        "sentences_per_s": batch / dt,
+        "tflops": achieved,
+        "mfu": achieved / PEAK_BF16_TFLOPS,
+    }
 
 
 def zero_memory(cfg, stage: int, batch: int, seq: int, device) -> dict:
@@ -158,9 +193,13 @@ def zero_memory(cfg, stage: int, batch: int, seq: int, device) -> dict:
     zero = {"stage": stage}
     if stage >= 2:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-    ds_cfg = {"train_micro_batch_size_per_gpu": batch, "zero_optimization": zero,
-              "bf16": {"enabled": device.type == "cuda"}, "zero_allow_untested_optimizer": True,
-              "optimizer": {"type": "AdamW", "params": {"lr": 1e-5}}}
+    ds_cfg = {
+        "train_micro_batch_size_per_gpu": batch,
+        "zero_optimization": zero,
+        "bf16": {"enabled": device.type == "cuda"},
+        "zero_allow_untested_optimizer": True,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-5}},
+    }
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_cfg)
     ids, mask = random_batch(batch * 3, seq, device)
     if device.type == "cuda":
@@ -168,13 +207,18 @@ def zero_memory(cfg, stage: int, batch: int, seq: int, device) -> dict:
     t0 = time.perf_counter()
     for _ in range(3):
         out = engine(input_ids=ids, attention_mask=mask).last_hidden_state[:, 0].float().view(3, batch, -1)
-        loss = info_nce(out[0], out[1], 0.05) + info_nce(out[0], out[2], 0.05) + info_nce(out[1], out[2], 0.05)
+        loss = (
+            info_nce(out[0], out[1], 0.05) + info_nce(out[0], out[2], 0.05) + info_nce(out[1], out[2], 0.05)
+        )
         engine.backward(loss)
         engine.step()
     if device.type == "cuda":
         torch.cuda.synchronize()
-    res = {"stage": stage, "step_s": (time.perf_counter() - t0) / 3,
-           "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None}
+    res = {
+        "stage": stage,
+        "step_s": (time.perf_counter() - t0) / 3,
+        "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
+    }
     del engine
     torch.cuda.empty_cache() if device.type == "cuda" else None
     return res
@@ -206,41 +250,77 @@ def method_steps(folder: str, batch: int, heads: int, device) -> dict:
     from orchestrator.data.paraphrase import Vocab, parse_tokens
     from trainers import parabart, siamese, sifter_lstm, sifter_simcse, tsdae
 
-    lines = (Path(__file__).resolve().parents[1] / "data" / "corpus" / "wikisplit_sample.txt").read_text().splitlines()
+    lines = (
+        (Path(__file__).resolve().parents[1] / "data" / "corpus" / "wikisplit_sample.txt")
+        .read_text()
+        .splitlines()
+    )
     texts = lines[:batch]
     enc = {"name_or_path": folder, "max_length": 64}
     out = {}
 
     cfg = sifter_simcse.ContrastiveConfig.model_validate({"model": {**enc, "pooling": "cls"}})
     model, tok = sifter_simcse.build_model(cfg)
-    views = {"text": texts, "backbone_view": [t + " " + " ".join(t.split()[:4]) for t in texts],
-             "deletion_view": [" ".join(w for w in t.split() if w.lower() not in ("a", "an", "the", "and")) for t in texts]}
-    out["sifter-simcse (3 views)"] = (model, lambda m=model, c=cfg, t=tok: sifter_simcse.compute_loss(m, t, views, c, device)[0],
-                                      views["text"] + views["backbone_view"] + views["deletion_view"], tok)
+    views = {
+        "text": texts,
+        "backbone_view": [t + " " + " ".join(t.split()[:4]) for t in texts],
+        "deletion_view": [
+            " ".join(w for w in t.split() if w.lower() not in ("a", "an", "the", "and")) for t in texts
+        ],
+    }
+    out["sifter-simcse (3 views)"] = (
+        model,
+        lambda m=model, c=cfg, t=tok: sifter_simcse.compute_loss(m, t, views, c, device)[0],
+        views["text"] + views["backbone_view"] + views["deletion_view"],
+        tok,
+    )
 
     cfg = tsdae.TSDAEConfig.model_validate({"model": {**enc, "pooling": "cls"}})
     model, tok = tsdae.build_model(cfg)
     rng = random.Random(0)
-    out["tsdae (encoder + tied decoder)"] = (model, lambda m=model, c=cfg, t=tok: tsdae.compute_loss(m, t, texts, c, rng, device)[0],
-                                             texts * 2, tok)
+    out["tsdae (encoder + tied decoder)"] = (
+        model,
+        lambda m=model, c=cfg, t=tok: tsdae.compute_loss(m, t, texts, c, rng, device)[0],
+        texts * 2,
+        tok,
+    )
 
-    cfg = siamese.SiameseConfig.model_validate({"model": {**enc, "pooling": "mean"},
-                                                "train_sets": [{"name": "x", "path": "data/tweets/sanders.tsv"}]})
+    cfg = siamese.SiameseConfig.model_validate(
+        {
+            "model": {**enc, "pooling": "mean"},
+            "train_sets": [{"name": "x", "path": "data/tweets/sanders.tsv"}],
+        }
+    )
     model, tok = siamese.build_model(cfg)
-    pairs = {"text_a": texts, "text_b": texts[1:] + texts[:1], "label": [float(i % 2) for i in range(len(texts))]}
-    out["siamese (pairs, cosine MSE)"] = (model, lambda m=model, c=cfg, t=tok: siamese.compute_loss(m, t, pairs, c, None, device)[0],
-                                          pairs["text_a"] + pairs["text_b"], tok)
+    pairs = {
+        "text_a": texts,
+        "text_b": texts[1:] + texts[:1],
+        "label": [float(i % 2) for i in range(len(texts))],
+    }
+    out["siamese (pairs, cosine MSE)"] = (
+        model,
+        lambda m=model, c=cfg, t=tok: siamese.compute_loss(m, t, pairs, c, None, device)[0],
+        pairs["text_a"] + pairs["text_b"],
+        tok,
+    )
 
     cfg = sifter_lstm.SifterLSTMConfig.model_validate({"embeddings_from": folder})
     model, batcher, _ = sifter_lstm.build_model(cfg, word_set={"good", "bad", "great", "poor"})
     labels = [i % 2 for i in range(len(texts))]
     out["sifter-lstm (384-d, BERT-size embeddings)"] = (
-        model, lambda m=model, c=cfg, b=batcher: sifter_lstm.compute_loss(m, b, texts, labels, c, device)[0], texts,
-        batcher.tokenizer)
+        model,
+        lambda m=model, c=cfg, b=batcher: sifter_lstm.compute_loss(m, b, texts, labels, c, device)[0],
+        texts,
+        batcher.tokenizer,
+    )
 
     parse = "(S (NP (DT) (NN)) (VP (VBD) (PP (IN) (NP (DT) (NN)))) (.))"
-    rows = {"src": texts, "tgt": texts[1:] + texts[:1], "tgt_parse": [parse] * len(texts),
-            "src_bag": [json.dumps({"S": 0.2, "NP": 0.4, "VP": 0.2, "PP": 0.2})] * len(texts)}
+    rows = {
+        "src": texts,
+        "tgt": texts[1:] + texts[:1],
+        "tgt_parse": [parse] * len(texts),
+        "src_bag": [json.dumps({"S": 0.2, "NP": 0.4, "VP": 0.2, "PP": 0.2})] * len(texts),
+    }
     cfg = parabart.ParaBARTConfig.model_validate({"model": {**enc, "pooling": "mean"}, "syntax_heads": heads})
     syntax, tags = Vocab.build([parse_tokens(parse)]), Vocab.build([["S", "NP", "VP", "PP"]])
     model, tok = parabart.build_model(cfg, syntax, tags)
@@ -248,9 +328,13 @@ def method_steps(folder: str, batch: int, heads: int, device) -> dict:
     opt_dis = parabart.discriminator_optimizer(dis, cfg)
     batcher = parabart.Batch(tok, syntax, tags, cfg)
     out["parabart (E_sem + E_syn + decoder, adversary on)"] = (
-        model, lambda m=model, c=cfg: parabart.main_loss(m, dis, batcher(rows, train=True, device=device), c,
-                                                          adversary_on=True, opt_dis=opt_dis)[0],
-        rows["src"] + rows["tgt"], tok)
+        model,
+        lambda m=model, c=cfg: parabart.main_loss(
+            m, dis, batcher(rows, train=True, device=device), c, adversary_on=True, opt_dis=opt_dis
+        )[0],
+        rows["src"] + rows["tgt"],
+        tok,
+    )
     return out
 
 
@@ -259,7 +343,9 @@ def every_method(cfg, batch: int, steps: int, device) -> list[dict]:
     tokens/s (the non-padding tokens it encodes per step), peak memory; bf16 autocast on a GPU."""
     results = []
     folder = random_encoder_folder(cfg)
-    for name, (model, loss_of, encoded, tok) in method_steps(folder, batch, cfg.num_attention_heads, device).items():
+    for name, (model, loss_of, encoded, tok) in method_steps(
+        folder, batch, cfg.num_attention_heads, device
+    ).items():
         model.to(device).train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device.type == "cuda")
         tokens = sum(min(len(ids), 64) for ids in tok([str(t) for t in encoded])["input_ids"])
@@ -273,9 +359,18 @@ def every_method(cfg, batch: int, steps: int, device) -> list[dict]:
 
         try:
             dt = time_steps(one, steps, device)
-            results.append({"method": name, "batch": batch, "step_s": dt, "samples_per_s": batch / dt,
-                            "tokens_per_s": tokens / dt,
-                            "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None})
+            results.append(
+                {
+                    "method": name,
+                    "batch": batch,
+                    "step_s": dt,
+                    "samples_per_s": batch / dt,
+                    "tokens_per_s": tokens / dt,
+                    "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30
+                    if device.type == "cuda"
+                    else None,
+                }
+            )
         except Exception as exc:  # noqa: BLE001 - a method that fails is a result too
             results.append({"method": name, "batch": batch, "error": f"{type(exc).__name__}: {exc}"[:200]})
         model.to("cpu")
@@ -296,39 +391,75 @@ def main() -> None:
     seq = 32
     from transformers import BertModel
 
-    rows, results = [], {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-                         "peak_bf16_tflops": PEAK_BF16_TFLOPS, "throughput": [], "zero": []}
+    rows, results = (
+        [],
+        {
+            "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+            "peak_bf16_tflops": PEAK_BF16_TFLOPS,
+            "throughput": [],
+            "zero": [],
+        },
+    )
     for size in sizes:
         cfg = bert_config(size)
         for b in batches:
             for name, views in (("simcse", 2), ("sifter", 3)):
-                r = step_throughput(lambda cfg=cfg: BertModel(cfg, add_pooling_layer=False), views, b, seq, args.steps, device, cfg)
+                r = step_throughput(
+                    lambda cfg=cfg: BertModel(cfg, add_pooling_layer=False),
+                    views,
+                    b,
+                    seq,
+                    args.steps,
+                    device,
+                    cfg,
+                )
                 results["throughput"].append({"model": size, "batch": b, "impl": f"ours-{name}", **r})
-                rows.append(f"| {size} | {b} | ours {name} | {r['sentences_per_s']:.0f} | {r['tflops']:.1f} | {r['mfu'] * 100:.1f}% |")
+                rows.append(
+                    f"| {size} | {b} | ours {name} | {r['sentences_per_s']:.0f} | {r['tflops']:.1f} | {r['mfu'] * 100:.1f}% |"
+                )
             r = st_mnrl(cfg, b, seq, args.steps, device)
             results["throughput"].append({"model": size, "batch": b, "impl": "st-mnrl", **r})
-            rows.append(f"| {size} | {b} | ST MNRL simcse | {r['sentences_per_s']:.0f} | {r['tflops']:.1f} | {r['mfu'] * 100:.1f}% |")
+            rows.append(
+                f"| {size} | {b} | ST MNRL simcse | {r['sentences_per_s']:.0f} | {r['tflops']:.1f} | {r['mfu'] * 100:.1f}% |"
+            )
     crows = []
     cached = [(8, 2), (8, None)] if args.quick else [(4096, 256), (512, None)]
     cfg = bert_config(sizes[0])
     for b, mini in cached:  # cached 4096 beside plain 512 (the largest plain batch above)
         try:
-            r = (cached_step(cfg, b, mini, seq, 3, device) if mini else
-                 step_throughput(lambda cfg=cfg: BertModel(cfg, add_pooling_layer=False), 3, b, seq, 3, device, cfg))
+            r = (
+                cached_step(cfg, b, mini, seq, 3, device)
+                if mini
+                else step_throughput(
+                    lambda cfg=cfg: BertModel(cfg, add_pooling_layer=False), 3, b, seq, 3, device, cfg
+                )
+            )
         except Exception as exc:  # noqa: BLE001 - out of memory is a result too
             r = {"error": f"{type(exc).__name__}: {exc}"[:200]}
         results.setdefault("grad_cache", []).append({"model": sizes[0], "batch": b, "mini_batch": mini, **r})
-        crows.append(f"| {b} | {mini or 'plain'} | " + (f"{r['sentences_per_s']:.0f} | {r['step_s']:.2f} | "
-                     f"{r['peak_mem_gb'] if r['peak_mem_gb'] is None else round(r['peak_mem_gb'], 2)} |"
-                     if "error" not in r else f"– | – | {r['error']} |"))
+        crows.append(
+            f"| {b} | {mini or 'plain'} | "
+            + (
+                f"{r['sentences_per_s']:.0f} | {r['step_s']:.2f} | "
+                f"{r['peak_mem_gb'] if r['peak_mem_gb'] is None else round(r['peak_mem_gb'], 2)} |"
+                if "error" not in r
+                else f"– | – | {r['error']} |"
+            )
+        )
     mrows = []
     cfg = bert_config(sizes[0])
     for b in batches[:1]:
         for r in every_method(cfg, b, max(3, args.steps // 2), device):
             results.setdefault("methods", []).append({"model": sizes[0], **r})
-            mrows.append(f"| {r['method']} | {b} | " + (f"{r['samples_per_s']:.0f} | {r['tokens_per_s']:.0f} | "
-                         f"{r['peak_mem_gb'] if r['peak_mem_gb'] is None else round(r['peak_mem_gb'], 2)} |"
-                         if "error" not in r else f"– | – | {r['error']} |"))
+            mrows.append(
+                f"| {r['method']} | {b} | "
+                + (
+                    f"{r['samples_per_s']:.0f} | {r['tokens_per_s']:.0f} | "
+                    f"{r['peak_mem_gb'] if r['peak_mem_gb'] is None else round(r['peak_mem_gb'], 2)} |"
+                    if "error" not in r
+                    else f"– | – | {r['error']} |"
+                )
+            )
     zrows = []
     if device.type == "cuda" or args.quick:
         cfg = bert_config(sizes[-1])
@@ -338,20 +469,40 @@ def main() -> None:
             except Exception as exc:  # noqa: BLE001 - a failed stage is a result too
                 z = {"stage": stage, "error": f"{type(exc).__name__}: {exc}"[:200]}
             results["zero"].append(z)
-            zrows.append(f"| {stage} | {z.get('peak_mem_gb') or '–'} | {z.get('step_s', '–')} | {z.get('error', '')} |")
-    md = "\n".join([
-        f"# GPU benchmark ({results['device']}, bf16, max length {seq})", "",
-        "Command: `bash bench/gpu.sh` (random-init BERT configs; MFU against "
-        f"{PEAK_BF16_TFLOPS:.0f} TFLOP/s dense bf16)", "",
-        "| model | batch | implementation | sentences/s | TFLOP/s | MFU |", "|---|---:|---|---:|---:|---:|", *rows, "",
-        f"Every method's own training step (its recipe's loss and tokenisation), BERT-{sizes[0]} size, "
-        "random weights, real sentences, max length 64:", "",
-        "| method | batch | samples/s | tokens/s | peak GB |", "|---|---:|---:|---:|---:|", *mrows, "",
-        f"SIFTER with cached gradients (`train.grad_cache`), BERT-{sizes[0]}, three views, max length {seq}:", "",
-        "| batch | mini-batch | sentences/s | step s | peak GB |", "|---:|---|---:|---:|---:|", *crows, "",
-        f"Peak memory of a SIFTER step, BERT-{sizes[-1]}, batch {batches[0]} (ZeRO 2/3 with optimizer offload):", "",
-        "| ZeRO stage | peak GB | step s | note |", "|---:|---:|---:|---|", *zrows,
-    ])
+            zrows.append(
+                f"| {stage} | {z.get('peak_mem_gb') or '–'} | {z.get('step_s', '–')} | {z.get('error', '')} |"
+            )
+    md = "\n".join(
+        [
+            f"# GPU benchmark ({results['device']}, bf16, max length {seq})",
+            "",
+            "Command: `bash bench/gpu.sh` (random-init BERT configs; MFU against "
+            f"{PEAK_BF16_TFLOPS:.0f} TFLOP/s dense bf16)",
+            "",
+            "| model | batch | implementation | sentences/s | TFLOP/s | MFU |",
+            "|---|---:|---|---:|---:|---:|",
+            *rows,
+            "",
+            f"Every method's own training step (its recipe's loss and tokenisation), BERT-{sizes[0]} size, "
+            "random weights, real sentences, max length 64:",
+            "",
+            "| method | batch | samples/s | tokens/s | peak GB |",
+            "|---|---:|---:|---:|---:|",
+            *mrows,
+            "",
+            f"SIFTER with cached gradients (`train.grad_cache`), BERT-{sizes[0]}, three views, max length {seq}:",
+            "",
+            "| batch | mini-batch | sentences/s | step s | peak GB |",
+            "|---:|---|---:|---:|---:|",
+            *crows,
+            "",
+            f"Peak memory of a SIFTER step, BERT-{sizes[-1]}, batch {batches[0]} (ZeRO 2/3 with optimizer offload):",
+            "",
+            "| ZeRO stage | peak GB | step s | note |",
+            "|---:|---:|---:|---|",
+            *zrows,
+        ]
+    )
     write_results("gpu" if not args.quick else "gpu_quick_cpu", results, md)
     print(json.dumps({"ok": True}))
 

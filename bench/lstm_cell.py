@@ -56,14 +56,26 @@ def main() -> None:
             t_ref += timed(run_ref, args.reps)
             t_ours += timed(run_ours, args.reps)
         t_ref, t_ours = t_ref / args.rounds, t_ours / args.rounds
-        rows.append({"seq_len": seq, "nn_lstm_ms": t_ref * 1e3, "ours_ms": t_ours * 1e3, "ratio": t_ours / t_ref})
+        rows.append(
+            {"seq_len": seq, "nn_lstm_ms": t_ref * 1e3, "ours_ms": t_ours * 1e3, "ratio": t_ours / t_ref}
+        )
         print(rows[-1])
-    lines = [f"# SIFTER-LSTM cell vs torch.nn.LSTM (forward + backward, batch 32, 384→384, {args.threads} threads)", "",
-             "Interleaved rounds in one process; `python bench/lstm_cell.py`. Goal: ours ≤ 2× nn.LSTM.", "",
-             "| sequence length | nn.LSTM ms | SIFTER-LSTM ms | ours / nn.LSTM |", "|---:|---:|---:|---:|"]
-    lines += [f"| {r['seq_len']} | {r['nn_lstm_ms']:.1f} | {r['ours_ms']:.1f} | {r['ratio']:.2f}× |" for r in rows]
-    write_results("lstm_cell", {"threads": args.threads, "reps": args.reps, "rounds": args.rounds, "rows": rows},
-                  "\n".join(lines))
+    lines = [
+        f"# SIFTER-LSTM cell vs torch.nn.LSTM (forward + backward, batch 32, 384→384, {args.threads} threads)",
+        "",
+        "Interleaved rounds in one process; `python bench/lstm_cell.py`. Goal: ours ≤ 2× nn.LSTM.",
+        "",
+        "| sequence length | nn.LSTM ms | SIFTER-LSTM ms | ours / nn.LSTM |",
+        "|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {r['seq_len']} | {r['nn_lstm_ms']:.1f} | {r['ours_ms']:.1f} | {r['ratio']:.2f}× |" for r in rows
+    ]
+    write_results(
+        "lstm_cell",
+        {"threads": args.threads, "reps": args.reps, "rounds": args.rounds, "rows": rows},
+        "\n".join(lines),
+    )
 
 
 if __name__ == "__main__":

@@ -79,8 +79,14 @@ def top_constituent_agreement(parser, path, limit=None):
         n += 1
     p, r, f = prf(tp, n_pred, n_gold)
     top = [{"gold": k[0], "ours": k[1], "count": v} for k, v in confusions.most_common(5)]
-    return {"sentences": n, "exact_match": exact / n, "label_precision": p, "label_recall": r,
-            "label_f1": f, "most_common_disagreements": top}
+    return {
+        "sentences": n,
+        "exact_match": exact / n,
+        "label_precision": p,
+        "label_recall": r,
+        "label_f1": f,
+        "most_common_disagreements": top,
+    }
 
 
 def main() -> None:
@@ -110,7 +116,9 @@ def main() -> None:
         "ClearNLP scheme makes the verb/auxiliary the head, so part of the backbone disagreement is a",
         "difference of annotation scheme, not of parser accuracy. Both parsers see the gold tokens.",
     ]
-    write_results("parse_quality", {"backbone": bb, "top_constituents": tc, "seconds": time.time() - t0}, "\n".join(md))
+    write_results(
+        "parse_quality", {"backbone": bb, "top_constituents": tc, "seconds": time.time() - t0}, "\n".join(md)
+    )
 
 
 if __name__ == "__main__":

@@ -64,7 +64,7 @@ def main() -> None:
     pair(True), pair(False)  # warm-up: file caches for both ways
     runs: dict[str, list[dict]] = {"torch_first": [], "without_torch": []}
     for r in range(args.rounds):
-        for torch_first in ((True, False) if r % 2 == 0 else (False, True)):
+        for torch_first in (True, False) if r % 2 == 0 else (False, True):
             runs["torch_first" if torch_first else "without_torch"].append(pair(torch_first))
     ray.shutdown()
     mean = {k: {m: statistics.mean(x[m] for x in v) for m in ("wall_s", "init_s")} for k, v in runs.items()}
@@ -78,14 +78,17 @@ build starts them, timed from creation until both have built their parser and pa
 
 | parser actors | pair ready, mean s (each round) | parser construction in the actor, mean s (each round) |
 |---|---:|---:|
-| torch imported first (before da0b305: spaCy's thinc imported it) | {mean['torch_first']['wall_s']:.2f} ({each('torch_first', 'wall_s')}) | {mean['torch_first']['init_s']:.2f} ({each('torch_first', 'init_s')}) |
-| spaCy imported without torch (now) | {mean['without_torch']['wall_s']:.2f} ({each('without_torch', 'wall_s')}) | {mean['without_torch']['init_s']:.2f} ({each('without_torch', 'init_s')}) |
+| torch imported first (before da0b305: spaCy's thinc imported it) | {mean["torch_first"]["wall_s"]:.2f} ({each("torch_first", "wall_s")}) | {mean["torch_first"]["init_s"]:.2f} ({each("torch_first", "init_s")}) |
+| spaCy imported without torch (now) | {mean["without_torch"]["wall_s"]:.2f} ({each("without_torch", "wall_s")}) | {mean["without_torch"]["init_s"]:.2f} ({each("without_torch", "init_s")}) |
 
-The pair is ready **{ratio:.2f}x** as fast, {mean['torch_first']['wall_s'] - mean['without_torch']['wall_s']:.1f} s earlier; a corpus build's parser
+The pair is ready **{ratio:.2f}x** as fast, {mean["torch_first"]["wall_s"] - mean["without_torch"]["wall_s"]:.1f} s earlier; a corpus build's parser
 actors start while the input is read and sorted, so the build gains up to that much.
 """
-    write_results("parser_actor_start", {"rounds": args.rounds, "runs": runs, "mean": mean,
-                                         "ratio_ready_torch_first_over_without": ratio}, md)
+    write_results(
+        "parser_actor_start",
+        {"rounds": args.rounds, "runs": runs, "mean": mean, "ratio_ready_torch_first_over_without": ratio},
+        md,
+    )
 
 
 if __name__ == "__main__":

@@ -53,8 +53,13 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     args = ap.parse_args()
 
-    sources = [SHARED / "corpus" / "wikisplit_complex_sentences.txt", SHARED / "corpus" / "wikisplit_split_sentences.txt"]
-    sentences = [s for src in sources for s in src.read_text(encoding="utf-8").splitlines()][: args.n]  # 15k, then 30k
+    sources = [
+        SHARED / "corpus" / "wikisplit_complex_sentences.txt",
+        SHARED / "corpus" / "wikisplit_split_sentences.txt",
+    ]
+    sentences = [s for src in sources for s in src.read_text(encoding="utf-8").splitlines()][
+        : args.n
+    ]  # 15k, then 30k
     tmp = Path(tempfile.mkdtemp())
     corpus = tmp / "corpus.txt"
     corpus.write_text("\n".join(sentences) + "\n")
@@ -64,7 +69,9 @@ def main() -> None:
     from orchestrator.data.corpus import CorpusConfig, run_pipeline
     from orchestrator.drivers.cluster import init_ray
 
-    settings = dict(max_words=64, shard_rows=5000, parser={"workers": 2, "cpus_per_worker": 1, "batch_size": 256})
+    settings = dict(
+        max_words=64, shard_rows=5000, parser={"workers": 2, "cpus_per_worker": 1, "batch_size": 256}
+    )
     cfg = CorpusConfig(input=str(corpus), **settings)
     init_ray()  # a local Ray with 4 logical CPUs on this 2-core machine; started before any timing
     import ray
@@ -74,7 +81,7 @@ def main() -> None:
 
     singles, rays, manifests = [], [], []
     for rep in range(args.reps):
-        for side in (("single", "ray") if rep % 2 == 0 else ("ray", "single")):
+        for side in ("single", "ray") if rep % 2 == 0 else ("ray", "single"):
             if side == "single":
                 total, parse, written = single_process(sentences, cfg)
                 singles.append({"total_s": total, "parse_augment_s": parse})
@@ -89,11 +96,22 @@ def main() -> None:
     assert all(m["written"] == n for m in manifests) and n == written, (n, written)
     mean = lambda rows, k: statistics.mean(r[k] for r in rows)  # noqa: E731
     s_total, s_parse = mean(singles, "total_s"), mean(singles, "parse_augment_s")
-    r_total, r_window, r_first = mean(rays, "total_s"), mean(rays, "parse_window_s"), mean(rays, "until_first_parse_s")
+    r_total, r_window, r_first = (
+        mean(rays, "total_s"),
+        mean(rays, "parse_window_s"),
+        mean(rays, "until_first_parse_s"),
+    )
     res = {
-        "sentences_in": len(sentences), "sentences_written": n, "reps": args.reps,
+        "sentences_in": len(sentences),
+        "sentences_written": n,
+        "reps": args.reps,
         "order": "warm both, then single, ray, ray, single (ABBA), means",
-        "single_process": {"runs": singles, "total_s": s_total, "parse_augment_s": s_parse, "sent_per_s": n / s_total},
+        "single_process": {
+            "runs": singles,
+            "total_s": s_total,
+            "parse_augment_s": s_parse,
+            "sent_per_s": n / s_total,
+        },
         "ray_2_actors": {"runs": rays, "total_s": r_total, "sent_per_s": n / r_total},
         "ratio_ray_over_single": s_total / r_total,
         "parse_window_ratio": s_parse / r_window,
@@ -108,12 +126,12 @@ run: warmed on 300 sentences, then single, Ray, Ray, single; means of each side'
 |---|---:|---:|
 | single process loop (clean + dedup + parse + augment, no file output) | {s_total:.1f} ({runs(singles)}) | {n / s_total:.1f} |
 | Ray Data, 2 parser actors, one streaming execution (read + clean + sort + dedup + parse + augment + parquet + manifest) | {r_total:.1f} ({runs(rays)}) | {n / r_total:.1f} |
-| **ratio Ray / single, whole pipeline** | | **{res['ratio_ray_over_single']:.2f}x** |
-| parse + augment, steady state: single {s_parse:.1f} s vs the 2 actors' first-batch-start → last-batch-end window {r_window:.1f} s | | **{res['parse_window_ratio']:.2f}x** |
+| **ratio Ray / single, whole pipeline** | | **{res["ratio_ray_over_single"]:.2f}x** |
+| parse + augment, steady state: single {s_parse:.1f} s vs the 2 actors' first-batch-start → last-batch-end window {r_window:.1f} s | | **{res["parse_window_ratio"]:.2f}x** |
 
 Where the Ray side's time goes (means): {r_first:.1f} s from the start to the first parsed batch (read,
 clean, the sort, the dedup actor, while the parser actors load spaCy), {r_window:.1f} s parsing,
-{mean(rays, 'after_last_parse_s'):.1f} s after the last parsed batch (the last write, the manifest).
+{mean(rays, "after_last_parse_s"):.1f} s after the last parsed batch (the last write, the manifest).
 
 The pipeline is one streaming execution: nothing is materialized between stages, the only barrier is
 the sort that an exact global dedup and the seeded shuffle need, and every count in the manifest comes
@@ -121,7 +139,9 @@ from what the writers report (tally rows that travel with the data). The parser 
 the input is read and sorted. Why the ratio stays under 2 on 2 cores: the two actors share the 2 cores
 with Ray's own processes (GCS, raylet, dashboard and its agent, the driver's streaming executor).
 """
-    write_results("pipeline_throughput" if args.n == 10000 else f"pipeline_throughput_{args.n // 1000}k", res, md)
+    write_results(
+        "pipeline_throughput" if args.n == 10000 else f"pipeline_throughput_{args.n // 1000}k", res, md
+    )
 
 
 if __name__ == "__main__":

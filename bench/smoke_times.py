@@ -29,8 +29,10 @@ JOBS = {
     "sentiment_sweep": ["jobs/sentiment_sweep.py"],
     "siamese_experiments": ["jobs/siamese_experiments.py"],
     "parabart_sweep": ["jobs/parabart_sweep.py"],
-    **{f"train:{m}": ["jobs/train.py", "--method", m] for m in ("sifter_simcse", "simcse", "tsdae", "sifter_lstm",
-                                                                "parabart")},
+    **{
+        f"train:{m}": ["jobs/train.py", "--method", m]
+        for m in ("sifter_simcse", "simcse", "tsdae", "sifter_lstm", "parabart")
+    },
 }
 TARGET_MIN = 10.0
 NAME = "smoke_times_measured"
@@ -52,16 +54,25 @@ def run_job(job: str, out: Path) -> dict:
     res = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True)
     wall = (time.time() - t0) / 60
     (work / "output.log").write_text(res.stdout + res.stderr)
-    return {"job": job, "command": "python " + " ".join(cmd), "wall_min": round(wall, 2),
-            "within_target": wall <= TARGET_MIN, "returncode": res.returncode,
-            "last_line": outcome(res.stdout), "log": str(work / "output.log"),
-            "commit": at, "date": time.strftime("%Y-%m-%d %H:%M")}
+    return {
+        "job": job,
+        "command": "python " + " ".join(cmd),
+        "wall_min": round(wall, 2),
+        "within_target": wall <= TARGET_MIN,
+        "returncode": res.returncode,
+        "last_line": outcome(res.stdout),
+        "log": str(work / "output.log"),
+        "commit": at,
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
 
 
 def outcome(text: str) -> str:
     """What the job ended with: a sweep's registration gate line, else the train job's dev score beside its
     base's (from the JSON summary it prints last), else its last line. Reads a log with stderr in it too."""
-    gates = [ln for ln in text.splitlines() if ln.startswith(("candidate:", "the sweep found nothing better"))]
+    gates = [
+        ln for ln in text.splitlines() if ln.startswith(("candidate:", "the sweep found nothing better"))
+    ]
     if gates:
         return gates[-1][:300]
     summary = {}
@@ -73,44 +84,60 @@ def outcome(text: str) -> str:
             continue
     if summary.get("best_dev") is not None:
         base = summary.get("base_dev")
-        return f"best dev {summary['best_dev'] * 100:.2f}" + (f" vs base {base * 100:.2f}" if base is not None else "")
+        return f"best dev {summary['best_dev'] * 100:.2f}" + (
+            f" vs base {base * 100:.2f}" if base is not None else ""
+        )
     test = next((k for k in summary if k.startswith("test_")), None)
     if test is not None:  # no dev set (TSDAE): the test headline beside the base's
         base = summary.get(f"base_{test}")
-        return f"{test} {summary[test] * 100:.2f}" + (f" vs base {base * 100:.2f}" if base is not None else "")
+        return f"{test} {summary[test] * 100:.2f}" + (
+            f" vs base {base * 100:.2f}" if base is not None else ""
+        )
     lines = [ln for ln in text.strip().splitlines() if ln.strip()]
     return lines[-1][:300] if lines else ""
 
 
 def markdown(records: dict) -> str:
-    rows = ["| job | command | wall (min) | <= 10 min | exit | commit, date | last line |",
-            "|---|---|---:|:---:|---:|---|---|"]
+    rows = [
+        "| job | command | wall (min) | <= 10 min | exit | commit, date | last line |",
+        "|---|---|---:|:---:|---:|---|---|",
+    ]
     for job in JOBS:
         r = records.get(job)
         if r is None:
             rows.append(f"| {job} | | not run by this script yet (see `smoke_times.md`) | | | | |")
             continue
         last = r["last_line"].replace("|", "\\|")
-        rows.append(f"| {job} | `{r['command']}` | {r['wall_min']:.1f} | {'yes' if r['within_target'] else '**no**'} | "
-                    f"{r['returncode']} | {r['commit']}, {r['date']} | {last} |")
-    return "\n".join([
-        "# Smoke presets: wall time of each job (#22.4)",
-        "",
-        "`python bench/smoke_times.py [--jobs ...]`: each job's smoke preset run as a newcomer runs it, one after",
-        "the other with nothing else running, fresh run storage and MLflow store each (corpora built, base",
-        f"models measured). Target: <= {TARGET_MIN:.0f} minutes on this 2-core machine. Rows keep the commit and",
-        "date they were measured at; `smoke_times.md` explains where each job's time goes.",
-        "",
-        *rows,
-    ])
+        rows.append(
+            f"| {job} | `{r['command']}` | {r['wall_min']:.1f} | {'yes' if r['within_target'] else '**no**'} | "
+            f"{r['returncode']} | {r['commit']}, {r['date']} | {last} |"
+        )
+    return "\n".join(
+        [
+            "# Smoke presets: wall time of each job (#22.4)",
+            "",
+            "`python bench/smoke_times.py [--jobs ...]`: each job's smoke preset run as a newcomer runs it, one after",
+            "the other with nothing else running, fresh run storage and MLflow store each (corpora built, base",
+            f"models measured). Target: <= {TARGET_MIN:.0f} minutes on this 2-core machine. Rows keep the commit and",
+            "date they were measured at; `smoke_times.md` explains where each job's time goes.",
+            "",
+            *rows,
+        ]
+    )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", nargs="+", choices=list(JOBS), default=list(JOBS))
-    ap.add_argument("--out", type=Path, default=None, help="where each job's storage, MLflow store and log go")
-    ap.add_argument("--report-only", action="store_true", help="rewrite the table from the recorded runs (and "
-                    "their logs, where still on this machine); run nothing")
+    ap.add_argument(
+        "--out", type=Path, default=None, help="where each job's storage, MLflow store and log go"
+    )
+    ap.add_argument(
+        "--report-only",
+        action="store_true",
+        help="rewrite the table from the recorded runs (and "
+        "their logs, where still on this machine); run nothing",
+    )
     args = ap.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="sieve-smoke-times-"))
     path = RESULTS / f"{NAME}.json"

@@ -28,8 +28,12 @@ def main() -> None:
     if name is None:
         name = f"{args.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
         t0 = time.time()
-        res = subprocess.run([sys.executable, str(ROOT / "jobs" / "sifter_sweep.py"), "--preset", args.preset,
-                              "--name", name], cwd=ROOT, capture_output=True, text=True)
+        res = subprocess.run(
+            [sys.executable, str(ROOT / "jobs" / "sifter_sweep.py"), "--preset", args.preset, "--name", name],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
         wall = (time.time() - t0) / 60
         out = (res.stdout + res.stderr).strip().splitlines()
         if res.returncode != 0:
@@ -42,26 +46,52 @@ def main() -> None:
     key = lambda t: f"sts_{t}_spearman_all"  # noqa: E731
     md = [f"# Main job `{name}` (`python jobs/sifter_sweep.py --preset {args.preset}`, 2-core CPU)", ""]
     if wall is not None:
-        md += [f"Whole job **{wall:.1f} min** (Ray start, corpus build, the base model's evaluation, {len(rows)} trials of "
-               f"2 Ray Train workers, the best trial's 7-task test, MLflow logging + registration, report); "
-               f"it printed {lines} lines. Last line: `{gate}`", ""]
-    md += ["| model | STS-B dev | " + " | ".join(TASKS) + " | avg |", "|---|---:|" + "---:|" * (len(TASKS) + 1),
-           f"| {base['label']}, untouched, this run | {base['dev'] * 100:.2f} | "
-           + " | ".join(f"{base['test'][key(t)] * 100:.2f}" for t in TASKS) + f" | {base['test']['sts_avg_spearman_all'] * 100:.2f} |",
-           f"| candidate: {rows[0]['trial']} | {rows[0]['best_dev'] * 100:.2f} | "
-           + " | ".join(f"{best[key(t)] * 100:.2f}" for t in TASKS) + f" | {best['sts_avg_spearman_all'] * 100:.2f} |",
-           f"| candidate − base | {(rows[0]['best_dev'] - base['dev']) * 100:+.2f} | "
-           + " | ".join(f"{(best[key(t)] - base['test'][key(t)]) * 100:+.2f}" for t in TASKS)
-           + f" | {(best['sts_avg_spearman_all'] - base['test']['sts_avg_spearman_all']) * 100:+.2f} |", "",
-           "Every trial (STS-B dev Spearman ×100 at each evaluation; all ran the same steps):", "",
-           "| trial | " + " | ".join(f"step {int(h['step'])}" for h in rows[0]["history"]) + " |",
-           "|---|" + "---:|" * len(rows[0]["history"])]
-    md += [f"| {r['trial']} | " + " | ".join(f"{h['stsb_dev_spearman'] * 100:.2f}" for h in r["history"]) + " |"
-           for r in rows]
-    md += ["", "Spearman `all` ×100, mean pooling (MiniLM's own) for the base and every trial. One seed per setting "
-           "here: the seeded comparisons (5 seeds, `jobs/compare.py`) are `sifter_compare_cpu.md` and `sifter_compare_mean_cpu.md`."]
-    write_results("sweep_smoke", {"sweep": name, "wall_min": wall, "lines": lines, "gate": gate, "base": base,
-                                  "candidate_test": best, "trials": rows}, "\n".join(md))
+        md += [
+            f"Whole job **{wall:.1f} min** (Ray start, corpus build, the base model's evaluation, {len(rows)} trials of "
+            f"2 Ray Train workers, the best trial's 7-task test, MLflow logging + registration, report); "
+            f"it printed {lines} lines. Last line: `{gate}`",
+            "",
+        ]
+    md += [
+        "| model | STS-B dev | " + " | ".join(TASKS) + " | avg |",
+        "|---|---:|" + "---:|" * (len(TASKS) + 1),
+        f"| {base['label']}, untouched, this run | {base['dev'] * 100:.2f} | "
+        + " | ".join(f"{base['test'][key(t)] * 100:.2f}" for t in TASKS)
+        + f" | {base['test']['sts_avg_spearman_all'] * 100:.2f} |",
+        f"| candidate: {rows[0]['trial']} | {rows[0]['best_dev'] * 100:.2f} | "
+        + " | ".join(f"{best[key(t)] * 100:.2f}" for t in TASKS)
+        + f" | {best['sts_avg_spearman_all'] * 100:.2f} |",
+        f"| candidate − base | {(rows[0]['best_dev'] - base['dev']) * 100:+.2f} | "
+        + " | ".join(f"{(best[key(t)] - base['test'][key(t)]) * 100:+.2f}" for t in TASKS)
+        + f" | {(best['sts_avg_spearman_all'] - base['test']['sts_avg_spearman_all']) * 100:+.2f} |",
+        "",
+        "Every trial (STS-B dev Spearman ×100 at each evaluation; all ran the same steps):",
+        "",
+        "| trial | " + " | ".join(f"step {int(h['step'])}" for h in rows[0]["history"]) + " |",
+        "|---|" + "---:|" * len(rows[0]["history"]),
+    ]
+    md += [
+        f"| {r['trial']} | " + " | ".join(f"{h['stsb_dev_spearman'] * 100:.2f}" for h in r["history"]) + " |"
+        for r in rows
+    ]
+    md += [
+        "",
+        "Spearman `all` ×100, mean pooling (MiniLM's own) for the base and every trial. One seed per setting "
+        "here: the seeded comparisons (5 seeds, `jobs/compare.py`) are `sifter_compare_cpu.md` and `sifter_compare_mean_cpu.md`.",
+    ]
+    write_results(
+        "sweep_smoke",
+        {
+            "sweep": name,
+            "wall_min": wall,
+            "lines": lines,
+            "gate": gate,
+            "base": base,
+            "candidate_test": best,
+            "trials": rows,
+        },
+        "\n".join(md),
+    )
 
 
 if __name__ == "__main__":

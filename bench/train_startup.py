@@ -33,12 +33,19 @@ VARIANTS = {
     "no-preemption-watcher": {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"},
     "no-watcher-no-metrics": {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0", "RAY_TRAIN_METRICS_ENABLED": "0"},
 }
-ROLES = [("RayTrainWorker", "train workers (ray + torch + the recipe's imports)"),
-         ("TrainController", "Train controller"), ("PlacementGroupCleaner", "placement-group cleaner actor"),
-         ("DatasetManager", "dataset manager actor (created with no datasets too)"),
-         ("SynchronizationActor", "synchronization actor"), ("PreemptionWatcher", "preemption watcher actor"),
-         ("AutoscalingCoordinator", "autoscaling coordinator actor"), ("IDLE", "idle pooled workers"),
-         ("raylet", "raylet"), ("gcs_server", "GCS"), ("dashboard", "dashboard and its agents")]
+ROLES = [
+    ("RayTrainWorker", "train workers (ray + torch + the recipe's imports)"),
+    ("TrainController", "Train controller"),
+    ("PlacementGroupCleaner", "placement-group cleaner actor"),
+    ("DatasetManager", "dataset manager actor (created with no datasets too)"),
+    ("SynchronizationActor", "synchronization actor"),
+    ("PreemptionWatcher", "preemption watcher actor"),
+    ("AutoscalingCoordinator", "autoscaling coordinator actor"),
+    ("IDLE", "idle pooled workers"),
+    ("raylet", "raylet"),
+    ("gcs_server", "GCS"),
+    ("dashboard", "dashboard and its agents"),
+]
 
 
 def role(cmdline: str) -> str:
@@ -63,8 +70,10 @@ class CpuByRole:
                 i = p.info
                 if i["pid"] == self.exclude or i["cpu_times"] is None or i["create_time"] < self.since:
                     continue
-                self.seen[(i["pid"], i["create_time"])] = (i["cpu_times"].user + i["cpu_times"].system,
-                                                          role(" ".join(i["cmdline"] or [])))
+                self.seen[(i["pid"], i["create_time"])] = (
+                    i["cpu_times"].user + i["cpu_times"].system,
+                    role(" ".join(i["cmdline"] or [])),
+                )
             time.sleep(0.2)
 
     def start(self) -> CpuByRole:
@@ -109,14 +118,23 @@ def child(fits: int) -> None:
     for i in range(fits):
         t = time.time()
         cpu = CpuByRole(t, os.getpid()).start()
-        TorchTrainer(train_fn, train_loop_config={"t": t, "i": i},
-                     scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
-                     run_config=RunConfig(name=f"startup-{i}", storage_path=os.environ["SIEVE_BENCH_TMP"])).fit()
+        TorchTrainer(
+            train_fn,
+            train_loop_config={"t": t, "i": i},
+            scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
+            run_config=RunConfig(name=f"startup-{i}", storage_path=os.environ["SIEVE_BENCH_TMP"]),
+        ).fit()
         wall = time.time() - t
         time.sleep(1)  # processes that exit at the run's end are read once more
         ranks = [json.load(open(f"{marks}-{i}-{r}")) for r in (0, 1)]
-        rows.append({"wall_s": wall, "fn_start_s": max(r["fn_start_s"] for r in ranks),
-                     "imported_s": max(r["imported_s"] for r in ranks), "cpu_by_role": cpu.stop()})
+        rows.append(
+            {
+                "wall_s": wall,
+                "fn_start_s": max(r["fn_start_s"] for r in ranks),
+                "imported_s": max(r["imported_s"] for r in ranks),
+                "cpu_by_role": cpu.stop(),
+            }
+        )
     ray.shutdown()
     print("RESULT " + json.dumps({"fits": rows, "reads": reads}), flush=True)
 
@@ -137,12 +155,21 @@ def read_corpus(in_process_first: bool) -> dict[str, list[float]]:
     lines = (ROOT / "data" / "corpus" / "wikisplit_sample.txt").read_text(encoding="utf-8").splitlines()
     folder = os.path.join(os.environ["SIEVE_BENCH_TMP"], "shards")
     os.makedirs(folder)
-    pq.write_table(pa.table({"text": lines, "backbone_view": [t + " " + t[: len(t) // 2] for t in lines],
-                             "deletion_view": [" ".join(t.split()[::2]) for t in lines]}),
-                   os.path.join(folder, "000000-0000.parquet"))
+    pq.write_table(
+        pa.table(
+            {
+                "text": lines,
+                "backbone_view": [t + " " + t[: len(t) // 2] for t in lines],
+                "deletion_view": [" ".join(t.split()[::2]) for t in lines],
+            }
+        ),
+        os.path.join(folder, "000000-0000.parquet"),
+    )
     cols = ["text", "deletion_view"]
-    ways = {"materialize": lambda: ray.data.read_parquet(folder).select_columns(cols).materialize(),
-            "in_process": lambda: read_in_process(pafs.LocalFileSystem(), folder, cols)}
+    ways = {
+        "materialize": lambda: ray.data.read_parquet(folder).select_columns(cols).materialize(),
+        "in_process": lambda: read_in_process(pafs.LocalFileSystem(), folder, cols),
+    }
     order = ["in_process", "materialize"] if in_process_first else ["materialize", "in_process"]
     out: dict[str, list[float]] = {k: [] for k in ways}
     for name in order * 2:
@@ -168,15 +195,31 @@ def main() -> None:
     reads: list[dict] = []
     for name in order:
         with tempfile.TemporaryDirectory(prefix="sieve-startup-") as tmp:
-            env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0", "SIEVE_BENCH_TMP": tmp,
-                   "SIEVE_BENCH_ROUND": str(len(reads)), "PYTHONPATH": str(ROOT), **VARIANTS[name]}
-            out = subprocess.run([sys.executable, __file__, "--child", "--fits", str(args.fits)], env=env,
-                                 capture_output=True, text=True, timeout=900).stdout
+            env = {
+                **os.environ,
+                "OMP_NUM_THREADS": "1",
+                "RAY_USAGE_STATS_ENABLED": "0",
+                "SIEVE_BENCH_TMP": tmp,
+                "SIEVE_BENCH_ROUND": str(len(reads)),
+                "PYTHONPATH": str(ROOT),
+                **VARIANTS[name],
+            }
+            out = subprocess.run(
+                [sys.executable, __file__, "--child", "--fits", str(args.fits)],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=900,
+            ).stdout
         got = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
         rows = got["fits"]
         reads.append(got["reads"])
-        print(name, [round(r["wall_s"], 1) for r in rows], {k: [round(x, 2) for x in v] for k, v in got["reads"].items()},
-              flush=True)
+        print(
+            name,
+            [round(r["wall_s"], 1) for r in rows],
+            {k: [round(x, 2) for x in v] for k, v in got["reads"].items()},
+            flush=True,
+        )
         runs[name] += rows
 
     def mean(name: str, key: str) -> float:
@@ -191,39 +234,69 @@ def main() -> None:
     keys = [k for k, _ in ROLES] + ["other"]
     first = {k: statistics.mean(r[k][0] for r in reads) for k in ("materialize", "in_process")}
     again = {k: statistics.mean(r[k][1] for r in reads) for k in ("materialize", "in_process")}
-    res = {"fits_per_variant": len(runs[names[0]]), "order": order, "variants": VARIANTS,
-           "runs": runs, "corpus_reads": reads, "corpus_read_first_s": first, "corpus_read_again_s": again,
-           "means": {n: {"wall_s": mean(n, "wall_s"), "fn_start_s": mean(n, "fn_start_s"),
-                         "imported_s": mean(n, "imported_s"),
-                         "cpu_s": {k: cpu(n, k) for k in keys},
-                         "cpu_total_s": sum(cpu(n, k) for k in keys)} for n in names}}
+    res = {
+        "fits_per_variant": len(runs[names[0]]),
+        "order": order,
+        "variants": VARIANTS,
+        "runs": runs,
+        "corpus_reads": reads,
+        "corpus_read_first_s": first,
+        "corpus_read_again_s": again,
+        "means": {
+            n: {
+                "wall_s": mean(n, "wall_s"),
+                "fn_start_s": mean(n, "fn_start_s"),
+                "imported_s": mean(n, "imported_s"),
+                "cpu_s": {k: cpu(n, k) for k in keys},
+                "cpu_total_s": sum(cpu(n, k) for k in keys),
+            }
+            for n in names
+        },
+    }
     m = res["means"]
-    lines = [f"# One Ray Train run's fixed cost: start-up and teardown around an empty train function "
-             f"({os.cpu_count()} cores)", "",
-             f"Command: `.venv/bin/python bench/train_startup.py --fits {args.fits} --rounds {args.rounds}` "
-             f"(each variant on its own fresh local Ray, 4 logical CPUs; order {' '.join(order)}; "
-             f"{res['fits_per_variant']} fits per variant, means). The train function imports the recipe "
-             "(`trainers.sifter_simcse`) on 2 workers x 1 CPU and reports once: everything a smoke trial "
-             "pays besides its steps and evaluations.", "",
-             "| variant | fit() wall s | train function starts at s | recipe imported at s | CPU s, all processes "
-             "the run started |", "|---|---:|---:|---:|---:|"]
+    lines = [
+        f"# One Ray Train run's fixed cost: start-up and teardown around an empty train function "
+        f"({os.cpu_count()} cores)",
+        "",
+        f"Command: `.venv/bin/python bench/train_startup.py --fits {args.fits} --rounds {args.rounds}` "
+        f"(each variant on its own fresh local Ray, 4 logical CPUs; order {' '.join(order)}; "
+        f"{res['fits_per_variant']} fits per variant, means). The train function imports the recipe "
+        "(`trainers.sifter_simcse`) on 2 workers x 1 CPU and reports once: everything a smoke trial "
+        "pays besides its steps and evaluations.",
+        "",
+        "| variant | fit() wall s | train function starts at s | recipe imported at s | CPU s, all processes "
+        "the run started |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for n in names:
-        lines.append(f"| {n} | {m[n]['wall_s']:.1f} | {m[n]['fn_start_s']:.1f} | {m[n]['imported_s']:.1f} | "
-                     f"{m[n]['cpu_total_s']:.1f} |")
-    lines += ["", "CPU seconds per run by the processes it started (`default` variant; means per run; a poller reads them "
-              "every 0.2 s, so a process that lives less long can be missed: lower bounds):", "",
-              "| process | CPU s | processes |", "|---|---:|---:|"]
+        lines.append(
+            f"| {n} | {m[n]['wall_s']:.1f} | {m[n]['fn_start_s']:.1f} | {m[n]['imported_s']:.1f} | "
+            f"{m[n]['cpu_total_s']:.1f} |"
+        )
+    lines += [
+        "",
+        "CPU seconds per run by the processes it started (`default` variant; means per run; a poller reads them "
+        "every 0.2 s, so a process that lives less long can be missed: lower bounds):",
+        "",
+        "| process | CPU s | processes |",
+        "|---|---:|---:|",
+    ]
     for k, label in ROLES + [("other", "other processes started meanwhile")]:
         if cpu("default", k) > 0.05:
             lines.append(f"| {label} | {cpu('default', k):.1f} | {procs('default', k):.1f} |")
-    lines += ["", f"Reading a small training corpus into the object store before a run (`build_trainer`; one "
-              f"shard file of 4,000 rows, 2 of its 3 text columns; means over {len(reads)} fresh processes, "
-              "which way first alternating):", "",
-              "| way | first call in a fresh process, s | second call, s |", "|---|---:|---:|",
-              f"| Ray Data `read_parquet(...).materialize()` (read tasks) | {first['materialize']:.2f} | "
-              f"{again['materialize']:.2f} |",
-              f"| `read_in_process` (this process reads, `ray.data.from_arrow`) | {first['in_process']:.2f} | "
-              f"{again['in_process']:.2f} |"]
+    lines += [
+        "",
+        f"Reading a small training corpus into the object store before a run (`build_trainer`; one "
+        f"shard file of 4,000 rows, 2 of its 3 text columns; means over {len(reads)} fresh processes, "
+        "which way first alternating):",
+        "",
+        "| way | first call in a fresh process, s | second call, s |",
+        "|---|---:|---:|",
+        f"| Ray Data `read_parquet(...).materialize()` (read tasks) | {first['materialize']:.2f} | "
+        f"{again['materialize']:.2f} |",
+        f"| `read_in_process` (this process reads, `ray.data.from_arrow`) | {first['in_process']:.2f} | "
+        f"{again['in_process']:.2f} |",
+    ]
     write_results("train_startup", res, "\n".join(lines))
 
 

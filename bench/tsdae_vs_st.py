@@ -64,8 +64,9 @@ def main() -> None:
     ours, tok = build_model(cfg)
     torch.manual_seed(0)
     word = st_models.Transformer(str(default_model_path()), max_seq_length=48)
-    st = SentenceTransformer(modules=[word, st_models.Pooling(word.get_word_embedding_dimension(), "cls")],
-                             device="cpu")
+    st = SentenceTransformer(
+        modules=[word, st_models.Pooling(word.get_word_embedding_dimension(), "cls")], device="cpu"
+    )
     theirs = DenoisingAutoEncoderLoss(st, tie_encoder_decoder=True)
     theirs.decoder.load_state_dict(ours.decoder.state_dict())  # same LM-head init for both
     opt_ours = torch.optim.AdamW(ours.parameters(), lr=args.lr)
@@ -78,7 +79,7 @@ def main() -> None:
     losses = {"ours": [], "st": []}
     tk = dict(padding=True, truncation=True, max_length=48, return_tensors="pt", return_token_type_ids=False)
     for step in range(args.steps):
-        batch = data[step * args.batch:(step + 1) * args.batch]
+        batch = data[step * args.batch : (step + 1) * args.batch]
         noisy = noisy_batch(batch, 0.6, rng)
         torch.manual_seed(1000 + step)
         t0 = time.perf_counter()
@@ -108,23 +109,42 @@ def main() -> None:
         "sentence-transformers DenoisingAutoEncoderLoss": evaluate(st[0].auto_model, tok),
     }
     ratio = (args.steps / t_ours) / (args.steps / t_theirs)
-    lines = [f"# TSDAE: ours vs sentence-transformers ({args.steps} steps, batch {args.batch}, {args.threads} threads)", "",
-             "Same MiniLM, tweets, noisy inputs (60% of words deleted), optimiser and seed; loops in lockstep. "
-             "Command: `python bench/tsdae_vs_st.py`.", "",
-             f"Step throughput: ours {args.steps / t_ours:.2f} steps/s, ST {args.steps / t_theirs:.2f} steps/s → "
-             f"**ours/ST = {ratio:.2f}×**. Mean loss of the last 20 steps: ours {sum(losses['ours'][-20:]) / 20:.3f}, "
-             f"ST {sum(losses['st'][-20:]) / 20:.3f}.", "",
-             "| model | PIT-2015 test AP | Twitter URL AP | TwitterPara AP (mean) | STS-B test Spearman |",
-             "|---|---:|---:|---:|---:|"]
+    lines = [
+        f"# TSDAE: ours vs sentence-transformers ({args.steps} steps, batch {args.batch}, {args.threads} threads)",
+        "",
+        "Same MiniLM, tweets, noisy inputs (60% of words deleted), optimiser and seed; loops in lockstep. "
+        "Command: `python bench/tsdae_vs_st.py`.",
+        "",
+        f"Step throughput: ours {args.steps / t_ours:.2f} steps/s, ST {args.steps / t_theirs:.2f} steps/s → "
+        f"**ours/ST = {ratio:.2f}×**. Mean loss of the last 20 steps: ours {sum(losses['ours'][-20:]) / 20:.3f}, "
+        f"ST {sum(losses['st'][-20:]) / 20:.3f}.",
+        "",
+        "| model | PIT-2015 test AP | Twitter URL AP | TwitterPara AP (mean) | STS-B test Spearman |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for name, r in results.items():
-        lines.append(f"| {name} | {r['twitterpara_pit_ap'] * 100:.2f} | {r['twitterpara_url_ap'] * 100:.2f} | "
-                     f"{r['twitterpara_ap'] * 100:.2f} | {r['stsb_spearman'] * 100:.2f} |")
-    lines += ["", "Scale: a few hundred tweets, CPU; the point is equal maths and speed, not the paper's numbers "
-              "(TSDAE trains 100k steps). All scores ×100, CLS pooling (`cls_before_pooler`)."]
-    write_results("tsdae_vs_st", {"steps": args.steps, "batch": args.batch, "threads": args.threads,
-                                  "steps_per_s": {"ours": args.steps / t_ours, "st": args.steps / t_theirs},
-                                  "ratio_ours_over_st": ratio, "losses": losses, "results": results},
-                  "\n".join(lines))
+        lines.append(
+            f"| {name} | {r['twitterpara_pit_ap'] * 100:.2f} | {r['twitterpara_url_ap'] * 100:.2f} | "
+            f"{r['twitterpara_ap'] * 100:.2f} | {r['stsb_spearman'] * 100:.2f} |"
+        )
+    lines += [
+        "",
+        "Scale: a few hundred tweets, CPU; the point is equal maths and speed, not the paper's numbers "
+        "(TSDAE trains 100k steps). All scores ×100, CLS pooling (`cls_before_pooler`).",
+    ]
+    write_results(
+        "tsdae_vs_st",
+        {
+            "steps": args.steps,
+            "batch": args.batch,
+            "threads": args.threads,
+            "steps_per_s": {"ours": args.steps / t_ours, "st": args.steps / t_theirs},
+            "ratio_ours_over_st": ratio,
+            "losses": losses,
+            "results": results,
+        },
+        "\n".join(lines),
+    )
 
 
 if __name__ == "__main__":

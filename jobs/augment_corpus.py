@@ -28,7 +28,9 @@ def main() -> int:
     ap.add_argument("--input", help="text / tsv / parquet file or directory, local or s3://")
     ap.add_argument("--output", required=True, help="output directory, local or s3://")
     ap.add_argument("--config", help="YAML with CorpusConfig keys (defaults otherwise)")
-    ap.add_argument("--parser", choices=["spacy", "stanza"], help="parser backend (default: the config's, spacy)")
+    ap.add_argument(
+        "--parser", choices=["spacy", "stanza"], help="parser backend (default: the config's, spacy)"
+    )
     ap.add_argument("--workers", type=int, help="parser actors")
     ap.add_argument("--no-progress", action="store_true", help="no progress bars")
     ap.add_argument("overrides", nargs="*", help="key=value config overrides, e.g. parser.batch_size=128")
@@ -46,8 +48,9 @@ def main() -> int:
     init_ray()
     # each build goes to a fresh attempt folder; the output's CURRENT pointer switches to it last, so a
     # crash mid-build never leaves new shards beside an old manifest, and readers never see half a build
-    folder = build_committed(args.output, lambda out: run_pipeline(cfg, out, progress=not args.no_progress),
-                             reuse=False)
+    folder = build_committed(
+        args.output, lambda out: run_pipeline(cfg, out, progress=not args.no_progress), reuse=False
+    )
     manifest = json.loads(read_bytes(join(folder, "manifest.json")))
     summary = {k: manifest[k] for k in ("read", "written", "skipped", "truncated", "parser", "seed")}
     summary["build"] = folder

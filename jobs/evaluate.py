@@ -34,16 +34,31 @@ from orchestrator.seed import seed_everything
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    ap.add_argument("--model", default="default", help="local folder, s3:// URI, models:/name@alias, runs:/id/path, "
-                    "or 'default'")
-    ap.add_argument("--tracking-uri", help="MLflow tracking URI for models:/ and runs:/ (default: env, else ./mlruns)")
-    ap.add_argument("--log-to-run", action="store_true", help="log the scores to the run that logged the model "
-                    "(models:/ or runs:/ sources)")
-    ap.add_argument("--pooling", choices=POOLINGS, help="default: the model folder's saved pooling, else mean")
+    ap.add_argument(
+        "--model",
+        default="default",
+        help="local folder, s3:// URI, models:/name@alias, runs:/id/path, or 'default'",
+    )
+    ap.add_argument(
+        "--tracking-uri", help="MLflow tracking URI for models:/ and runs:/ (default: env, else ./mlruns)"
+    )
+    ap.add_argument(
+        "--log-to-run",
+        action="store_true",
+        help="log the scores to the run that logged the model (models:/ or runs:/ sources)",
+    )
+    ap.add_argument(
+        "--pooling", choices=POOLINGS, help="default: the model folder's saved pooling, else mean"
+    )
     ap.add_argument("--tasks", default=",".join(sts.SEVEN_TASKS), help="comma-separated; '' for none")
-    ap.add_argument("--sts-file", action="append", default=[], help="extra TSV(s) with sentence1, sentence2, score")
-    ap.add_argument("--baseline", help="a second model (e.g. 'default', the one you started from) scored in the "
-                    "same call with the same pooling and tasks; the table shows the difference")
+    ap.add_argument(
+        "--sts-file", action="append", default=[], help="extra TSV(s) with sentence1, sentence2, score"
+    )
+    ap.add_argument(
+        "--baseline",
+        help="a second model (e.g. 'default', the one you started from) scored in the "
+        "same call with the same pooling and tasks; the table shows the difference",
+    )
     ap.add_argument("--json", help="write results here (local path or s3://)")
     ap.add_argument("--batch-size", type=int, default=64, help="sentences per forward pass")
     ap.add_argument("--max-length", type=int, default=128, help="tokens per sentence (longer ones are cut)")
@@ -54,7 +69,9 @@ def main() -> int:
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     unknown = [t for t in tasks if t not in sts.TASK_FILES]
     if unknown:
-        raise ConfigError(f"--tasks: unknown task(s) {', '.join(unknown)} (known: {', '.join(sts.TASK_FILES)})")
+        raise ConfigError(
+            f"--tasks: unknown task(s) {', '.join(unknown)} (known: {', '.join(sts.TASK_FILES)})"
+        )
     if not tasks and not args.sts_file:
         raise ConfigError("--tasks is empty and no --sts-file given: nothing to evaluate")
     # Validate every input file and the output path before loading the model (fail fast on bad input).
@@ -96,8 +113,13 @@ def main() -> int:
         mlflow.log_metrics(sts.flat_metrics(result))
     if args.log_to_run:
         run_id = tracking.run_of(args.model)
-        mlflow.MlflowClient().log_batch(run_id, metrics=[
-            mlflow.entities.Metric(f"eval_{k}", v, 0, 0) for k, v in sts.flat_metrics(result, "sts_").items()])
+        mlflow.MlflowClient().log_batch(
+            run_id,
+            metrics=[
+                mlflow.entities.Metric(f"eval_{k}", v, 0, 0)
+                for k, v in sts.flat_metrics(result, "sts_").items()
+            ],
+        )
         print(f"logged to run {run_id}")
     if args.json:
         storage.write_bytes(args.json, json.dumps(result, indent=2).encode())
@@ -106,16 +128,26 @@ def main() -> int:
 
 
 def score(args, model_ref: str, pooling: str, tasks: list[str]) -> dict:
-    model, tokenizer = load_encoder(model_ref, add_pooling_layer=pooling == "cls", require_pooler=pooling == "cls")
-    encoder = HFEncoder(model, tokenizer, pooling=pooling, batch_size=args.batch_size,
-                        max_length=args.max_length, progress=not args.no_progress)
+    model, tokenizer = load_encoder(
+        model_ref, add_pooling_layer=pooling == "cls", require_pooler=pooling == "cls"
+    )
+    encoder = HFEncoder(
+        model,
+        tokenizer,
+        pooling=pooling,
+        batch_size=args.batch_size,
+        max_length=args.max_length,
+        progress=not args.no_progress,
+    )
     return {"model": model_ref, "pooling": pooling, **sts.evaluate(encoder, tasks, extra_files=args.sts_file)}
 
 
 def difference_table(result: dict, base: dict) -> str:
     """Spearman ``all`` per task (×100): the baseline, the model, the model − the baseline."""
     rows = ["| task | baseline | model | model − baseline |", "|---|---:|---:|---:|"]
-    pairs = [(t, base["tasks"][t]["spearman"]["all"], r["spearman"]["all"]) for t, r in result["tasks"].items()]
+    pairs = [
+        (t, base["tasks"][t]["spearman"]["all"], r["spearman"]["all"]) for t, r in result["tasks"].items()
+    ]
     if result.get("avg"):
         pairs.append(("**avg**", base["avg"]["spearman_all"], result["avg"]["spearman_all"]))
     rows += [f"| {t} | {b * 100:.2f} | {m * 100:.2f} | {(m - b) * 100:+.2f} |" for t, b, m in pairs]

@@ -29,13 +29,26 @@ def main() -> int:
     src.add_argument("--version", type=int, help="the version to promote")
     src.add_argument("--from-alias", help="promote the version this alias points at (e.g. candidate)")
     ap.add_argument("--alias", default="champion", help="the alias to move")
-    ap.add_argument("--metric", default="test_score", help="the version tag compared "
-                    "with the current alias holder's (higher is better; set at registration)")
-    ap.add_argument("--force", action="store_true", help="promote even when it scores below the current holder")
-    ap.add_argument("--tracking-uri", help="MLflow tracking URI (default: env MLFLOW_TRACKING_URI, else ./mlruns)")
+    ap.add_argument(
+        "--metric",
+        default="test_score",
+        help="the version tag compared "
+        "with the current alias holder's (higher is better; set at registration)",
+    )
+    ap.add_argument(
+        "--force", action="store_true", help="promote even when it scores below the current holder"
+    )
+    ap.add_argument(
+        "--tracking-uri", help="MLflow tracking URI (default: env MLFLOW_TRACKING_URI, else ./mlruns)"
+    )
     args = ap.parse_args()
 
-    for flag in ("model", "alias", "from_alias", "metric"):  # an empty flag would reach MLflow as its exception
+    for flag in (
+        "model",
+        "alias",
+        "from_alias",
+        "metric",
+    ):  # an empty flag would reach MLflow as its exception
         value = getattr(args, flag)
         if value is not None and not value.strip():
             raise ConfigError(f"--{flag.replace('_', '-')} is empty")
@@ -51,8 +64,10 @@ def main() -> int:
     new = tracking.version_metric(args.model, args.version, args.metric)
     if new is None:  # nothing to compare: never promote on a score that is not there
         have = sorted(MlflowClient().get_model_version(args.model, str(args.version)).tags)
-        raise ConfigError(f"--metric {args.metric!r}: {args.model} v{args.version} has no such tag (its tags: "
-                          f"{', '.join(have) or 'none'})")
+        raise ConfigError(
+            f"--metric {args.metric!r}: {args.model} v{args.version} has no such tag (its tags: "
+            f"{', '.join(have) or 'none'})"
+        )
     current = tracking.alias_version(args.model, args.alias)
     if current == args.version:
         if args.alias == "champion":  # moved here by hand: promote.py now stands behind it
@@ -64,7 +79,8 @@ def main() -> int:
         if old is not None and new < old:
             raise TrackingError(
                 f"refusing to promote {args.model} v{args.version} ({args.metric}={new}) over "
-                f"@{args.alias} v{current} ({args.metric}={old}); pass --force to do it anyway")
+                f"@{args.alias} v{current} ({args.metric}={old}); pass --force to do it anyway"
+            )
     tracking.set_alias(args.model, args.alias, args.version)
     if args.alias == "champion":  # what a job reading @champion later compares a hand-moved alias with
         MlflowClient().set_registered_model_tag(args.model, CHAMPION_TAG, str(args.version))

@@ -32,8 +32,9 @@ def main() -> int:
     if args.resume and not args.name:
         raise ConfigError("--resume needs --name (the experiments to continue)")
     overrides = [*args.overrides, *location_overrides(args, prefix="base.")]
-    cfg = load_config(ExperimentsConfig, args.config or resolve_config_path(args.preset, "siamese_experiments"),
-                      overrides)
+    cfg = load_config(
+        ExperimentsConfig, args.config or resolve_config_path(args.preset, "siamese_experiments"), overrides
+    )
     if args.print_config:
         return print_config(cfg)
     for exp in cfg.experiments:  # every run's config validates before anything starts

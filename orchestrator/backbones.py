@@ -52,8 +52,9 @@ def causal_decoder(source: str | Path, *, layers: int | None = None, weights: bo
     if not weights:
         return AutoModelForCausalLM.from_config(conf), set()
     with loading():
-        decoder, info = AutoModelForCausalLM.from_pretrained(source, config=conf, local_files_only=True,
-                                                             output_loading_info=True)
+        decoder, info = AutoModelForCausalLM.from_pretrained(
+            source, config=conf, local_files_only=True, output_loading_info=True
+        )
     return decoder, set(info["missing_keys"])
 
 
@@ -64,8 +65,9 @@ def tie_vocabulary(embeddings: nn.Embedding, decoder: nn.Module, *, output: bool
         decoder.get_output_embeddings().weight = embeddings.weight
 
 
-def bert2bert(name: str, source: Path, conf, *, decoder_layers: int, weights: bool = True,
-              tie_output: bool = True) -> Backbone:
+def bert2bert(
+    name: str, source: Path, conf, *, decoder_layers: int, weights: bool = True, tie_output: bool = True
+) -> Backbone:
     """E_sem = the BERT folder's encoder; decoder = its first ``decoder_layers`` layers + cross-attention."""
     if not weights:
         encoder = AutoModel.from_config(conf, add_pooling_layer=False)
@@ -80,8 +82,9 @@ def bert2bert(name: str, source: Path, conf, *, decoder_layers: int, weights: bo
     return Backbone(encoder, decoder, tokenizer, pretrained)
 
 
-def bart(name: str, source: Path, conf, *, decoder_layers: int, weights: bool = True,
-         tie_output: bool = True) -> Backbone:
+def bart(
+    name: str, source: Path, conf, *, decoder_layers: int, weights: bool = True, tie_output: bool = True
+) -> Backbone:
     """A BART folder (encoder + first decoder layers), or BART from config on a BERT folder's vocabulary."""
     quiet_transformers()
     if conf.model_type == "bart":  # pretrained BART: encoder + the first decoder layers
@@ -89,19 +92,33 @@ def bart(name: str, source: Path, conf, *, decoder_layers: int, weights: bool = 
             model = BartModel.from_pretrained(source, local_files_only=True) if weights else BartModel(conf)
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
         if decoder_layers > model.config.decoder_layers:
-            raise ConfigError(f"decoder_layers {decoder_layers}: {name!r} has only "
-                              f"{model.config.decoder_layers} decoder layers")
+            raise ConfigError(
+                f"decoder_layers {decoder_layers}: {name!r} has only "
+                f"{model.config.decoder_layers} decoder layers"
+            )
         pretrained_decoder = weights
     else:  # BART from config in the BERT's shape, with its vocabulary and embeddings
         bert, tokenizer = load_encoder(name, add_pooling_layer=False)
-        model = BartModel(BartConfig(
-            vocab_size=conf.vocab_size, d_model=conf.hidden_size, max_position_embeddings=conf.max_position_embeddings,
-            encoder_layers=conf.num_hidden_layers, decoder_layers=decoder_layers,
-            encoder_attention_heads=conf.num_attention_heads, decoder_attention_heads=conf.num_attention_heads,
-            encoder_ffn_dim=conf.intermediate_size, decoder_ffn_dim=conf.intermediate_size,
-            activation_function="gelu", scale_embedding=False, pad_token_id=tokenizer.pad_token_id,
-            bos_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id,
-            decoder_start_token_id=tokenizer.cls_token_id, forced_eos_token_id=tokenizer.sep_token_id))
+        model = BartModel(
+            BartConfig(
+                vocab_size=conf.vocab_size,
+                d_model=conf.hidden_size,
+                max_position_embeddings=conf.max_position_embeddings,
+                encoder_layers=conf.num_hidden_layers,
+                decoder_layers=decoder_layers,
+                encoder_attention_heads=conf.num_attention_heads,
+                decoder_attention_heads=conf.num_attention_heads,
+                encoder_ffn_dim=conf.intermediate_size,
+                decoder_ffn_dim=conf.intermediate_size,
+                activation_function="gelu",
+                scale_embedding=False,
+                pad_token_id=tokenizer.pad_token_id,
+                bos_token_id=tokenizer.cls_token_id,
+                eos_token_id=tokenizer.sep_token_id,
+                decoder_start_token_id=tokenizer.cls_token_id,
+                forced_eos_token_id=tokenizer.sep_token_id,
+            )
+        )
         with torch.no_grad():
             model.shared.weight.copy_(bert.embeddings.word_embeddings.weight)
             for positions in (model.encoder.embed_positions, model.decoder.embed_positions):
@@ -109,24 +126,42 @@ def bart(name: str, source: Path, conf, *, decoder_layers: int, weights: bool = 
         pretrained_decoder = False
     encoder = model.encoder
     encoder.embed_tokens.weight = model.shared.weight
-    dconf = BartConfig.from_dict({**model.config.to_dict(), "decoder_layers": decoder_layers, "is_decoder": True,
-                                  "is_encoder_decoder": False})
+    dconf = BartConfig.from_dict(
+        {
+            **model.config.to_dict(),
+            "decoder_layers": decoder_layers,
+            "is_decoder": True,
+            "is_encoder_decoder": False,
+        }
+    )
     decoder = BartForCausalLM(dconf)
-    state = {k: v for k, v in model.decoder.state_dict().items()
-             if not k.startswith("layers.") or int(k.split(".")[1]) < decoder_layers}
+    state = {
+        k: v
+        for k, v in model.decoder.state_dict().items()
+        if not k.startswith("layers.") or int(k.split(".")[1]) < decoder_layers
+    }
     decoder.model.decoder.load_state_dict(state)  # strict: every kept decoder weight has a home
     tie_vocabulary(encoder.embed_tokens, decoder, output=tie_output)
     if pretrained_decoder:
         pretrained = {f"sem.{n}" for n, _ in encoder.named_parameters()}
         pretrained |= {f"decoder.{n}" for n, _ in decoder.named_parameters()}
     else:
-        pretrained = {"sem.embed_tokens.weight", "sem.embed_positions.weight",
-                      "decoder.model.decoder.embed_positions.weight"}
+        pretrained = {
+            "sem.embed_tokens.weight",
+            "sem.embed_positions.weight",
+            "decoder.model.decoder.embed_positions.weight",
+        }
     return Backbone(encoder, decoder, tokenizer, pretrained)
 
 
-def build(name: str, architecture: str, *, decoder_layers: int, skeleton: str | Path | None = None,
-          tie_output: bool = True) -> Backbone:
+def build(
+    name: str,
+    architecture: str,
+    *,
+    decoder_layers: int,
+    skeleton: str | Path | None = None,
+    tie_output: bool = True,
+) -> Backbone:
     """The backbone ``architecture`` (``auto`` | ``bert2bert`` | ``bart``) of the model ``name``.
 
     ``skeleton``: a folder with the backbone's ``config.json`` + tokenizer (saved with an export):
@@ -135,11 +170,15 @@ def build(name: str, architecture: str, *, decoder_layers: int, skeleton: str | 
     conf = AutoConfig.from_pretrained(source, local_files_only=True)
     arch = architecture if architecture != "auto" else ("bart" if conf.model_type == "bart" else "bert2bert")
     if conf.model_type not in ("bert", "bart"):
-        raise ConfigError(f"model {name!r}: ParaBART needs a BART or BERT model folder "
-                          f"(got model_type {conf.model_type!r})")
+        raise ConfigError(
+            f"model {name!r}: ParaBART needs a BART or BERT model folder (got model_type {conf.model_type!r})"
+        )
     if arch == "bert2bert" and conf.model_type != "bert":
-        raise ConfigError(f"model {name!r}: architecture 'bert2bert' needs a BERT-family "
-                          f"model folder (got model_type {conf.model_type!r})")
+        raise ConfigError(
+            f"model {name!r}: architecture 'bert2bert' needs a BERT-family "
+            f"model folder (got model_type {conf.model_type!r})"
+        )
     make = bert2bert if arch == "bert2bert" else bart
-    return make(name, source, conf, decoder_layers=decoder_layers, weights=skeleton is None, tie_output=tie_output)
-
+    return make(
+        name, source, conf, decoder_layers=decoder_layers, weights=skeleton is None, tie_output=tie_output
+    )

@@ -64,7 +64,9 @@ class EvalConfig(StrictModel):
     arms of different methods can be compared on one test (``jobs/compare.py``)."""
 
     tasks: list[str] = ["sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr"]
-    domain: list[str] = Field([], description="domain evaluators (twitterpara, or one given a path in domain_paths)")
+    domain: list[str] = Field(
+        [], description="domain evaluators (twitterpara, or one given a path in domain_paths)"
+    )
     domain_paths: dict[str, str] = {}
     batch_size: int = Field(64, gt=0)
     max_length: int = Field(128, gt=0)
@@ -155,7 +157,9 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
         lines.append(f"{source}: {msg}" if key == "<root>" else f"{source}: {key}: {msg}")
     if len(lines) == 1:
         return lines[0]
-    return f"{lines[0]} (and {len(lines) - 1} more: " + "; ".join(ln.split(": ", 1)[1] for ln in lines[1:]) + ")"
+    return (
+        f"{lines[0]} (and {len(lines) - 1} more: " + "; ".join(ln.split(": ", 1)[1] for ln in lines[1:]) + ")"
+    )
 
 
 STORAGE_ENV = "SIEVE_STORAGE"
@@ -177,9 +181,11 @@ def expand_storage(data: Any, source: str, key: str = "") -> Any:
     if isinstance(data, str) and STORAGE_REF in data:
         root = storage_root()
         if root is None:
-            raise ConfigError(f"{source}: {key} = {data!r} uses {STORAGE_REF}, which is not set: export "
-                              f"{STORAGE_ENV}=s3://BUCKET (the bucket infra/ made; the cluster's pods set it) "
-                              f"or override {key}")
+            raise ConfigError(
+                f"{source}: {key} = {data!r} uses {STORAGE_REF}, which is not set: export "
+                f"{STORAGE_ENV}=s3://BUCKET (the bucket infra/ made; the cluster's pods set it) "
+                f"or override {key}"
+            )
         return data.replace(STORAGE_REF, root)
     return data
 
@@ -257,19 +263,26 @@ class TrainLoopConfig(StrictModel):
     epochs: int = Field(1, gt=0)
     max_steps: int | None = Field(None, gt=0, description="stop after this many optimiser steps")
     eval_steps: int = Field(125, gt=0)
-    log_steps: int = Field(10, gt=0, description="loss, learning rate and throughput to MLflow every this many steps")
+    log_steps: int = Field(
+        10, gt=0, description="loss, learning rate and throughput to MLflow every this many steps"
+    )
     lr_schedule: Literal["linear", "constant"] = "linear"
-    warmup_steps: int = Field(0, ge=0, description="linear warm-up of the learning rate (transformers' schedules)")
+    warmup_steps: int = Field(
+        0, ge=0, description="linear warm-up of the learning rate (transformers' schedules)"
+    )
     grad_clip: float | None = Field(None, gt=0)
     seed: int = 42
-    grad_cache: GradCacheBlock | None = Field(None, description="contrastive recipes: cached gradients "
-                                              "(a large batch on a small batch's memory)")
+    grad_cache: GradCacheBlock | None = Field(
+        None, description="contrastive recipes: cached gradients (a large batch on a small batch's memory)"
+    )
 
     @model_validator(mode="after")
     def _mini_batch_divides_batch(self):
         if self.grad_cache and self.batch_size % self.grad_cache.mini_batch:
-            raise ValueError(f"grad_cache.mini_batch ({self.grad_cache.mini_batch}) must divide the per-worker "
-                             f"train.batch_size ({self.batch_size})")
+            raise ValueError(
+                f"grad_cache.mini_batch ({self.grad_cache.mini_batch}) must divide the per-worker "
+                f"train.batch_size ({self.batch_size})"
+            )
         return self
 
     def planned_steps(self, rows_per_worker: int) -> int:
@@ -285,7 +298,9 @@ class ScalingBlock(StrictModel):
     cpus_per_worker: float = Field(1.0, gt=0)
     resources_per_worker: dict[str, float] = {}
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
-        "PACK", description="how the workers' bundles are placed on nodes (STRICT_SPREAD: one worker per node)")
+        "PACK",
+        description="how the workers' bundles are placed on nodes (STRICT_SPREAD: one worker per node)",
+    )
 
 
 class DeepSpeedBlock(StrictModel):
@@ -301,21 +316,37 @@ class PerformanceBlock(StrictModel):
     """Speed switches, each tested on CPU to give the fp32 loss within a stated tolerance. ``auto``: on
     where it pays - a GPU, and for fused AdamW the CPU too (``bench/results/cpu_step.md``)."""
 
-    bf16: Literal["auto", "on", "off"] = Field("auto", description="bf16 autocast of the forward on the DDP path "
-                                               "(ZeRO has deepspeed.bf16)")
-    attention: Literal["auto", "sdpa", "eager"] = Field("auto", description="transformers' attention kernel "
-                                                        "(auto: transformers' default, SDPA where supported)")
-    fused_adamw: Literal["auto", "on", "off"] = Field("auto", description="AdamW's update in one kernel per "
-                                                      "parameter group (auto: on, GPU and CPU alike; the CPU "
-                                                      "optimiser step 4x faster, the same update rule)")
+    bf16: Literal["auto", "on", "off"] = Field(
+        "auto", description="bf16 autocast of the forward on the DDP path (ZeRO has deepspeed.bf16)"
+    )
+    attention: Literal["auto", "sdpa", "eager"] = Field(
+        "auto",
+        description="transformers' attention kernel (auto: transformers' default, SDPA where supported)",
+    )
+    fused_adamw: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="AdamW's update in one kernel per "
+        "parameter group (auto: on, GPU and CPU alike; the CPU "
+        "optimiser step 4x faster, the same update rule)",
+    )
     compile: bool = Field(False, description="torch.compile the model (plain / DDP path)")
     compile_backend: str = "inductor"
-    pin_memory: Literal["auto", "on", "off"] = Field("auto", description="pinned host memory for batches sent to a GPU")
-    ingest_prefetch: int = Field(4, ge=0, description="batches of the worker's shard read ahead on a thread, "
-                                 "from the start of the train function (0: read when the loop asks)")
-    ingest_materialize_mb: int = Field(256, ge=0, description="a training corpus whose shard files total at "
-                                       "most this many MiB is read into Ray's object store once, before the "
-                                       "workers start; a larger one streams (0: always stream)")
+    pin_memory: Literal["auto", "on", "off"] = Field(
+        "auto", description="pinned host memory for batches sent to a GPU"
+    )
+    ingest_prefetch: int = Field(
+        4,
+        ge=0,
+        description="batches of the worker's shard read ahead on a thread, "
+        "from the start of the train function (0: read when the loop asks)",
+    )
+    ingest_materialize_mb: int = Field(
+        256,
+        ge=0,
+        description="a training corpus whose shard files total at "
+        "most this many MiB is read into Ray's object store once, before the "
+        "workers start; a larger one streams (0: always stream)",
+    )
 
     AUTO_ON_CPU: ClassVar[frozenset[str]] = frozenset({"fused_adamw"})  # measured to pay on CPU as well
 
@@ -329,8 +360,12 @@ class RunBlock(StrictModel):
 
     name: str | None = None
     storage: str = "outputs/runs"
-    max_failures: int = Field(1, ge=0, description="restarts from the last checkpoint after a worker or node "
-                              "failure (Ray Train's), and after a node lost while the workers start")
+    max_failures: int = Field(
+        1,
+        ge=0,
+        description="restarts from the last checkpoint after a worker or node "
+        "failure (Ray Train's), and after a node lost while the workers start",
+    )
     num_to_keep: int = Field(2, ge=1)
 
 
@@ -353,8 +388,10 @@ class MethodConfig(StrictModel):
     @model_validator(mode="after")
     def _grad_cache_supported(self):
         if self.train.grad_cache is not None and not self.supports_grad_cache:
-            raise ValueError(f"train.grad_cache: {self.method} cannot cache gradients (only a recipe whose loss is "
-                             "in-batch contrastive can)")
+            raise ValueError(
+                f"train.grad_cache: {self.method} cannot cache gradients (only a recipe whose loss is "
+                "in-batch contrastive can)"
+            )
         return self
 
     def model_sources(self) -> list[str]:

@@ -32,11 +32,27 @@ def standalone_encoder(encoder):
     if type(encoder).__name__ != "BartEncoder":
         return encoder
     c = encoder.config
-    keys = ("vocab_size", "d_model", "max_position_embeddings", "encoder_layers", "encoder_ffn_dim",
-            "encoder_attention_heads", "dropout", "attention_dropout", "activation_dropout",
-            "activation_function", "init_std", "encoder_layerdrop", "scale_embedding", "pad_token_id",
-            "bos_token_id", "eos_token_id")
-    conf = BlenderbotSmallConfig(**{k: getattr(c, k) for k in keys}, decoder_layers=0, is_encoder_decoder=False)
+    keys = (
+        "vocab_size",
+        "d_model",
+        "max_position_embeddings",
+        "encoder_layers",
+        "encoder_ffn_dim",
+        "encoder_attention_heads",
+        "dropout",
+        "attention_dropout",
+        "activation_dropout",
+        "activation_function",
+        "init_std",
+        "encoder_layerdrop",
+        "scale_embedding",
+        "pad_token_id",
+        "bos_token_id",
+        "eos_token_id",
+    )
+    conf = BlenderbotSmallConfig(
+        **{k: getattr(c, k) for k in keys}, decoder_layers=0, is_encoder_decoder=False
+    )
     conf.architectures = ["BlenderbotSmallEncoder"]
     out = BlenderbotSmallEncoder(conf)
     state = encoder.state_dict()
@@ -45,8 +61,17 @@ def standalone_encoder(encoder):
     return out
 
 
-def export_encoder(model, tokenizer, out: str | Path, *, pooling: str, max_seq_length: int = 128,
-                   extra_files: dict[str, str] | None = None, write_more=None, card_name: str = "sieve encoder") -> Path:
+def export_encoder(
+    model,
+    tokenizer,
+    out: str | Path,
+    *,
+    pooling: str,
+    max_seq_length: int = 128,
+    extra_files: dict[str, str] | None = None,
+    write_more=None,
+    card_name: str = "sieve encoder",
+) -> Path:
     """Save ``model`` + ``tokenizer`` as a sentence-transformers model with ``pooling`` to ``out``, atomically
     (a crash keeps the old one). ``write_more(folder)`` adds files of its own inside the same atomic write."""
     # lazy: 1.5 s of imports that every training worker and trial process, which never export, would pay

@@ -34,8 +34,11 @@ class LiveRun:
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         now = int(time.time() * 1000)
-        self.pending += [Metric(k, float(v), now, int(step)) for k, v in metrics.items()
-                         if isinstance(v, int | float) and math.isfinite(float(v))]
+        self.pending += [
+            Metric(k, float(v), now, int(step))
+            for k, v in metrics.items()
+            if isinstance(v, int | float) and math.isfinite(float(v))
+        ]
         self.flush()
 
     def flush(self) -> bool:
@@ -46,8 +49,11 @@ class LiveRun:
             return True
         except Exception as exc:  # noqa: BLE001 - any client error: keep the points, try again later
             if not self.warned:
-                print(f"warning: MLflow {self.uri} unreachable while training ({str(exc).splitlines()[0][:120]}); "
-                      "metrics are buffered and sent when it is back", file=sys.stderr)
+                print(
+                    f"warning: MLflow {self.uri} unreachable while training ({str(exc).splitlines()[0][:120]}); "
+                    "metrics are buffered and sent when it is back",
+                    file=sys.stderr,
+                )
                 self.warned = True
             return False
 
@@ -57,13 +63,23 @@ class LiveRun:
         return [{"key": m.key, "value": m.value, "step": m.step} for m in self.pending]
 
 
-def create_child_run(experiment_id: str, parent_run_id: str, name: str, tags: dict[str, str],
-                     params: dict[str, Any], tracking_uri: str) -> str:
+def create_child_run(
+    experiment_id: str,
+    parent_run_id: str,
+    name: str,
+    tags: dict[str, str],
+    params: dict[str, Any],
+    tracking_uri: str,
+) -> str:
     """A nested run created from a process that is not the parent's (a Tune trial): its id."""
-    return create_run(experiment_id, name, {"mlflow.parentRunId": parent_run_id, **tags}, params, tracking_uri)
+    return create_run(
+        experiment_id, name, {"mlflow.parentRunId": parent_run_id, **tags}, params, tracking_uri
+    )
 
 
-def create_run(experiment_id: str, name: str, tags: dict[str, str], params: dict[str, Any], tracking_uri: str) -> str:
+def create_run(
+    experiment_id: str, name: str, tags: dict[str, str], params: dict[str, Any], tracking_uri: str
+) -> str:
     """A top-level run made before training starts, its params logged once: its id."""
     client = MlflowClient(tracking_uri=tracking_uri)
     run = client.create_run(experiment_id, run_name=name, tags={"mlflow.runName": name, **tags})

@@ -41,8 +41,12 @@ def resolve_model_source(name: str | os.PathLike, cache_dir: str | Path | None =
     if name == DEFAULT_MODEL:
         return default_model_path()
     if storage.is_s3(name):
-        folder = storage.cached_copy(name, storage.listing_signature(name), lambda dest: storage.get_dir(name, dest),
-                                     Path(cache_dir or _CACHE))
+        folder = storage.cached_copy(
+            name,
+            storage.listing_signature(name),
+            lambda dest: storage.get_dir(name, dest),
+            Path(cache_dir or _CACHE),
+        )
         return _check_model_dir(folder, name)
     if name.startswith(MLFLOW_SCHEMES):
         return _check_model_dir(_from_mlflow(name, cache_dir), name)
@@ -67,23 +71,31 @@ def _from_mlflow(uri: str, cache_dir) -> Path:
 
     pinned = uri
     if uri.startswith("models:/") and "@" in uri:
-        model, alias = uri[len("models:/"):].split("@", 1)
+        model, alias = uri[len("models:/") :].split("@", 1)
         try:
             version = mlflow.MlflowClient().get_model_version_by_alias(model, alias).version
         except Exception as exc:  # noqa: BLE001
-            raise ModelSourceError(f"model {uri!r}: no such registered model or alias ({str(exc).splitlines()[0]})") from None
+            raise ModelSourceError(
+                f"model {uri!r}: no such registered model or alias ({str(exc).splitlines()[0]})"
+            ) from None
         pinned = f"models:/{model}/{version}"
         if alias == "champion" and (line := champion_set_by_hand(mlflow.MlflowClient(), model, int(version))):
             if line not in _WARNED:  # a job resolves its model more than once: said once
                 _WARNED.add(line)
                 print(line, flush=True)
     try:
-        root = storage.cached_copy(pinned, pinned, lambda dest: mlflow.artifacts.download_artifacts(
-            pinned, dst_path=str(dest)), Path(cache_dir or _CACHE))
+        root = storage.cached_copy(
+            pinned,
+            pinned,
+            lambda dest: mlflow.artifacts.download_artifacts(pinned, dst_path=str(dest)),
+            Path(cache_dir or _CACHE),
+        )
     except ModelSourceError:
         raise
     except Exception as exc:  # noqa: BLE001
-        raise ModelSourceError(f"model {uri!r}: cannot download it from MLflow ({str(exc).splitlines()[0]})") from None
+        raise ModelSourceError(
+            f"model {uri!r}: cannot download it from MLflow ({str(exc).splitlines()[0]})"
+        ) from None
     for folder in (root / "model.sentence_transformer", root, *sorted(root.rglob("config.json"))):
         folder = folder.parent if folder.name == "config.json" else folder
         if (folder / "config.json").is_file():
@@ -102,13 +114,17 @@ def champion_set_by_hand(client, model: str, version: int) -> str | None:
         promoted = client.get_registered_model(model).tags.get(CHAMPION_TAG)
         if promoted is None or int(promoted) == version:
             return None
-        new, old = (client.get_model_version(model, str(v)).tags.get("test_score") for v in (version, int(promoted)))
+        new, old = (
+            client.get_model_version(model, str(v)).tags.get("test_score") for v in (version, int(promoted))
+        )
     except Exception:  # noqa: BLE001 - a check, never a reason to fail the job
         return None
     if new is None or old is None or float(new) >= float(old):
         return None
-    return (f"warning: {model}@champion is v{version} (test_score {float(new):.4f}), set outside jobs/promote.py; it "
-            f"scores below v{promoted} ({float(old):.4f}), the champion promote.py had set")
+    return (
+        f"warning: {model}@champion is v{version} (test_score {float(new):.4f}), set outside jobs/promote.py; it "
+        f"scores below v{promoted} ({float(old):.4f}), the champion promote.py had set"
+    )
 
 
 def _check_model_dir(path: Path, name: str) -> Path:
@@ -136,9 +152,11 @@ def loading():
     once a load outside it has left the process with weight tying switched off."""
     with _LOAD_LOCK:
         if PreTrainedModel.tie_weights is not _TIE_WEIGHTS:
-            raise RuntimeError("transformers' PreTrainedModel.tie_weights is still replaced by a no-op after a "
-                               "model load outside orchestrator.models.loading() on another thread: models "
-                               "loaded in this process since then have untied weights")
+            raise RuntimeError(
+                "transformers' PreTrainedModel.tie_weights is still replaced by a no-op after a "
+                "model load outside orchestrator.models.loading() on another thread: models "
+                "loaded in this process since then have untied weights"
+            )
         yield
 
 
@@ -155,7 +173,9 @@ def load_config(name: str, *, dropout: float | None = None):
     try:
         config = AutoConfig.from_pretrained(path, local_files_only=True)
     except Exception as exc:  # noqa: BLE001 - any unreadable config is the user's input
-        raise ModelSourceError(f"model {name!r}: cannot read {path}/config.json ({type(exc).__name__}: {exc})") from None
+        raise ModelSourceError(
+            f"model {name!r}: cannot read {path}/config.json ({type(exc).__name__}: {exc})"
+        ) from None
     archs = config.architectures or []
     if getattr(config, "is_encoder_decoder", False) or any(a.endswith(_DECODER_ONLY_SUFFIXES) for a in archs):
         raise ModelSourceError(
@@ -179,15 +199,25 @@ def load_tokenizer(name: str):
     try:
         return AutoTokenizer.from_pretrained(path, local_files_only=True)
     except Exception as exc:  # noqa: BLE001
-        raise ModelSourceError(f"model {name!r}: cannot load a tokenizer from {path} ({type(exc).__name__})") from None
+        raise ModelSourceError(
+            f"model {name!r}: cannot load a tokenizer from {path} ({type(exc).__name__})"
+        ) from None
 
 
 # Encoder-only classes of encoder-decoder families, saved on their own (orchestrator.export.standalone_encoder)
-_STANDALONE_ENCODERS = {"BlenderbotSmallEncoder": "transformers.models.blenderbot_small.modeling_blenderbot_small"}
+_STANDALONE_ENCODERS = {
+    "BlenderbotSmallEncoder": "transformers.models.blenderbot_small.modeling_blenderbot_small"
+}
 
 
-def load_encoder(name: str, *, dropout: float | None = None, add_pooling_layer: bool = True,
-                 require_pooler: bool = False, attention: str = "auto"):
+def load_encoder(
+    name: str,
+    *,
+    dropout: float | None = None,
+    add_pooling_layer: bool = True,
+    require_pooler: bool = False,
+    attention: str = "auto",
+):
     """(encoder, tokenizer) for ``name``; ``add_pooling_layer=False`` for DDP (unused pooler).
     ``require_pooler``: refuse a folder whose checkpoint has no pooler weights (a pooler would be
     newly initialised, i.e. random - what ``cls`` pooling at evaluation time would then read)."""
@@ -204,15 +234,22 @@ def load_encoder(name: str, *, dropout: float | None = None, add_pooling_layer: 
         kwargs["add_pooling_layer"] = add_pooling_layer
     with loading():
         try:
-            model, info = AutoModel.from_pretrained(path, config=config, local_files_only=True,
-                                                    output_loading_info=True, **kwargs)
+            model, info = AutoModel.from_pretrained(
+                path, config=config, local_files_only=True, output_loading_info=True, **kwargs
+            )
         except Exception as exc:  # noqa: BLE001
-            raise ModelSourceError(f"model {name!r}: cannot load weights from {path} ({type(exc).__name__}: "
-                                   f"{exc})") from None
-    if require_pooler and (not hasattr(model, "pooler") or model.pooler is None
-                           or any("pooler" in k for k in info["missing_keys"])):
-        raise ModelSourceError(f"model {name!r}: pooling 'cls' reads the pooler layer, but {path} has no pooler "
-                               "weights (it would be randomly initialised); use 'cls_before_pooler' or 'mean'")
+            raise ModelSourceError(
+                f"model {name!r}: cannot load weights from {path} ({type(exc).__name__}: {exc})"
+            ) from None
+    if require_pooler and (
+        not hasattr(model, "pooler")
+        or model.pooler is None
+        or any("pooler" in k for k in info["missing_keys"])
+    ):
+        raise ModelSourceError(
+            f"model {name!r}: pooling 'cls' reads the pooler layer, but {path} has no pooler "
+            "weights (it would be randomly initialised); use 'cls_before_pooler' or 'mean'"
+        )
     return model, load_tokenizer(name)
 
 
@@ -230,13 +267,24 @@ def saved_pooling(folder: str | Path) -> str | None:
     for m in json.loads(modules.read_text()):
         if m.get("type", "").endswith("Pooling"):
             conf = json.loads((folder / m.get("path", "") / "config.json").read_text())
-            modes = conf.get("pooling_mode")  # sentence-transformers ≥ 6; older folders have one flag per mode
-            modes = [modes] if isinstance(modes, str) else modes or [
-                k.removeprefix("pooling_mode_").removesuffix("_token").removesuffix("_tokens")
-                for k, v in conf.items() if k.startswith("pooling_mode_") and v]
+            modes = conf.get(
+                "pooling_mode"
+            )  # sentence-transformers ≥ 6; older folders have one flag per mode
+            modes = (
+                [modes]
+                if isinstance(modes, str)
+                else modes
+                or [
+                    k.removeprefix("pooling_mode_").removesuffix("_token").removesuffix("_tokens")
+                    for k, v in conf.items()
+                    if k.startswith("pooling_mode_") and v
+                ]
+            )
             if len(modes) != 1 or modes[0] not in _ST_TO_SIEVE:
-                raise ModelSourceError(f"{folder}: saved pooling {modes} is not one of mean / cls; "
-                                       "set model.pooling (or --pooling) explicitly")
+                raise ModelSourceError(
+                    f"{folder}: saved pooling {modes} is not one of mean / cls; "
+                    "set model.pooling (or --pooling) explicitly"
+                )
             return _ST_TO_SIEVE[modes[0]]
     return None
 

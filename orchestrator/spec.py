@@ -24,9 +24,14 @@ class BaseResult:
     label: str  # e.g. "base (default, mean)"
 
 
-def measure_base(cfg: EncoderMethodConfig, dev_score: Callable, evaluate: Callable, label: str = "base") -> BaseResult:
+def measure_base(
+    cfg: EncoderMethodConfig, dev_score: Callable, evaluate: Callable, label: str = "base"
+) -> BaseResult:
     """The untouched starting encoder of ``cfg``, with its pooling: ``dev_score(encoder, tokenizer, cfg)``
     and the method's test report ``evaluate(cfg, folder)`` - exactly what a trained model gets."""
     encoder, tokenizer = load_encoder(cfg.model.name_or_path, add_pooling_layer=False)
-    return BaseResult(dev_score(encoder, tokenizer, cfg), evaluate(cfg, resolve_model_source(cfg.model.name_or_path)),
-                      f"{label} ({cfg.model.name_or_path}, {pooling_for(cfg)})")
+    return BaseResult(
+        dev_score(encoder, tokenizer, cfg),
+        evaluate(cfg, resolve_model_source(cfg.model.name_or_path)),
+        f"{label} ({cfg.model.name_or_path}, {pooling_for(cfg)})",
+    )

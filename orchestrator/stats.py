@@ -40,8 +40,10 @@ class PairedDifference:
     def describe(self, scale: float = 1.0, digits: int = 2) -> str:
         """``+0.52 [+0.10, +0.94] higher`` (``scale``: e.g. 100 for figures kept as fractions)."""
         f = f"{{:+.{digits}f}}"
-        return (f"{f.format(self.mean * scale)} [{f.format(self.low * scale)}, {f.format(self.high * scale)}] "
-                f"{self.verdict}")
+        return (
+            f"{f.format(self.mean * scale)} [{f.format(self.low * scale)}, {f.format(self.high * scale)}] "
+            f"{self.verdict}"
+        )
 
 
 def _pairs(a: Mapping, b: Mapping | float) -> list[float]:
@@ -49,8 +51,10 @@ def _pairs(a: Mapping, b: Mapping | float) -> list[float]:
         return [float(a[s]) - float(b) for s in sorted(a)]
     if set(a) != set(b):
         only_a, only_b = sorted(set(a) - set(b)), sorted(set(b) - set(a))
-        raise ValueError(f"runs are paired by seed, and the seeds differ: only in the first arm {only_a}, "
-                         f"only in the second {only_b}")
+        raise ValueError(
+            f"runs are paired by seed, and the seeds differ: only in the first arm {only_a}, "
+            f"only in the second {only_b}"
+        )
     return [float(a[s]) - float(b[s]) for s in sorted(a)]
 
 
@@ -60,8 +64,15 @@ def t_quantile(p: float, df: int) -> float:
     return float(stats.t.ppf(p, df))
 
 
-def paired_difference(a: Mapping, b: Mapping | float, *, confidence: float = 0.95, method: str = "t",
-                      resamples: int = 10_000, seed: int = 0) -> PairedDifference:
+def paired_difference(
+    a: Mapping,
+    b: Mapping | float,
+    *,
+    confidence: float = 0.95,
+    method: str = "t",
+    resamples: int = 10_000,
+    seed: int = 0,
+) -> PairedDifference:
     """The difference ``a − b`` over runs keyed by seed (``b`` a number: the base, measured once).
 
     ``method="t"``: mean ± t_{n−1}·sd/√n; ``"bootstrap"``: the percentile interval of ``resamples`` seeded

@@ -214,8 +214,11 @@ def listing_signature(uri: str) -> str:
     entries = []
     try:
         for page in s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-            entries += [f"{o['Key']}\t{o['Size']}\t{o.get('ETag', '')}" for o in page.get("Contents", [])
-                        if not o["Key"].endswith(COMPLETE_MARKER)]
+            entries += [
+                f"{o['Key']}\t{o['Size']}\t{o.get('ETag', '')}"
+                for o in page.get("Contents", [])
+                if not o["Key"].endswith(COMPLETE_MARKER)
+            ]
     except Exception as exc:  # noqa: BLE001
         raise _s3_error(uri, exc) from None
     if not entries:

@@ -35,8 +35,14 @@ from orchestrator.errors import StorageError, TrackingError, TrackingUnreachable
 
 EMBEDDED_DIRNAME = "mlruns"
 SECRET_ENV_VARS = (
-    "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID", "MLFLOW_TRACKING_PASSWORD",
-    "MLFLOW_TRACKING_TOKEN", "RAY_AUTH_TOKEN", "HF_TOKEN", "DATABRICKS_TOKEN",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_ACCESS_KEY_ID",
+    "MLFLOW_TRACKING_PASSWORD",
+    "MLFLOW_TRACKING_TOKEN",
+    "RAY_AUTH_TOKEN",
+    "HF_TOKEN",
+    "DATABRICKS_TOKEN",
 )
 _SECRET_KEY = re.compile(r"(secret|password|passwd|token|credential|api[_-]?key|access[_-]?key)", re.I)
 REDACTED = "***"
@@ -94,19 +100,28 @@ def check_admitted(uri: str, timeout_s: float = 5.0) -> None:
     except urllib.error.HTTPError as exc:
         body = exc.read(500).decode(errors="replace").lower()
         if exc.code == 401:
-            who = (f"user {user!r} and its password were refused" if user and password else
-                   "no credential given: set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD")
-            raise TrackingError(f"MLflow tracking server {uri} requires authentication (HTTP 401): {who}") from None
+            who = (
+                f"user {user!r} and its password were refused"
+                if user and password
+                else "no credential given: set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD"
+            )
+            raise TrackingError(
+                f"MLflow tracking server {uri} requires authentication (HTTP 401): {who}"
+            ) from None
         if exc.code == 403 and "host" in body:
             host = urllib.parse.urlsplit(uri).netloc
-            raise TrackingError(f"MLflow tracking server {uri} refused the Host header {host!r} (HTTP 403): "
-                                f"add it, with its port, to the server's --allowed-hosts") from None
+            raise TrackingError(
+                f"MLflow tracking server {uri} refused the Host header {host!r} (HTTP 403): "
+                f"add it, with its port, to the server's --allowed-hosts"
+            ) from None
     except (urllib.error.URLError, TimeoutError, ConnectionError, OSError):
         return  # /health answered; a flaky probe is not worth failing the job for
 
 
-UNREACHABLE = re.compile(r"Max retries exceeded|Connection refused|Failed to establish a new connection|"
-                         r"Connection aborted|RemoteDisconnected|Name or service not known|timed out")
+UNREACHABLE = re.compile(
+    r"Max retries exceeded|Connection refused|Failed to establish a new connection|"
+    r"Connection aborted|RemoteDisconnected|Name or service not known|timed out"
+)
 
 
 def is_unreachable(exc: BaseException) -> bool:
@@ -118,11 +133,19 @@ def is_unreachable(exc: BaseException) -> bool:
         return True
     names = {c.__name__ for c in type(exc).__mro__}
     return bool(names & {"ConnectionError", "MaxRetryError", "NewConnectionError", "ProtocolError"}) or (
-        isinstance(exc, MlflowException) and bool(UNREACHABLE.search(str(exc))))
+        isinstance(exc, MlflowException) and bool(UNREACHABLE.search(str(exc)))
+    )
 
 
-TRANSIENT = {"TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED",
-             "UNAUTHENTICATED", "CUSTOMER_UNAUTHORIZED", "PERMISSION_DENIED"}  # cured by waiting or a credential
+TRANSIENT = {
+    "TEMPORARILY_UNAVAILABLE",
+    "REQUEST_LIMIT_EXCEEDED",
+    "RESOURCE_EXHAUSTED",
+    "DEADLINE_EXCEEDED",
+    "UNAUTHENTICATED",
+    "CUSTOMER_UNAUTHORIZED",
+    "PERMISSION_DENIED",
+}  # cured by waiting or a credential
 
 
 def is_outage(exc: BaseException) -> bool:
@@ -135,10 +158,14 @@ def is_outage(exc: BaseException) -> bool:
     if isinstance(exc, StorageError) or is_unreachable(exc):
         return True
     if isinstance(exc, MlflowException):
-        return exc.error_code in TRANSIENT or (isinstance(exc, RestException) and exc.get_http_status_code() >= 500)
+        return exc.error_code in TRANSIENT or (
+            isinstance(exc, RestException) and exc.get_http_status_code() >= 500
+        )
     if type(exc).__module__.split(".")[0] in ("botocore", "boto3"):  # the S3 artifact store
         return True
-    return isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError | IsADirectoryError | NotADirectoryError)
+    return isinstance(exc, OSError) and not isinstance(
+        exc, FileNotFoundError | IsADirectoryError | NotADirectoryError
+    )
 
 
 @contextmanager
@@ -149,7 +176,7 @@ def _first_use_lock(uri: str) -> Iterator[None]:
     if not uri.startswith("sqlite:///"):
         yield
         return
-    db = Path(uri[len("sqlite:///"):])
+    db = Path(uri[len("sqlite:///") :])
     lock = db.with_name(db.name + ".lock")
     lock.parent.mkdir(parents=True, exist_ok=True)
     with open(lock, "a") as fh:
@@ -160,7 +187,10 @@ def _first_use_lock(uri: str) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-EXPERIMENT_KIND, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"  # the UI's experiment types
+EXPERIMENT_KIND, MODEL_TRAINING = (
+    "mlflow.experimentKind",
+    "custom_model_development",
+)  # the UI's experiment types
 
 
 def setup(tracking_uri: str | None = None, experiment: str = "sieve", *, check: bool = True) -> str:
@@ -174,14 +204,19 @@ def setup(tracking_uri: str | None = None, experiment: str = "sieve", *, check: 
         with _first_use_lock(uri):
             exp = mlflow.get_experiment_by_name(experiment)
             if exp is None:  # a model-training experiment: the UI opens on its runs, not on a GenAI overview
-                exp_id = mlflow.create_experiment(experiment, artifact_location=embedded_artifact_root(uri),
-                                                  tags={EXPERIMENT_KIND: MODEL_TRAINING})
+                exp_id = mlflow.create_experiment(
+                    experiment,
+                    artifact_location=embedded_artifact_root(uri),
+                    tags={EXPERIMENT_KIND: MODEL_TRAINING},
+                )
             else:
                 exp_id = exp.experiment_id
                 if (note := moved_store_note(uri, exp.artifact_location)) is not None:
                     print(note, file=sys.stderr, flush=True)
     except Exception as exc:  # noqa: BLE001
-        raise TrackingError(f"MLflow tracking server {uri}: cannot use experiment {experiment!r} ({exc})") from None
+        raise TrackingError(
+            f"MLflow tracking server {uri}: cannot use experiment {experiment!r} ({exc})"
+        ) from None
     mlflow.set_experiment(experiment_id=exp_id)
     return exp_id
 
@@ -193,12 +228,14 @@ def moved_store_note(tracking_uri: str, artifact_location: str) -> str | None:
     here = embedded_artifact_root(tracking_uri)
     if here is None or not artifact_location.startswith("file://"):
         return None
-    store = Path(tracking_uri[len("sqlite:///"):]).parent.resolve()
+    store = Path(tracking_uri[len("sqlite:///") :]).parent.resolve()
     if Path(urllib.parse.urlparse(artifact_location).path).is_relative_to(store):
         return None
-    return (f"warning: the embedded MLflow store {tracking_uri} was moved: its experiment's artifacts are at "
-            f"{artifact_location}, not under {store} (MLflow keeps absolute artifact paths); copy them there, or "
-            "start a new store (another working directory) for new runs")
+    return (
+        f"warning: the embedded MLflow store {tracking_uri} was moved: its experiment's artifacts are at "
+        f"{artifact_location}, not under {store} (MLflow keeps absolute artifact paths); copy them there, or "
+        "start a new store (another working directory) for new runs"
+    )
 
 
 def secret_values() -> set[str]:
@@ -246,8 +283,12 @@ def log_sentence_encoder(model_dir: str | Path, name: str = "model", *, register
     with loading():
         st = SentenceTransformer(str(model_dir), device="cpu")
     return mlflow.sentence_transformers.log_model(
-        st, name=name, registered_model_name=registered_name, input_example=["A man is playing a guitar."],
-        pip_requirements=SERVING_REQUIREMENTS)  # named: inferring them from the environment takes many seconds
+        st,
+        name=name,
+        registered_model_name=registered_name,
+        input_example=["A man is playing a guitar."],
+        pip_requirements=SERVING_REQUIREMENTS,
+    )  # named: inferring them from the environment takes many seconds
 
 
 def logged_models(run_id: str, name: str = "model") -> list[str]:
@@ -257,7 +298,8 @@ def logged_models(run_id: str, name: str = "model") -> list[str]:
     client = MlflowClient()
     exp = client.get_run(run_id).info.experiment_id
     found = client.search_logged_models(
-        experiment_ids=[exp], filter_string=f"source_run_id = '{run_id}' AND name = '{name}'")
+        experiment_ids=[exp], filter_string=f"source_run_id = '{run_id}' AND name = '{name}'"
+    )
     return [m.model_id for m in found if str(m.status).endswith("READY")]
 
 
@@ -271,11 +313,18 @@ MODEL_DESCRIPTION = (
     "`test_score` tag is below the champion's unless `--force`), or set the alias `champion` on a version in this "
     "page's version list (Aliases → Add) - which skips that check, so compare the versions' `test_score` tags "
     "first. Each version's description is its model card: what was trained, on what, and its scores beside the "
-    "base's.")
+    "base's."
+)
 
 
-def register(model_uri: str, name: str, *, alias: str | None = None, description: str | None = None,
-             tags: dict[str, str] | None = None) -> int:
+def register(
+    model_uri: str,
+    name: str,
+    *,
+    alias: str | None = None,
+    description: str | None = None,
+    tags: dict[str, str] | None = None,
+) -> int:
     """Register ``model_uri`` as a new version of ``name``; optionally point ``alias`` at it. The registered
     model gets :data:`MODEL_DESCRIPTION` (what its aliases mean, how to promote) when it has none."""
     try:
@@ -310,7 +359,9 @@ def set_alias(name: str, alias: str, version: int, attempts: int = 5) -> None:
             MlflowClient().set_registered_model_alias(name, alias, str(version))
             return
         except MlflowException as exc:
-            if attempt == attempts - 1 or not re.search(r"UniqueViolation|duplicate key|UNIQUE constraint", str(exc)):
+            if attempt == attempts - 1 or not re.search(
+                r"UniqueViolation|duplicate key|UNIQUE constraint", str(exc)
+            ):
                 raise
             time.sleep(0.2 * (attempt + 1))
 
@@ -318,16 +369,17 @@ def set_alias(name: str, alias: str, version: int, attempts: int = 5) -> None:
 def find_run(experiment_id: str, tags: dict[str, str]):
     """The newest run in the experiment carrying all ``tags`` (None if there is none)."""
     flt = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
-    runs = mlflow.search_runs([experiment_id], filter_string=flt, order_by=["start_time DESC"], max_results=1,
-                              output_format="list")
+    runs = mlflow.search_runs(
+        [experiment_id], filter_string=flt, order_by=["start_time DESC"], max_results=1, output_format="list"
+    )
     return runs[0] if runs else None
 
 
 def run_of(model_uri: str) -> str:
     """The run that logged a ``models:/name@alias``, ``models:/name/3`` or ``runs:/<id>/...`` model."""
     if model_uri.startswith("runs:/"):
-        return model_uri[len("runs:/"):].split("/", 1)[0]
-    ref = model_uri[len("models:/"):]
+        return model_uri[len("runs:/") :].split("/", 1)[0]
+    ref = model_uri[len("models:/") :]
     client = MlflowClient()
     if "@" in ref:
         name, alias = ref.split("@", 1)

@@ -21,7 +21,9 @@ def chromium() -> str:
     """The browser, or a skip naming what to install (``make install`` installs it where apt can)."""
     found = shutil.which("chromium") or shutil.which("chromium-browser")
     if found is None:
-        pytest.skip("headless Chromium is not installed (Debian: apt-get install chromium; make install tries)")
+        pytest.skip(
+            "headless Chromium is not installed (Debian: apt-get install chromium; make install tries)"
+        )
     return found
 
 
@@ -29,9 +31,21 @@ def chromium() -> str:
 def mlflow_ui(backend_uri: str, root: Path) -> Iterator[str]:
     """``mlflow ui`` on 127.0.0.1 over ``backend_uri`` (its URL), stopped on exit."""
     port = free_port()
-    proc = subprocess.Popen([str(BIN / "mlflow"), "ui", "--backend-store-uri", backend_uri, "--host", "127.0.0.1",
-                             "--port", str(port)], stdout=open(root / "mlflow-ui.log", "a"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            str(BIN / "mlflow"),
+            "ui",
+            "--backend-store-uri",
+            backend_uri,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        stdout=open(root / "mlflow-ui.log", "a"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         wait_http(f"http://127.0.0.1:{port}/health", 120, proc)
         yield f"http://127.0.0.1:{port}"
@@ -42,8 +56,20 @@ def mlflow_ui(backend_uri: str, root: Path) -> Iterator[str]:
 
 def rendered_dom(url: str, wait_ms: int = 20000) -> str:
     """The page's DOM after its scripts ran (``wait_ms`` of virtual time)."""
-    res = subprocess.run([chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                          f"--virtual-time-budget={wait_ms}", "--dump-dom", url],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [
+            chromium(),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            f"--virtual-time-budget={wait_ms}",
+            "--dump-dom",
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     return res.stdout

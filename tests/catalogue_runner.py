@@ -80,8 +80,13 @@ def main() -> None:
             time.sleep(0.05)
             continue
         case, err, _ = running.pop(pid)
-        results.append({"name": case["name"], "rc": os.waitstatus_to_exitcode(status),
-                        "stderr": Path(err).read_text(errors="replace")})
+        results.append(
+            {
+                "name": case["name"],
+                "rc": os.waitstatus_to_exitcode(status),
+                "stderr": Path(err).read_text(errors="replace"),
+            }
+        )
     Path(sys.argv[2]).write_text(json.dumps(results))
 
 

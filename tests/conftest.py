@@ -83,11 +83,18 @@ def s3_endpoint(tmp_path_factory):
     """A moto S3 server on loopback; sets the AWS env vars for this process and children."""
     port = free_port()
     log = tmp_path_factory.mktemp("moto") / "moto.log"
-    proc = subprocess.Popen([str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}"
-    env = {"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "testing-key-id",
-           "AWS_SECRET_ACCESS_KEY": "testing-secret-key", "AWS_DEFAULT_REGION": "us-east-1"}
+    env = {
+        "AWS_ENDPOINT_URL": url,
+        "AWS_ACCESS_KEY_ID": "testing-key-id",
+        "AWS_SECRET_ACCESS_KEY": "testing-secret-key",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
@@ -142,28 +149,56 @@ def postgres_uri():
     data, port = root / "data", free_port()
     try:
         try:
-            subprocess.run([*as_user, str(pg / "initdb"), "-D", str(data), "-U", "mlflow", "--auth=trust",
-                            "-E", "UTF8"], check=True, capture_output=True, timeout=120)
-            subprocess.run([*as_user, str(pg / "pg_ctl"), "-D", str(data), "-l", str(root / "server.log"), "-w",
-                            "-o", f"-p {port} -k {root} -c listen_addresses=127.0.0.1", "start"],
-                           check=True, capture_output=True, timeout=120)
+            subprocess.run(
+                [*as_user, str(pg / "initdb"), "-D", str(data), "-U", "mlflow", "--auth=trust", "-E", "UTF8"],
+                check=True,
+                capture_output=True,
+                timeout=120,
+            )
+            subprocess.run(
+                [
+                    *as_user,
+                    str(pg / "pg_ctl"),
+                    "-D",
+                    str(data),
+                    "-l",
+                    str(root / "server.log"),
+                    "-w",
+                    "-o",
+                    f"-p {port} -k {root} -c listen_addresses=127.0.0.1",
+                    "start",
+                ],
+                check=True,
+                capture_output=True,
+                timeout=120,
+            )
             conn = psycopg2.connect(host="127.0.0.1", port=port, user="mlflow", dbname="postgres")
             conn.autocommit = True
             with conn.cursor() as cur:
                 cur.execute("CREATE DATABASE mlflow")  # the mlflow_server fixture's
-                cur.execute("CREATE DATABASE serve")   # infra/mlflow/serve.py's, in tests/infra
+                cur.execute("CREATE DATABASE serve")  # infra/mlflow/serve.py's, in tests/infra
             conn.close()
-        except (subprocess.SubprocessError, OSError, psycopg2.Error) as exc:  # a machine whose PostgreSQL cannot start
+        except (
+            subprocess.SubprocessError,
+            OSError,
+            psycopg2.Error,
+        ) as exc:  # a machine whose PostgreSQL cannot start
             detail = getattr(exc, "stderr", b"") or b""
-            print(f"\nwarning: PostgreSQL at {pg} did not start ({exc}; {detail.decode(errors='replace')[-300:]}); "
-                  "MLflow tests use SQLite", file=sys.stderr)
+            print(
+                f"\nwarning: PostgreSQL at {pg} did not start ({exc}; {detail.decode(errors='replace')[-300:]}); "
+                "MLflow tests use SQLite",
+                file=sys.stderr,
+            )
             yield None
             return
         # SQLAlchemy 2.1 maps a bare postgresql:// to psycopg 3; the stack (and the image) has psycopg2
         yield f"postgresql+psycopg2://mlflow@127.0.0.1:{port}/mlflow"
     finally:
-        subprocess.run([*as_user, str(pg / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
-                       capture_output=True, timeout=60)
+        subprocess.run(
+            [*as_user, str(pg / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
+            capture_output=True,
+            timeout=60,
+        )
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -171,14 +206,30 @@ def start_mlflow_server(root: Path, port: int, backend: str, workers: int = 1) -
     """``mlflow server`` on 127.0.0.1:``port`` (artifacts and log under ``root``), answering /health; a
     process group of its own, so that a test can kill it (and start it again on the same store)."""
     proc = subprocess.Popen(
-        [str(BIN / "mlflow"), "server", "--backend-store-uri", backend,
-         "--default-artifact-root", str(root / "artifacts"), "--serve-artifacts",
-         "--artifacts-destination", str(root / "artifacts"),
-         "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers),
-         # uvicorn kills a worker that misses a 5 s health ping; on loaded cores importing MLflow takes
-         # longer, and the workers were killed and restarted until the fixture gave up
-         "--uvicorn-opts", "--timeout-worker-healthcheck 120"],
-        stdout=open(root / "server.log", "a"), stderr=subprocess.STDOUT, start_new_session=True,
+        [
+            str(BIN / "mlflow"),
+            "server",
+            "--backend-store-uri",
+            backend,
+            "--default-artifact-root",
+            str(root / "artifacts"),
+            "--serve-artifacts",
+            "--artifacts-destination",
+            str(root / "artifacts"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            str(workers),
+            # uvicorn kills a worker that misses a 5 s health ping; on loaded cores importing MLflow takes
+            # longer, and the workers were killed and restarted until the fixture gave up
+            "--uvicorn-opts",
+            "--timeout-worker-healthcheck 120",
+        ],
+        stdout=open(root / "server.log", "a"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     try:
         wait_http(f"http://127.0.0.1:{port}/health", 120, proc)
@@ -252,8 +303,14 @@ def tiny_bert_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("tiny") / "tiny-bert"
     tok = load_tokenizer("default")
     torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                     intermediate_size=64, max_position_embeddings=128)
+    cfg = BertConfig(
+        vocab_size=tok.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
     export_encoder(BertModel(cfg), tok, out, pooling="mean")
     return out
 
@@ -305,9 +362,13 @@ def ray_cluster(tmp_path_factory, s3_endpoint):
     # Every port the head's agents open, chosen free: the defaults (agent HTTP 52365, ...) are fixed, so a
     # second Ray on the machine (another test run, a user's `ray start`) made this head's job agent fail to
     # bind, and `ray job submit` answer "No available agent to submit job" for minutes.
-    agent_ports = [f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
-                   f"--runtime-env-agent-port={free_port()}", f"--metrics-export-port={free_port()}",
-                   f"--ray-client-server-port={client}"]
+    agent_ports = [
+        f"--dashboard-agent-listen-port={free_port()}",
+        f"--dashboard-agent-grpc-port={free_port()}",
+        f"--runtime-env-agent-port={free_port()}",
+        f"--metrics-export-port={free_port()}",
+        f"--ray-client-server-port={client}",
+    ]
     env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(RAY_TOKEN_FILE)}  # set at import (above)
     os.environ.update(env)
     # the venv's bin first on PATH: `ray job submit` entrypoints resolve `python` from ray start's PATH
@@ -321,10 +382,25 @@ def ray_cluster(tmp_path_factory, s3_endpoint):
         # a lost node is noticed after 5 health checks 1 s apart (Ray's default: 3 s apart, 15 s for the two-node
         # test to see its killed node go); a busy live node still has each check's 10 s timeout to answer
         health = json.dumps({"health_check_period_ms": 1000})
-        subprocess.run([str(BIN / "ray"), "start", "--head", "--num-cpus=4", f"--port={port}",
-                        "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}", f"--temp-dir={temp_dir}",
-                        "--disable-usage-stats", f"--system-config={health}", *agent_ports], check=True,
-                       capture_output=True, timeout=120, env=start_env)
+        subprocess.run(
+            [
+                str(BIN / "ray"),
+                "start",
+                "--head",
+                "--num-cpus=4",
+                f"--port={port}",
+                "--dashboard-host=127.0.0.1",
+                f"--dashboard-port={dashboard}",
+                f"--temp-dir={temp_dir}",
+                "--disable-usage-stats",
+                f"--system-config={health}",
+                *agent_ports,
+            ],
+            check=True,
+            capture_output=True,
+            timeout=120,
+            env=start_env,
+        )
         os.environ["RAY_ADDRESS"] = f"127.0.0.1:{port}"
         os.environ["SIEVE_TEST_DASHBOARD"] = f"http://127.0.0.1:{dashboard}"
         ray.init()
@@ -333,7 +409,9 @@ def ray_cluster(tmp_path_factory, s3_endpoint):
         ray.shutdown()
         # the head's Ray client server names neither the temp dir nor anything but its port: it outlived the
         # suite (seen: still running after a full run) and held the fixed default port, 10001, for the next
-        stop_ray_processes(temp_dir, also=lambda cmd: "ray.util.client.server" in cmd and f"--port={client}" in cmd.split())
+        stop_ray_processes(
+            temp_dir, also=lambda cmd: "ray.util.client.server" in cmd and f"--port={client}" in cmd.split()
+        )
         shutil.rmtree(temp_dir, ignore_errors=True)
         for k in ["RAY_ADDRESS", "SIEVE_TEST_DASHBOARD"]:
             os.environ.pop(k, None)
@@ -349,24 +427,40 @@ def ray_state_report() -> str:
 
     def coordinator_requests(actor):  # runs inside the coordinator actor
         now = time.time()
-        return {str(k): {"priority": r.priority, "wants": r.requested_resources, "expires_in_s": round(
-            r.expiration_time - now), "reserved": r.reserved_resources} for k, r in actor._ongoing_reqs.items()}
+        return {
+            str(k): {
+                "priority": r.priority,
+                "wants": r.requested_resources,
+                "expires_in_s": round(r.expiration_time - now),
+                "reserved": r.reserved_resources,
+            }
+            for k, r in actor._ongoing_reqs.items()
+        }
 
     parts = {
         "available": lambda: ray.available_resources(),
         "total": lambda: ray.cluster_resources(),
         "nodes": lambda: [(n["NodeID"][:8], n["Alive"], n["Resources"].get("CPU")) for n in ray.nodes()],
-        "actors": lambda: [(a.class_name, a.state, a.job_id, (a.node_id or "")[:8], a.required_resources)
-                           for a in state.list_actors(filters=[("state", "!=", "DEAD")], detail=True, limit=500)],
-        "placement groups": lambda: [(p.placement_group_id[:8], p.state, p.creator_job_id, p.bundles)
-                                     for p in state.list_placement_groups(detail=True, limit=500)
-                                     if p.state != "REMOVED"],
-        "tasks not running": lambda: [(t.name, t.state, t.job_id, t.required_resources)
-                                      for t in state.list_tasks(detail=True, limit=500)
-                                      if t.state.startswith("PENDING")],
-        "coordinator requests": lambda: ray.get(ray.get_actor(
-            "AutoscalingCoordinator", namespace="AutoscalingCoordinator").__ray_call__.remote(coordinator_requests),
-            timeout=10),
+        "actors": lambda: [
+            (a.class_name, a.state, a.job_id, (a.node_id or "")[:8], a.required_resources)
+            for a in state.list_actors(filters=[("state", "!=", "DEAD")], detail=True, limit=500)
+        ],
+        "placement groups": lambda: [
+            (p.placement_group_id[:8], p.state, p.creator_job_id, p.bundles)
+            for p in state.list_placement_groups(detail=True, limit=500)
+            if p.state != "REMOVED"
+        ],
+        "tasks not running": lambda: [
+            (t.name, t.state, t.job_id, t.required_resources)
+            for t in state.list_tasks(detail=True, limit=500)
+            if t.state.startswith("PENDING")
+        ],
+        "coordinator requests": lambda: ray.get(
+            ray.get_actor("AutoscalingCoordinator", namespace="AutoscalingCoordinator").__ray_call__.remote(
+                coordinator_requests
+            ),
+            timeout=10,
+        ),
     }
     lines = []
     for what, get in parts.items():
@@ -395,8 +489,12 @@ def _ray_state_before_timeout(request):
     after = max(limit - 45, limit * 0.75)  # before pytest-timeout's limit, which also counts fixtures' set-up
 
     def report():
-        print(f"\n{request.node.nodeid}: {after:.0f} s in, {limit:.0f} s allowed; the Ray cluster now:\n"
-              f"{ray_state_report()}", file=sys.stderr, flush=True)
+        print(
+            f"\n{request.node.nodeid}: {after:.0f} s in, {limit:.0f} s allowed; the Ray cluster now:\n"
+            f"{ray_state_report()}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     timer = threading.Timer(after, report)
     timer.daemon = True
@@ -415,6 +513,9 @@ def tiny_shards(ray_cluster, tmp_path_factory):
     root = tmp_path_factory.mktemp("corpus")
     lines = (ROOT / "data" / "corpus" / "wikisplit_sample.txt").read_text().splitlines()[:160]
     (root / "c.txt").write_text("\n".join(lines) + "\n")
-    run_pipeline(CorpusConfig(input=str(root / "c.txt"), parser={"workers": 1, "cpus_per_worker": 0.5}),
-                 str(root / "aug"), progress=False)
+    run_pipeline(
+        CorpusConfig(input=str(root / "c.txt"), parser={"workers": 1, "cpus_per_worker": 0.5}),
+        str(root / "aug"),
+        progress=False,
+    )
     return str(root / "aug")

@@ -65,7 +65,7 @@ def find_cycle(g: dict[str, set[str]]) -> list[str] | None:
         stack.append(m)
         for n in sorted(g.get(m, ())):
             if state.get(n) == 1:
-                return stack[stack.index(n):] + [n]
+                return stack[stack.index(n) :] + [n]
             if n not in state and (found := visit(n)):
                 return found
         stack.pop()
@@ -83,14 +83,28 @@ def test_no_import_cycles():
 
 
 def test_imports_point_down_only():
-    allowed = {"library": {"library"}, "recipe": {"library", "recipe"}, "driver": {"library", "recipe", "driver"}}
-    bad = [f"{m} -> {n}" for m, deps in graph().items() for n in sorted(deps) if layer(n) not in allowed[layer(m)]]
+    allowed = {
+        "library": {"library"},
+        "recipe": {"library", "recipe"},
+        "driver": {"library", "recipe", "driver"},
+    }
+    bad = [
+        f"{m} -> {n}"
+        for m, deps in graph().items()
+        for n in sorted(deps)
+        if layer(n) not in allowed[layer(m)]
+    ]
     assert bad == []
 
 
 def test_drivers_reach_recipes_only_through_the_registry():
-    bad = [f"{m} -> {n}" for m, deps in graph().items() if layer(m) == "driver" and m != "orchestrator.drivers.registry"
-           for n in sorted(deps) if layer(n) == "recipe" and n not in ("trainers.common", "trainers.recipe")]
+    bad = [
+        f"{m} -> {n}"
+        for m, deps in graph().items()
+        if layer(m) == "driver" and m != "orchestrator.drivers.registry"
+        for n in sorted(deps)
+        if layer(n) == "recipe" and n not in ("trainers.common", "trainers.recipe")
+    ]
     assert bad == []
 
 
@@ -104,8 +118,12 @@ def test_cycle_finder_finds_a_planted_cycle():
 def test_jobs_import_no_recipe():
     """Entry points stay thin: they reach methods through the drivers."""
     modules = set(source_files())
-    bad = [f"{p.name} -> {n}" for p in sorted((ROOT / "jobs").glob("*.py")) for n in sorted(imports_of(p, modules))
-           if layer(n) == "recipe"]
+    bad = [
+        f"{p.name} -> {n}"
+        for p in sorted((ROOT / "jobs").glob("*.py"))
+        for n in sorted(imports_of(p, modules))
+        if layer(n) == "recipe"
+    ]
     assert bad == []
 
 
@@ -132,21 +150,30 @@ def test_lazy_imports_say_why():
 
 def test_every_module_imports_on_its_own():
     """No module depends on another having been imported first (what function-level imports used to hide)."""
-    code = ("import importlib, sys; mods = sys.argv[1:]\n"
-            "for m in mods: importlib.import_module(m)\n")
+    code = "import importlib, sys; mods = sys.argv[1:]\nfor m in mods: importlib.import_module(m)\n"
     mods = [m for m in source_files() if not m.endswith("__init__")]
-    res = subprocess.run([sys.executable, "-c", code, *mods], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    res = subprocess.run(
+        [sys.executable, "-c", code, *mods], capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
     assert res.returncode == 0, res.stderr[-3000:]
 
 
 def test_the_layout_doc_names_every_module():
     """docs/LAYOUT.md matches the tree: every package folder and module file is named there."""
     doc = (ROOT / "docs" / "LAYOUT.md").read_text(encoding="utf-8")
-    layout = doc[doc.index("## Layout"):doc.index("## Configs")]
-    missing = [str(p.relative_to(ROOT)) for pkg in (*PACKAGES, "jobs") for p in sorted((ROOT / pkg).rglob("*.py"))
-               if p.name != "__init__.py" and not p.name.startswith("_") and pkg != "jobs" and p.name not in layout]
-    folders = [f"{p.relative_to(ROOT)}/" for pkg in PACKAGES for p in [ROOT / pkg, *sorted((ROOT / pkg).glob("*/"))]
-               if p.is_dir() and p.name != "__pycache__" and f"{p.relative_to(ROOT)}/" not in layout]
+    layout = doc[doc.index("## Layout") : doc.index("## Configs")]
+    missing = [
+        str(p.relative_to(ROOT))
+        for pkg in (*PACKAGES, "jobs")
+        for p in sorted((ROOT / pkg).rglob("*.py"))
+        if p.name != "__init__.py" and not p.name.startswith("_") and pkg != "jobs" and p.name not in layout
+    ]
+    folders = [
+        f"{p.relative_to(ROOT)}/"
+        for pkg in PACKAGES
+        for p in [ROOT / pkg, *sorted((ROOT / pkg).glob("*/"))]
+        if p.is_dir() and p.name != "__pycache__" and f"{p.relative_to(ROOT)}/" not in layout
+    ]
     assert missing == [] and folders == []
 
 
@@ -165,13 +192,23 @@ def test_every_registered_method_is_a_recipe_class():
         for attr in ("config_cls", "metric", "metric_label"):
             if not hasattr(recipe, attr):
                 bad.append(f"{name}: no {attr}")
-        for hook in ("build", "loss", "dev", "prepare_data", "export", "evaluate", *(("evaluate_base",) if recipe.has_base else ())):
+        for hook in (
+            "build",
+            "loss",
+            "dev",
+            "prepare_data",
+            "export",
+            "evaluate",
+            *(("evaluate_base",) if recipe.has_base else ()),
+        ):
             if getattr(recipe, hook) is getattr(Recipe, hook):
                 bad.append(f"{name}: {hook} not written")
         if inspect.isabstract(recipe):
             bad.append(f"{name}: abstract ({', '.join(sorted(recipe.__abstractmethods__))})")
     assert bad == [] and len(METHODS) >= 6
-    half = type("Half", (METHODS["tsdae"],), {"loss": Recipe.loss})  # a hook left as the base's: cannot be built
+    half = type(
+        "Half", (METHODS["tsdae"],), {"loss": Recipe.loss}
+    )  # a hook left as the base's: cannot be built
     assert inspect.isabstract(half) and half.__abstractmethods__ == {"loss"}
 
 
@@ -186,7 +223,12 @@ def probes(path: Path) -> list[str]:
     """Calls of getattr / hasattr in ``path`` whose object is a config, a model or a recipe."""
     out = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in PROBES and node.args:
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in PROBES
+            and node.args
+        ):
             target = ast.unparse(node.args[0])
             if any(w in target for w in ("cfg", "config", "model", "recipe", "base")):
                 out.append(f"{shown(path)}:{node.lineno}: {ast.unparse(node)}")

@@ -23,10 +23,14 @@ def P(spec: str, text: str | None = None) -> Parse:
     return Parse(text or A.detok(toks), toks)
 
 
-CAT = P("The/DET/DT/2/det cat/NOUN/NN/3/nsubj sat/VERB/VBD/0/root on/ADP/IN/3/prep "
-        "the/DET/DT/6/det mat/NOUN/NN/4/pobj ./PUNCT/./3/punct")
-CHASE = P("The/DET/DT/2/det dog/NOUN/NN/3/nsubj chased/VERB/VBD/0/root a/DET/DT/5/det cat/NOUN/NN/3/dobj "
-          "and/CCONJ/CC/3/cc she/PRON/PRP/8/nsubj saw/VERB/VBD/3/conj it/PRON/PRP/8/dobj ./PUNCT/./3/punct")
+CAT = P(
+    "The/DET/DT/2/det cat/NOUN/NN/3/nsubj sat/VERB/VBD/0/root on/ADP/IN/3/prep "
+    "the/DET/DT/6/det mat/NOUN/NN/4/pobj ./PUNCT/./3/punct"
+)
+CHASE = P(
+    "The/DET/DT/2/det dog/NOUN/NN/3/nsubj chased/VERB/VBD/0/root a/DET/DT/5/det cat/NOUN/NN/3/dobj "
+    "and/CCONJ/CC/3/cc she/PRON/PRP/8/nsubj saw/VERB/VBD/3/conj it/PRON/PRP/8/dobj ./PUNCT/./3/punct"
+)
 
 
 def test_backbone_is_root_and_direct_dependents_in_order():
@@ -39,28 +43,40 @@ def test_backbone_is_root_and_direct_dependents_in_order():
 def test_triples_and_seeded_choice():
     found = [tuple(CHASE.tokens[i].text for i in t) for t in A.triples(CHASE)]
     assert found == [("dog", "chased", "cat"), ("she", "saw", "it")]
-    phrases = [tuple(" ".join(CHASE.tokens[i].text for i in part) for part in t) for t in A.triple_phrases(CHASE)]
+    phrases = [
+        tuple(" ".join(CHASE.tokens[i].text for i in part) for part in t) for t in A.triple_phrases(CHASE)
+    ]
     assert phrases == [("dog", "chased", "cat"), ("she", "saw", "it")]
     # Y takes a triple of the main clause (the root's), seeded
     views = {A.backbone_view(CHASE, random.Random(s), source="triple") for s in range(20)}
     assert views == {CHASE.text + " dog chased cat"}
 
 
-SOLD = P("The/DET/DT/3/det old/ADJ/JJ/3/amod man/NOUN/NN/5/nsubj quickly/ADV/RB/5/advmod sold/VERB/VBD/0/root "
-         "his/PRON/PRP$/9/poss small/ADJ/JJ/9/amod red/ADJ/JJ/9/amod car/NOUN/NN/5/dobj ./PUNCT/./5/punct")
-BORN = P("Obama/PROPN/NNP/3/nsubjpass was/AUX/VBD/3/auxpass born/VERB/VBN/0/root in/ADP/IN/3/prep "
-         "Hawaii/PROPN/NNP/4/pobj ./PUNCT/./3/punct")
+SOLD = P(
+    "The/DET/DT/3/det old/ADJ/JJ/3/amod man/NOUN/NN/5/nsubj quickly/ADV/RB/5/advmod sold/VERB/VBD/0/root "
+    "his/PRON/PRP$/9/poss small/ADJ/JJ/9/amod red/ADJ/JJ/9/amod car/NOUN/NN/5/dobj ./PUNCT/./5/punct"
+)
+BORN = P(
+    "Obama/PROPN/NNP/3/nsubjpass was/AUX/VBD/3/auxpass born/VERB/VBN/0/root in/ADP/IN/3/prep "
+    "Hawaii/PROPN/NNP/4/pobj ./PUNCT/./3/punct"
+)
 
 
 def test_triples_are_phrases_not_single_words():
     """Subject and object keep their modifiers (not articles); the relation keeps auxiliaries and, without
     a direct object, the preposition of its prepositional object."""
+
     def words(parse):
-        return [tuple(" ".join(parse.tokens[i].text for i in part) for part in t) for t in A.triple_phrases(parse)]
+        return [
+            tuple(" ".join(parse.tokens[i].text for i in part) for part in t) for t in A.triple_phrases(parse)
+        ]
 
     assert words(SOLD) == [("old man", "sold", "his small red car")]
     assert words(BORN) == [("Obama", "was born in", "Hawaii")]
-    assert A.backbone_view(SOLD, random.Random(0), source="triple") == SOLD.text + " old man sold his small red car"
+    assert (
+        A.backbone_view(SOLD, random.Random(0), source="triple")
+        == SOLD.text + " old man sold his small red car"
+    )
 
 
 def test_the_rule_switches_on_length():
@@ -134,9 +150,14 @@ def test_repetition_duplicates_in_place():
 
 def test_dep_to_tree_and_linearize():
     tree = C.dep_to_tree(CAT)
-    assert tree == ("S", [("NP", [("DT", ["The"]), ("NN", ["cat"])]),
-                          ("VP", [("VBD", ["sat"]), ("PP", [("IN", ["on"]), ("NP", [("DT", ["the"]), ("NN", ["mat"])])])]),
-                          (".", ["."])])
+    assert tree == (
+        "S",
+        [
+            ("NP", [("DT", ["The"]), ("NN", ["cat"])]),
+            ("VP", [("VBD", ["sat"]), ("PP", [("IN", ["on"]), ("NP", [("DT", ["the"]), ("NN", ["mat"])])])]),
+            (".", ["."]),
+        ],
+    )
     assert C.linearize(tree, 3) == "(S (NP (DT) (NN)) (VP (VBD) (PP)) (.))"
     assert C.linearize(tree, 10) == "(S (NP (DT) (NN)) (VP (VBD) (PP (IN) (NP (DT) (NN)))) (.))"
     assert C.top_constituents(tree) == ["NP", "VP", "."]
@@ -147,8 +168,10 @@ def test_dep_to_tree_and_linearize():
 
 
 def test_subordinate_clause_becomes_sbar():
-    s = P("I/PRON/PRP/2/nsubj left/VERB/VBD/0/root because/SCONJ/IN/5/mark it/PRON/PRP/5/nsubj "
-          "rained/VERB/VBD/2/advcl ./PUNCT/./2/punct")
+    s = P(
+        "I/PRON/PRP/2/nsubj left/VERB/VBD/0/root because/SCONJ/IN/5/mark it/PRON/PRP/5/nsubj "
+        "rained/VERB/VBD/2/advcl ./PUNCT/./2/punct"
+    )
     assert C.linearize(C.dep_to_tree(s), 5) == "(S (NP (PRP)) (VP (VBD) (SBAR (IN) (S (NP) (VP)))) (.))"
     assert C.linearize(C.dep_to_tree(s), 4) == "(S (NP (PRP)) (VP (VBD) (SBAR (IN) (S))) (.))"
 
@@ -196,7 +219,8 @@ def test_stanza_adapter_on_ud_gold_documents():
         assert [t.deprel for t in parse.tokens] == [r[7].lower() for r in words]
         roots = [i for i, t in enumerate(parse.tokens) if t.head < 0]
         assert A.backbone(parse, keep_punct=True) == sorted(
-            i for i, r in enumerate(words) if int(r[6]) == 0 or int(r[6]) - 1 in roots)
+            i for i, r in enumerate(words) if int(r[6]) == 0 or int(r[6]) - 1 in roots
+        )
         assert A.deletion_view(parse)  # never empty
 
 
@@ -213,11 +237,15 @@ def test_stanza_pipeline_needs_a_model_dir(tmp_path):
 
 
 def test_coordinated_clauses_and_appositive_comma_follow_ptb():
-    coord = P("He/PRON/PRP/2/nsubj came/VERB/VBD/0/root ,/PUNCT/,/2/punct and/CCONJ/CC/2/cc "
-              "she/PRON/PRP/6/nsubj left/VERB/VBD/2/conj ./PUNCT/./6/punct")
+    coord = P(
+        "He/PRON/PRP/2/nsubj came/VERB/VBD/0/root ,/PUNCT/,/2/punct and/CCONJ/CC/2/cc "
+        "she/PRON/PRP/6/nsubj left/VERB/VBD/2/conj ./PUNCT/./6/punct"
+    )
     assert C.top_constituents(C.dep_to_tree(coord)) == ["S", ",", "CC", "S", "."]
-    appos = P("Vinken/PROPN/NNP/5/nsubj ,/PUNCT/,/1/punct chairman/NOUN/NN/1/appos ,/PUNCT/,/5/punct "
-              "joined/VERB/VBD/0/root ./PUNCT/./5/punct")
+    appos = P(
+        "Vinken/PROPN/NNP/5/nsubj ,/PUNCT/,/1/punct chairman/NOUN/NN/1/appos ,/PUNCT/,/5/punct "
+        "joined/VERB/VBD/0/root ./PUNCT/./5/punct"
+    )
     assert C.linearize(C.dep_to_tree(appos), 3) == "(S (NP (NNP) (,) (NP) (,)) (VP (VBD)) (.))"
 
 

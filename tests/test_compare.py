@@ -17,25 +17,42 @@ from orchestrator.errors import ConfigError
 H = "sts_avg_spearman_all"
 
 
-def runs(effect: float, seeds=range(1, 6), spread: float = 0.03, noise: float = 0.001, rng_seed: int = 0,
-         loss: float = 0.5, shared: dict | None = None) -> dict:
+def runs(
+    effect: float,
+    seeds=range(1, 6),
+    spread: float = 0.03,
+    noise: float = 0.001,
+    rng_seed: int = 0,
+    loss: float = 0.5,
+    shared: dict | None = None,
+) -> dict:
     """Runs whose headline is a seed term shared by every arm (what pairing cancels) + ``effect`` + noise."""
     rng = random.Random(rng_seed)
     shared = shared or {s: random.Random(1000 + s).gauss(0, spread) for s in seeds}
     out = {}
     for s in seeds:
         v = 0.75 + shared[s] + effect + rng.gauss(0, noise)
-        out[s] = {"test": {"sts_stsb_spearman_all": v + 0.01, H: v}, "dev": v + 0.05, "loss_first": 2.0,
-                  "loss_last": loss}
+        out[s] = {
+            "test": {"sts_stsb_spearman_all": v + 0.01, H: v},
+            "dev": v + 0.05,
+            "loss_first": 2.0,
+            "loss_last": loss,
+        }
     return out
 
 
-BASE = {"mean": {"label": "base (default, mean)", "dev": 0.80, "test": {"sts_stsb_spearman_all": 0.76, H: 0.75}}}
+BASE = {
+    "mean": {"label": "base (default, mean)", "dev": 0.80, "test": {"sts_stsb_spearman_all": 0.76, H: 0.75}}
+}
 
 
 def board(**arms):
-    return lb.build([lb.ArmRuns(n, "sifter_simcse", "mean", r) for n, r in arms.items()], BASE,
-                    reference="simcse", headline=H)
+    return lb.build(
+        [lb.ArmRuns(n, "sifter_simcse", "mean", r) for n, r in arms.items()],
+        BASE,
+        reference="simcse",
+        headline=H,
+    )
 
 
 def row(b, arm):
@@ -62,8 +79,10 @@ def test_arms_that_differ_only_by_noise_are_indistinguishable():
 def test_pairing_uses_the_same_seed_on_both_sides():
     sim, sif = runs(0.0, rng_seed=1), runs(0.004, rng_seed=2)
     listed_backwards = dict(reversed(list(sif.items())))
-    assert row(board(simcse=sim, sifter=listed_backwards), "sifter")["vs_reference"] == \
-        row(board(simcse=sim, sifter=sif), "sifter")["vs_reference"]
+    assert (
+        row(board(simcse=sim, sifter=listed_backwards), "sifter")["vs_reference"]
+        == row(board(simcse=sim, sifter=sif), "sifter")["vs_reference"]
+    )
     # each SIFTER run set against another seed's SimCSE run: the effect drowns in the seed term
     seeds = list(sif)
     broken = {s: sif[seeds[(i + 1) % len(seeds)]] for i, s in enumerate(seeds)}
@@ -106,9 +125,14 @@ def test_one_seed_gives_no_interval_and_no_gate():
 
 # ---------------------------------------------------------------- the compare file
 def job(**kw):
-    data = {"seeds": [1, 2], "arms": {
-        "simcse": {"method": "simcse", "config": "configs/simcse/smoke.yaml"},
-        "sifter": {"method": "sifter_simcse", "config": "configs/sifter_simcse/smoke.yaml"}}, **kw}
+    data = {
+        "seeds": [1, 2],
+        "arms": {
+            "simcse": {"method": "simcse", "config": "configs/simcse/smoke.yaml"},
+            "sifter": {"method": "sifter_simcse", "config": "configs/sifter_simcse/smoke.yaml"},
+        },
+        **kw,
+    }
     return validate(CompareJobConfig, data, "compare.yaml")
 
 
@@ -118,8 +142,12 @@ def arms_of(j):
 
 def test_arms_on_equal_terms_pass_and_each_difference_is_refused_by_name():
     check_comparable(arms_of(job()), "compare.yaml")
-    for key, value, what in [("train.max_steps", 80, "step budget"), ("model.name_or_path", "/elsewhere", "base model"),
-                             ("eval.tasks", ["stsb"], "test tasks"), ("train.batch_size", 8, "global batch")]:
+    for key, value, what in [
+        ("train.max_steps", 80, "step budget"),
+        ("model.name_or_path", "/elsewhere", "base model"),
+        ("eval.tasks", ["stsb"], "test tasks"),
+        ("train.batch_size", 8, "global batch"),
+    ]:
         j = job()
         j.arms["sifter"].overrides[key] = value
         with pytest.raises(ConfigError, match=f"arm 'sifter' differs from arm 'simcse' in the {what}"):
@@ -129,16 +157,21 @@ def test_arms_on_equal_terms_pass_and_each_difference_is_refused_by_name():
 def test_a_sentences_budget_compares_batch_sizes_at_equal_epochs():
     """``budget: sentences``: arms may differ in steps and global batch when their product is equal (batch sizes
     compared at equal epochs); a different product is refused by name, and the default budget refuses both."""
+
     def batch_arms(budget: str, steps: int):
         j = job(budget=budget)
-        j.arms["sifter"].overrides.update({"train.max_steps": steps, "train.batch_size": 64,
-                                           "train.grad_cache": {"mini_batch": 16}})
+        j.arms["sifter"].overrides.update(
+            {"train.max_steps": steps, "train.batch_size": 64, "train.grad_cache": {"mini_batch": 16}}
+        )
         j.common_overrides.update({"train.max_steps": 40, "train.batch_size": 8})
         return arms_of(j)
 
     check_comparable(batch_arms("sentences", 5), "compare.yaml", "sentences")  # 40 × 16 = 5 × 128
-    with pytest.raises(ConfigError, match=r"differs from arm 'simcse' in the training sentences \(train.max_steps × "
-                                          r"train.batch_size × scaling.num_workers\): 1280 vs 640"):
+    with pytest.raises(
+        ConfigError,
+        match=r"differs from arm 'simcse' in the training sentences \(train.max_steps × "
+        r"train.batch_size × scaling.num_workers\): 1280 vs 640",
+    ):
         check_comparable(batch_arms("sentences", 10), "compare.yaml", "sentences")
     with pytest.raises(ConfigError, match="differs from arm 'simcse' in the step budget"):
         check_comparable(batch_arms("steps", 5), "compare.yaml", "steps")
@@ -161,18 +194,28 @@ def test_an_arm_read_a_weaker_way_is_set_against_the_strongest_base_too_and_gate
     """MiniLM read with [CLS] scores below MiniLM read with mean: an arm trained and read with [CLS] that beats
     the [CLS] base but not the mean one is shown against both, and is not registered (never hidden behind a
     weaker baseline)."""
-    bases = {"cls_before_pooler": {"label": "base (default, cls)", "dev": 0.79, "test": {H: 0.70}},
-             "mean": {"label": "base (default, mean)", "dev": 0.86, "test": {H: 0.79}}}
+    bases = {
+        "cls_before_pooler": {"label": "base (default, cls)", "dev": 0.79, "test": {H: 0.70}},
+        "mean": {"label": "base (default, mean)", "dev": 0.86, "test": {H: 0.79}},
+    }
     cls_runs = runs(0.0, spread=0.002)  # ≈ 0.75: +5 over the [CLS] base, −4 under the mean one
-    b = lb.build([lb.ArmRuns("sifter", "sifter_simcse", "cls_before_pooler", cls_runs)], bases, reference=None,
-                 headline=H)
+    b = lb.build(
+        [lb.ArmRuns("sifter", "sifter_simcse", "cls_before_pooler", cls_runs)],
+        bases,
+        reference=None,
+        headline=H,
+    )
     r = b["rows"][0]
     assert b["strongest_base"] == "mean" and r["vs_base"]["verdict"] == "higher"
     assert r["vs_strongest_base"]["verdict"] == "lower" and not r["gate"]
     assert "read its strongest way" in lb.gate_text(r, H) and "→ not passed" in lb.gate_text(r, H)
     assert "**base (default, mean)** at 79.00" in lb.markdown(b)
-    same = lb.build([lb.ArmRuns("sifter", "sifter_simcse", "mean", runs(0.05, spread=0.002))], bases, reference=None,
-                    headline=H)
+    same = lb.build(
+        [lb.ArmRuns("sifter", "sifter_simcse", "mean", runs(0.05, spread=0.002))],
+        bases,
+        reference=None,
+        headline=H,
+    )
     assert same["rows"][0]["vs_strongest_base"] is None and same["rows"][0]["gate"]
 
 
@@ -188,11 +231,16 @@ def test_the_registered_winner_gets_sieves_card_beside_the_base_read_its_way_and
     r = row(b, "sifter")
     rep = {"seed": 3, "test": runs(0.02)[3]["test"]}
     card = winner_card(recipe, cfg, "cmp", b, r, rep, "sifter-simcse", champion={})
-    assert "comparison `cmp`, arm `sifter`, seed 3" in card and "Trained by Sieve's `sifter_simcse` recipe" in card
+    assert (
+        "comparison `cmp`, arm `sifter`, seed 3" in card
+        and "Trained by Sieve's `sifter_simcse` recipe" in card
+    )
     base, got = BASE["mean"]["test"][H] * 100, rep["test"][H] * 100
     assert f"| {H} | {base:.2f} | {got:.2f} | {got - base:+.2f} | — |" in card and "No champion yet" in card
     assert f"Dev: {r['dev_mean'] * 100:.2f} vs 80.00 for the base (default, mean)" in card
-    held = winner_card(recipe, cfg, "cmp", b, r, rep, "sifter-simcse", champion={"version": "2", f"test_{H}": "0.7"})
+    held = winner_card(
+        recipe, cfg, "cmp", b, r, rep, "sifter-simcse", champion={"version": "2", f"test_{H}": "0.7"}
+    )
     assert f"| {got - base:+.2f} | 70.00 |" in held and "champion v2" in held
 
 
@@ -206,13 +254,20 @@ def test_an_arm_without_a_dev_score_shows_none_not_its_last_step():
     from orchestrator.drivers.registry import get_method
 
     def arm(method: str):
-        return get_method(method), load_config(get_method(method).config_cls, REPO_ROOT / "configs" / method / "smoke.yaml")
+        return get_method(method), load_config(
+            get_method(method).config_cls, REPO_ROOT / "configs" / method / "smoke.yaml"
+        )
 
     arms = {"tsdae": arm("tsdae"), "simcse": arm("simcse")}  # one recipe without a dev score, one with
     job = SimpleNamespace(headline=H, reference="tsdae", confidence=0.95, interval="t")
-    rows = [{"arm": arm, "seed": s, "test": {H: 0.7 + 0.01 * s}, "best_dev": dev, "history": [{"loss": 1.0}]}
-            for arm, dev in (("tsdae", 100), ("simcse", 0.85)) for s in (1, 2)]
+    rows = [
+        {"arm": arm, "seed": s, "test": {H: 0.7 + 0.01 * s}, "best_dev": dev, "history": [{"loss": 1.0}]}
+        for arm, dev in (("tsdae", 100), ("simcse", 0.85))
+        for s in (1, 2)
+    ]
     b = leaderboard(SimpleNamespace(arms=arms, job=job), rows, BASE)
     assert math.isnan(row(b, "tsdae")["dev_mean"]) and row(b, "simcse")["dev_mean"] == pytest.approx(0.85)
-    line = next(ln for ln in lb.markdown(b).splitlines() if ln.startswith("| tsdae") or ln.startswith("| **tsdae"))
+    line = next(
+        ln for ln in lb.markdown(b).splitlines() if ln.startswith("| tsdae") or ln.startswith("| **tsdae")
+    )
     assert "10000" not in line and "| – |" in line

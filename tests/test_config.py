@@ -90,15 +90,20 @@ def test_storage_reference_expands_or_names_the_key(tmp_path, monkeypatch):
     from orchestrator.config import expand_storage
     from orchestrator.drivers.cli import location_overrides
 
-    data = {"model": {"name_or_path": "${SIEVE_STORAGE}/models/bert"}, "data": [{"path": "${SIEVE_STORAGE}/c.txt"}]}
+    data = {
+        "model": {"name_or_path": "${SIEVE_STORAGE}/models/bert"},
+        "data": [{"path": "${SIEVE_STORAGE}/c.txt"}],
+    }
     monkeypatch.delenv("SIEVE_STORAGE", raising=False)
     with pytest.raises(ConfigError, match=r"^p.yaml: model.name_or_path = .* SIEVE_STORAGE=s3://BUCKET"):
         expand_storage(data, "p.yaml")
     args = argparse.Namespace(storage=None, tracking_uri=None)
     assert location_overrides(args) == []  # unset: the preset's own run.storage
     monkeypatch.setenv("SIEVE_STORAGE", "s3://acme/")
-    assert expand_storage(data, "p.yaml") == {"model": {"name_or_path": "s3://acme/models/bert"},
-                                             "data": [{"path": "s3://acme/c.txt"}]}
+    assert expand_storage(data, "p.yaml") == {
+        "model": {"name_or_path": "s3://acme/models/bert"},
+        "data": [{"path": "s3://acme/c.txt"}],
+    }
     assert location_overrides(args) == ["run.storage=s3://acme/runs"]
     args.storage = "/tmp/mine"
     assert location_overrides(args, "base.") == ["base.run.storage=/tmp/mine"]  # an explicit flag wins
@@ -133,9 +138,14 @@ def test_preflight_changes_nothing_and_settled_resolves_the_pooling_on_a_copy(ti
     from orchestrator.drivers.train import preflight, settled
     from trainers.sifter_simcse import ContrastiveConfig
 
-    cfg = ContrastiveConfig.model_validate({
-        "model": {"name_or_path": str(tiny_bert_dir)}, "run": {"storage": str(tmp_path / "store")},
-        "data": {"shards": str(tmp_path)}, "tracking": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}})
+    cfg = ContrastiveConfig.model_validate(
+        {
+            "model": {"name_or_path": str(tiny_bert_dir)},
+            "run": {"storage": str(tmp_path / "store")},
+            "data": {"shards": str(tmp_path)},
+            "tracking": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
+        }
+    )
     before = cfg.model_dump()
     preflight(cfg)
     assert cfg.model_dump() == before and cfg.model.pooling is None

@@ -16,20 +16,25 @@ from orchestrator.data.corpus import CorpusConfig, run_pipeline
 from orchestrator.errors import DataError
 
 ROOT = Path(__file__).resolve().parents[1]
-GOOD = [f"sentence number {w} is about the {w} topic ." for w in
-        ["first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth"]]
+GOOD = [
+    f"sentence number {w} is about the {w} topic ."
+    for w in ["first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth"]
+]
 
 
 def dirty_file(path: Path) -> Path:
     lines = [
         *(ln.encode() for ln in GOOD),
-        GOOD[0].encode(), GOOD[3].encode(),          # 2 duplicates
-        b"", b"   \t  ",                              # 2 empty
-        b"broken \xff\xfe utf8 here .",               # invalid UTF-8
-        b"a bell \x07 rings here .",                  # control character
-        b"Hi there",                                  # too short
-        b"He met Dr.", b"Smith at noon today .",      # split at an abbreviation: both dropped
-        ("long " * 20000 + ".").encode(),             # 100k characters: truncated, kept
+        GOOD[0].encode(),
+        GOOD[3].encode(),  # 2 duplicates
+        b"",
+        b"   \t  ",  # 2 empty
+        b"broken \xff\xfe utf8 here .",  # invalid UTF-8
+        b"a bell \x07 rings here .",  # control character
+        b"Hi there",  # too short
+        b"He met Dr.",
+        b"Smith at noon today .",  # split at an abbreviation: both dropped
+        ("long " * 20000 + ".").encode(),  # 100k characters: truncated, kept
     ]
     path.write_bytes(b"\n".join(lines) + b"\n")
     return path
@@ -37,11 +42,26 @@ def dirty_file(path: Path) -> Path:
 
 def test_cleaning_rules_without_ray():
     cfg = CorpusConfig(max_words=5)
-    rows = clean_records([("a  b\tc .", None), ("x y", None), ("one two three four five six", None),
-                          ("He met Dr.", None), ("Smith came .", None), (None, "invalid_utf8")], cfg)
+    rows = clean_records(
+        [
+            ("a  b\tc .", None),
+            ("x y", None),
+            ("one two three four five six", None),
+            ("He met Dr.", None),
+            ("Smith came .", None),
+            (None, "invalid_utf8"),
+        ],
+        cfg,
+    )
     assert [r["text"] for r in rows] == ["a b c .", None, "one two three four five", None, None, None]
-    assert [r["skip"] for r in rows] == ["", "too_short", "", "capitalised_split", "after_capitalised_split",
-                                         "invalid_utf8"]
+    assert [r["skip"] for r in rows] == [
+        "",
+        "too_short",
+        "",
+        "capitalised_split",
+        "after_capitalised_split",
+        "invalid_utf8",
+    ]
     assert [r["truncated"] for r in rows] == [False, False, True, False, False, False]
 
 
@@ -53,26 +73,49 @@ def read_shards(out) -> list[dict]:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_manifest_counts_on_dirty_file(ray_cluster, tmp_path):
-    cfg = CorpusConfig(input=str(dirty_file(tmp_path / "dirty.txt")), seed=1, max_words=50,
-                       parser={"workers": 2, "cpus_per_worker": 1})
+    cfg = CorpusConfig(
+        input=str(dirty_file(tmp_path / "dirty.txt")),
+        seed=1,
+        max_words=50,
+        parser={"workers": 2, "cpus_per_worker": 1},
+    )
     manifest = run_pipeline(cfg, str(tmp_path / "out"), progress=False)
     assert manifest["read"] == 20
     assert manifest["written"] == 11
-    assert manifest["skipped"] == {"duplicate": 2, "empty": 2, "invalid_utf8": 1, "control_characters": 1,
-                                   "too_short": 1, "capitalised_split": 1, "after_capitalised_split": 1}
+    assert manifest["skipped"] == {
+        "duplicate": 2,
+        "empty": 2,
+        "invalid_utf8": 1,
+        "control_characters": 1,
+        "too_short": 1,
+        "capitalised_split": 1,
+        "after_capitalised_split": 1,
+    }
     assert manifest["truncated"] == 1 and manifest["parser"] == "spacy" and manifest["seed"] == 1
     on_disk = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert on_disk["written"] == 11
     rows = read_shards(tmp_path / "out")
     assert len(rows) == 11 and len({r["text"] for r in rows}) == 11
-    assert set(rows[0]) >= {"text", "words", "backbone_view", "deletion_view", "linearized_parse", "constituent_bag"}
+    assert set(rows[0]) >= {
+        "text",
+        "words",
+        "backbone_view",
+        "deletion_view",
+        "linearized_parse",
+        "constituent_bag",
+    }
     long = next(r for r in rows if r["text"].startswith("long"))
     assert len(long["text"].split()) == 50
     for r in rows:
         assert r["backbone_view"].startswith(r["text"]) and r["deletion_view"]
-        bag = json.loads(r["constituent_bag"])  # counts: one per node's label, ROOT once, a bracket a side per node
-        assert r["linearized_parse"].startswith("(") and bag["ROOT"] == 1 and bag["("] == bag[")"] == sum(
-            v for k, v in bag.items() if k not in ("(", ")"))
+        bag = json.loads(
+            r["constituent_bag"]
+        )  # counts: one per node's label, ROOT once, a bracket a side per node
+        assert (
+            r["linearized_parse"].startswith("(")
+            and bag["ROOT"] == 1
+            and bag["("] == bag[")"] == sum(v for k, v in bag.items() if k not in ("(", ")"))
+        )
 
     # same seed → the same order; another seed → another order
     again = run_pipeline(cfg, str(tmp_path / "out2"), progress=False)
@@ -86,9 +129,15 @@ def test_manifest_counts_on_dirty_file(ray_cluster, tmp_path):
 def test_parser_actors_leave_the_read_and_sort_tasks_a_cpu():
     from orchestrator.data.resources import parser_cpus
 
-    assert parser_cpus(2, 1.0, 4.0) == 1.0 and parser_cpus(2, 1.0, 3.1) == 1.0  # 2 actors + dedup + 1-CPU task fit
-    assert parser_cpus(2, 1.0, 3.0) == 0.95 and parser_cpus(2, 1.0, 2.5) == 0.7  # they share what the task leaves
-    assert parser_cpus(2, 1.0, 1.0) == 0.1  # never under the floor (then the build waits for CPUs, as Ray makes it)
+    assert (
+        parser_cpus(2, 1.0, 4.0) == 1.0 and parser_cpus(2, 1.0, 3.1) == 1.0
+    )  # 2 actors + dedup + 1-CPU task fit
+    assert (
+        parser_cpus(2, 1.0, 3.0) == 0.95 and parser_cpus(2, 1.0, 2.5) == 0.7
+    )  # they share what the task leaves
+    assert (
+        parser_cpus(2, 1.0, 1.0) == 0.1
+    )  # never under the floor (then the build waits for CPUs, as Ray makes it)
 
 
 @pytest.mark.slow
@@ -107,17 +156,26 @@ def test_a_build_on_a_cluster_whose_cpus_are_held_elsewhere_runs(ray_cluster, tm
     holder = Holder.options(num_cpus=ray.cluster_resources()["CPU"] - 2.5).remote()  # at most 2.5 CPUs left
     try:
         ray.get(holder.ready.remote(), timeout=60)
-        deadline = time.monotonic() + 30  # the cluster's view of free CPUs follows the raylet's a moment later
+        deadline = (
+            time.monotonic() + 30
+        )  # the cluster's view of free CPUs follows the raylet's a moment later
         while ray.available_resources().get("CPU", 0) > 2.5 and time.monotonic() < deadline:
             time.sleep(0.1)
-        cfg = CorpusConfig(input=str(dirty_file(tmp_path / "dirty.txt")), seed=1, max_words=50,
-                           parser={"workers": 2, "cpus_per_worker": 1})
+        cfg = CorpusConfig(
+            input=str(dirty_file(tmp_path / "dirty.txt")),
+            seed=1,
+            max_words=50,
+            parser={"workers": 2, "cpus_per_worker": 1},
+        )
         manifest = run_pipeline(cfg, str(tmp_path / "out"), progress=False)
     finally:
         ray.kill(holder)
     assert manifest["written"] == 11 and len(read_shards(tmp_path / "out")) == 11
     assert manifest["parser_cpus_reserved"] < 1.0
-    assert f"each of the 2 parser actors reserves {manifest['parser_cpus_reserved']:g} CPU" in capfd.readouterr().err
+    assert (
+        f"each of the 2 parser actors reserves {manifest['parser_cpus_reserved']:g} CPU"
+        in capfd.readouterr().err
+    )
 
 
 PARSE_IN_FRESH_PROCESS = """
@@ -144,8 +202,13 @@ def test_a_parser_actor_starts_without_torch_and_parses_as_a_parser_beside_torch
     (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
     out = {}
     for mode in ("actor", "beside-torch"):
-        res = subprocess.run([sys.executable, "-c", PARSE_IN_FRESH_PROCESS, mode, str(tmp_path / "in.txt")],
-                             capture_output=True, text=True, timeout=120, cwd=ROOT)
+        res = subprocess.run(
+            [sys.executable, "-c", PARSE_IN_FRESH_PROCESS, mode, str(tmp_path / "in.txt")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+        )
         assert res.returncode == 0, res.stderr[-3000:]
         out[mode] = json.loads(res.stdout.splitlines()[-1])
     assert (out["actor"]["torch"], out["actor"]["has_torch"]) == (False, False)
@@ -162,13 +225,18 @@ def test_only_a_pipeline_that_cannot_use_torch_is_loaded_without_it(tmp_path):
     assert not spacy_model_may_use_torch(SPACY_MODEL)
     trf = tmp_path / "trf"
     (trf / "en_pipeline-1.0").mkdir(parents=True)
-    (trf / "en_pipeline-1.0" / "config.cfg").write_text('[components.transformer.model]\n'
-                                                          '@architectures = "spacy-transformers.TransformerModel.v3"\n')
+    (trf / "en_pipeline-1.0" / "config.cfg").write_text(
+        '[components.transformer.model]\n@architectures = "spacy-transformers.TransformerModel.v3"\n'
+    )
     numpy_only = tmp_path / "cnn"
     numpy_only.mkdir()
-    (numpy_only / "config.cfg").write_text('[components.parser.model]\n@architectures = "spacy.TransitionBasedParser.v2"\n')
+    (numpy_only / "config.cfg").write_text(
+        '[components.parser.model]\n@architectures = "spacy.TransitionBasedParser.v2"\n'
+    )
     assert spacy_model_may_use_torch(str(trf)) and not spacy_model_may_use_torch(str(numpy_only))
-    assert spacy_model_may_use_torch("en_core_web_trf") and spacy_model_may_use_torch(str(tmp_path / "missing"))
+    assert spacy_model_may_use_torch("en_core_web_trf") and spacy_model_may_use_torch(
+        str(tmp_path / "missing")
+    )
 
 
 @pytest.mark.slow
@@ -204,16 +272,36 @@ def test_empty_corpus_is_one_clear_error(ray_cluster, tmp_path):
 
 
 def test_cli_missing_input_is_one_line(tmp_path):
-    res = subprocess.run([sys.executable, str(ROOT / "jobs" / "augment_corpus.py"), "--input",
-                          str(tmp_path / "missing.txt"), "--output", str(tmp_path / "o")],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "jobs" / "augment_corpus.py"),
+            "--input",
+            str(tmp_path / "missing.txt"),
+            "--output",
+            str(tmp_path / "o"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 2
     assert res.stderr.strip() == f"error: {tmp_path / 'missing.txt'}: no such input file or directory"
 
 
 def test_cli_bad_override_is_one_line(tmp_path):
-    res = subprocess.run([sys.executable, str(ROOT / "jobs" / "augment_corpus.py"), "--output", str(tmp_path),
-                          "parser.kind=udpipe"], capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "jobs" / "augment_corpus.py"),
+            "--output",
+            str(tmp_path),
+            "parser.kind=udpipe",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert res.stderr.startswith("error: <defaults> (+ overrides): parser.kind: String should match pattern")
 
@@ -235,11 +323,19 @@ def test_parse_failures_are_counted_and_past_the_limit_stop_the_build():
     texts = ["the cat sat on the mat .", "BOOM goes the parser here .", "dogs run in the park ."]
     out = augment_rows(texts, ["a", "b", "c"], Flaky(), CorpusConfig())
     assert list(out["skip"]) == ["", "parse_error", ""]
-    assert out["error"][1] == "RuntimeError: cannot parse this" and out["backbone_view"][0].startswith(texts[0])
-    assert not too_many_failures(5, 100, 0.05) and too_many_failures(6, 100, 0.05) and not too_many_failures(0, 0, 0.05)
+    assert out["error"][1] == "RuntimeError: cannot parse this" and out["backbone_view"][0].startswith(
+        texts[0]
+    )
+    assert (
+        not too_many_failures(5, 100, 0.05)
+        and too_many_failures(6, 100, 0.05)
+        and not too_many_failures(0, 0, 0.05)
+    )
     msg = parse_failure_message("in.txt", 6, 100, 0.05, {"text": texts[1], "error": out["error"][1]})
-    assert msg == ("in.txt: 6 of 100 sentences failed to parse (over max_parse_failures 5%); "
-                   "first: 'BOOM goes the parser here .': RuntimeError: cannot parse this")
+    assert msg == (
+        "in.txt: 6 of 100 sentences failed to parse (over max_parse_failures 5%); "
+        "first: 'BOOM goes the parser here .': RuntimeError: cannot parse this"
+    )
 
 
 @pytest.mark.parametrize("where", ["local", "s3"])
@@ -255,6 +351,7 @@ def test_builds_are_committed_by_a_pointer_switched_last(where, tmp_path, reques
             if crash:
                 raise RuntimeError("killed mid-build")
             storage.write_bytes(storage.join(folder, "manifest.json"), json.dumps({"tag": tag}).encode())
+
         return write
 
     assert storage.resolve_build(root) is None
@@ -281,8 +378,9 @@ def test_builds_are_committed_by_a_pointer_switched_last(where, tmp_path, reques
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_the_streamed_pipeline_equals_a_plain_loop_row_for_row_and_counts_from_its_writers(ray_cluster, tmp_path,
-                                                                                          monkeypatch):
+def test_the_streamed_pipeline_equals_a_plain_loop_row_for_row_and_counts_from_its_writers(
+    ray_cluster, tmp_path, monkeypatch
+):
     """#22.2: one streaming execution - the driver materializes, counts and collects nothing (those calls
     fail here) - writes what a plain single-process loop over the same rules computes, row for row and in
     order, and its manifest counts are the loop's: input over 3 files (so the sorted stream reaches the
@@ -297,14 +395,20 @@ def test_the_streamed_pipeline_equals_a_plain_loop_row_for_row_and_counts_from_i
     (tmp_path / "in").mkdir()
     for i, part in enumerate(parts):
         (tmp_path / "in" / f"part-{i}.txt").write_text("\n".join(part) + "\n")
-    cfg = CorpusConfig(input=str(tmp_path / "in"), limit=200, shard_rows=60, seed=3,
-                       parser={"workers": 2, "cpus_per_worker": 0.5, "batch_size": 32})
+    cfg = CorpusConfig(
+        input=str(tmp_path / "in"),
+        limit=200,
+        shard_rows=60,
+        seed=3,
+        parser={"workers": 2, "cpus_per_worker": 0.5, "batch_size": 32},
+    )
 
     def refused(name, real):
         def call(*a, **k):  # from our code; Ray's write_datasink materializes its own per-task write reports
             if "/orchestrator/" in sys._getframe(1).f_code.co_filename:
                 raise AssertionError(f"the driver called Dataset.{name}")
             return real(*a, **k)
+
         return call
 
     for name in ("materialize", "count", "take", "take_all", "groupby", "sum", "min", "max", "iter_rows"):
@@ -328,4 +432,6 @@ def test_the_streamed_pipeline_equals_a_plain_loop_row_for_row_and_counts_from_i
     skipped.update(duplicate=n_kept - len(unique), over_limit=len(unique) - cfg.limit)
     assert manifest["skipped"] == dict(skipped) and skipped["duplicate"] >= 10 and skipped["empty"] == 1
     files = sorted(p.name for p in (tmp_path / "out" / "shards").iterdir())
-    assert len(files) >= 4 and all(pq.read_metadata(tmp_path / "out" / "shards" / f).num_rows <= 60 for f in files)
+    assert len(files) >= 4 and all(
+        pq.read_metadata(tmp_path / "out" / "shards" / f).num_rows <= 60 for f in files
+    )

@@ -66,8 +66,11 @@ def test_every_method_has_a_section():
 
 def drifts(preset: dict, rows: list[tuple[str, str, str]]) -> list[str]:
     """Every row whose value is not the preset's."""
-    return [f"{setting} ({key}): table says {value!r}, preset has {at(preset, key)!r}"
-            for setting, key, value in rows if table_value(value) != at(preset, key)]
+    return [
+        f"{setting} ({key}): table says {value!r}, preset has {at(preset, key)!r}"
+        for setting, key, value in rows
+        if table_value(value) != at(preset, key)
+    ]
 
 
 @pytest.mark.parametrize("path", sorted(sections()))

@@ -76,7 +76,7 @@ def test_with_dropout_the_replay_draws_the_first_pass_masks(tiny_bert_dir):
     torch.manual_seed(7)
     enc, views, _ = tokenize_views(tok, BATCH, cfg)
     ids, mask = enc["input_ids"], enc["attention_mask"]
-    out = torch.cat([model(ids[i:i + 4], mask[i:i + 4]) for i in range(0, ids.size(0), 4)])
+    out = torch.cat([model(ids[i : i + 4], mask[i : i + 4]) for i in range(0, ids.size(0), 4)])
     per_view = out.view(len(views), -1, out.size(-1))
     loss, _ = sifter_loss({v: per_view[i] for i, v in enumerate(views)}, cfg)
     loss.backward()
@@ -84,7 +84,9 @@ def test_with_dropout_the_replay_draws_the_first_pass_masks(tiny_bert_dir):
 
     _, cached = one_step_grads(tiny_bert_dir, mini_batch=4, seed=7, dropout=0.3, **SIMCSE)
     assert_same_grads(cached, ref)
-    _, unrestored = one_step_grads(tiny_bert_dir, mini_batch=4, seed=7, restore_rng=False, dropout=0.3, **SIMCSE)
+    _, unrestored = one_step_grads(
+        tiny_bert_dir, mini_batch=4, seed=7, restore_rng=False, dropout=0.3, **SIMCSE
+    )
     assert max_diff(unrestored, ref) > 1e-3
 
 
@@ -123,7 +125,9 @@ def test_the_replay_runs_under_the_first_pass_autocast(tiny_bert_dir):
 def test_stepper_cached_steps_resume_exactly(tiny_bert_dir, tmp_path, monkeypatch):
     """Four cached steps uninterrupted = two, a checkpoint, a fresh worker, two more (dropout on: the
     checkpointed RNG state carries the masks); without the RNG restore the resumed run differs."""
-    cfg = cfg_for(tiny_bert_dir, dropout=0.2, train={"batch_size": 8, "lr": 1e-3, "grad_cache": {"mini_batch": 4}})
+    cfg = cfg_for(
+        tiny_bert_dir, dropout=0.2, train={"batch_size": 8, "lr": 1e-3, "grad_cache": {"mini_batch": 4}}
+    )
     torch.set_num_threads(1)
 
     def fresh():
@@ -166,17 +170,27 @@ def test_config_refusals():
     from trainers.sifter_simcse import ContrastiveConfig
     from trainers.tsdae import TSDAEConfig
 
-    with pytest.raises(ConfigError, match=r"^x.yaml: train: grad_cache.mini_batch \(24\) must divide the per-worker "
-                                          r"train.batch_size \(64\)$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^x.yaml: train: grad_cache.mini_batch \(24\) must divide the per-worker "
+        r"train.batch_size \(64\)$",
+    ):
         validate(ContrastiveConfig, {"train": {"batch_size": 64, "grad_cache": {"mini_batch": 24}}}, "x.yaml")
     with pytest.raises(ConfigError, match=r"^x.yaml: train.grad_cache: tsdae cannot cache gradients"):
         validate(TSDAEConfig, {"train": {"grad_cache": {"mini_batch": 8}}}, "x.yaml")
-    ok = validate(ContrastiveConfig, {"train": {"batch_size": 64, "grad_cache": {"mini_batch": 16}}}, "x.yaml")
+    ok = validate(
+        ContrastiveConfig, {"train": {"batch_size": 64, "grad_cache": {"mini_batch": 16}}}, "x.yaml"
+    )
     assert ok.train.grad_cache.mini_batch == 16
 
 
 # ---------------------------------------------------------------- two workers: DDP, ZeRO-2, ZeRO-3
-MODES = [("ddp", False), ("ddp", True), ("zero2", True), ("zero3", True)]  # (engine, cached), run in this order
+MODES = [
+    ("ddp", False),
+    ("ddp", True),
+    ("zero2", True),
+    ("zero3", True),
+]  # (engine, cached), run in this order
 
 
 def _worker(rank: int, world: int, model_dir: str, out_dir: str, init_file: str) -> None:
@@ -192,10 +206,15 @@ def _worker(rank: int, world: int, model_dir: str, out_dir: str, init_file: str)
 
     ray.train.torch.prepare_model = torch.nn.parallel.DistributedDataParallel
     b = len(X) // world
-    local = {k: v[rank * b:(rank + 1) * b] for k, v in BATCH.items()}
+    local = {k: v[rank * b : (rank + 1) * b] for k, v in BATCH.items()}
     for engine, cached in MODES:
         train = {"batch_size": b, **({"grad_cache": {"mini_batch": 1}} if cached else {})}
-        cfg = cfg_for(model_dir, dropout=0.0, train=train, deepspeed={"stage": {"ddp": 0, "zero2": 2, "zero3": 3}[engine]})
+        cfg = cfg_for(
+            model_dir,
+            dropout=0.0,
+            train=train,
+            deepspeed={"stage": {"ddp": 0, "zero2": 2, "zero3": 3}[engine]},
+        )
         torch.manual_seed(0)
         model, tok = build_model(cfg)
         model.train()
@@ -211,8 +230,10 @@ def _worker(rank: int, world: int, model_dir: str, out_dir: str, init_file: str)
             stepper.ddp.register_comm_hook(None, count)
         loss, logs = compute_loss(stepper.model, tok, local, cfg)
         stepper.backward(loss)
-        torch.save({"loss": logs["loss"], "grads": stepper.gradients(), "reductions": reductions},
-                   Path(out_dir) / f"{engine}-{cached}-rank{rank}.pt")
+        torch.save(
+            {"loss": logs["loss"], "grads": stepper.gradients(), "reductions": reductions},
+            Path(out_dir) / f"{engine}-{cached}-rank{rank}.pt",
+        )
     dist.destroy_process_group()
 
 
@@ -225,7 +246,9 @@ def test_two_workers_cached_equal_one_worker_uncached_with_the_global_batch(tiny
     import torch.multiprocessing as mp
 
     ref_loss, ref = one_step_grads(tiny_bert_dir, mini_batch=None, dropout=0.0)
-    mp.spawn(_worker, args=(2, str(tiny_bert_dir), str(tmp_path), str(tmp_path / "init")), nprocs=2, join=True)
+    mp.spawn(
+        _worker, args=(2, str(tiny_bert_dir), str(tmp_path), str(tmp_path / "init")), nprocs=2, join=True
+    )
     got = {(e, c, r): torch.load(tmp_path / f"{e}-{c}-rank{r}.pt") for e, c in MODES for r in range(2)}
     for (engine, cached, r), out in got.items():
         assert out["loss"] == pytest.approx(ref_loss, abs=1e-5), (engine, cached, r)

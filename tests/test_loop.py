@@ -35,10 +35,21 @@ class Ray:
         yield self.resume_from
 
 
-def run(tmp_path, monkeypatch, *, epochs=2, batches_per_epoch=(5, 5), eval_steps=3, resume=None, seen=None,
-        crash_before=None, ray=None):
-    cfg = ContrastiveConfig.model_validate({"train": {"batch_size": 2, "epochs": epochs,
-                                                       "eval_steps": eval_steps, "lr": 0.05}})
+def run(
+    tmp_path,
+    monkeypatch,
+    *,
+    epochs=2,
+    batches_per_epoch=(5, 5),
+    eval_steps=3,
+    resume=None,
+    seen=None,
+    crash_before=None,
+    ray=None,
+):
+    cfg = ContrastiveConfig.model_validate(
+        {"train": {"batch_size": 2, "epochs": epochs, "eval_steps": eval_steps, "lr": 0.05}}
+    )
     torch.manual_seed(0)
     module = torch.nn.Linear(2, 1)
     stepper = common.make_stepper(module, cfg, rows_per_worker=10)
@@ -55,7 +66,7 @@ def run(tmp_path, monkeypatch, *, epochs=2, batches_per_epoch=(5, 5), eval_steps
         if state["step"] + 1 == crash_before:
             raise RuntimeError("the worker died")
         (seen if seen is not None else []).append(batch)
-        x, y = X[2 * i:2 * i + 2], Y[2 * i:2 * i + 2]
+        x, y = X[2 * i : 2 * i + 2], Y[2 * i : 2 * i + 2]
         loss = ((stepper.model(x) - y) ** 2).mean()
         return loss, {"loss": loss.item()}
 
@@ -63,21 +74,50 @@ def run(tmp_path, monkeypatch, *, epochs=2, batches_per_epoch=(5, 5), eval_steps
         with torch.no_grad():
             return -((m(X) - Y) ** 2).mean().item()
 
-    history = loop.train_loop(cfg, stepper, rows_per_worker=10, loss_fn=loss_fn, dev_fn=dev, metric="dev",
-                              build_plain=lambda: None, batches=batches)
+    history = loop.train_loop(
+        cfg,
+        stepper,
+        rows_per_worker=10,
+        loss_fn=loss_fn,
+        dev_fn=dev,
+        metric="dev",
+        build_plain=lambda: None,
+        batches=batches,
+    )
     return history, ray, module
 
 
 def test_evaluates_every_eval_steps_and_at_the_last_step(tmp_path, monkeypatch):
     history, ray, _ = run(tmp_path, monkeypatch)
-    assert [h["step"] for h in history] == [3, 6, 9, 10]  # 2 epochs x 5 batches, eval every 3, and the last step
-    assert [m["step"] for m, _ in ray.reports] == [3, 6, 9, 10] and [h["epoch"] for h in history] == [0, 1, 1, 1]
+    assert [h["step"] for h in history] == [
+        3,
+        6,
+        9,
+        10,
+    ]  # 2 epochs x 5 batches, eval every 3, and the last step
+    assert [m["step"] for m, _ in ray.reports] == [3, 6, 9, 10] and [h["epoch"] for h in history] == [
+        0,
+        1,
+        1,
+        1,
+    ]
     last = history[-1]
     assert last["best_dev"] == max(h["dev"] for h in history) and last["restarts"] == 0
-    for key in ("loss", "lr", "train_s", "time_setup_s", "time_ingest_s", "time_ingest_first_s", "time_forward_s",
-                "time_backward_step_s", "time_eval_report_s"):
+    for key in (
+        "loss",
+        "lr",
+        "train_s",
+        "time_setup_s",
+        "time_ingest_s",
+        "time_ingest_first_s",
+        "time_forward_s",
+        "time_backward_step_s",
+        "time_eval_report_s",
+    ):
         assert last[key] >= 0, key
-    assert last["time_eval_report_s"] > 0  # three evaluations and reports happened before the last step's logs
+    assert (
+        last["time_eval_report_s"] > 0
+    )  # three evaluations and reports happened before the last step's logs
     assert history[-1]["dev"] > history[0]["dev"]  # it trains: the dev loss falls
 
 
@@ -98,7 +138,11 @@ def test_a_restart_skips_the_trained_batches_and_ends_where_an_uninterrupted_run
     assert first.reports[-1][0]["step"] == 6
     seen = []
     resumed, _, module = run(tmp_path / "again", monkeypatch, resume=folder, seen=seen)
-    assert seen[0] == (1, 1) and seen == seen_clean[6:]  # step 7 is epoch 1's second batch: the first is skipped
-    assert [h["step"] for h in resumed] == [3, 6, 9, 10] and resumed[-1]["restarts"] == 1  # history came along
+    assert (
+        seen[0] == (1, 1) and seen == seen_clean[6:]
+    )  # step 7 is epoch 1's second batch: the first is skipped
+    assert [h["step"] for h in resumed] == [3, 6, 9, 10] and resumed[-1][
+        "restarts"
+    ] == 1  # history came along
     assert resumed[-1]["dev"] == pytest.approx(clean[-1]["dev"], abs=1e-6)
     assert torch.allclose(module.weight, clean_module.weight, atol=1e-6)

@@ -24,8 +24,13 @@ from trainers.mlm import (
 
 
 def tiny_cfg(model_dir, **kw) -> MLMConfig:
-    return MLMConfig.model_validate({"model": {"name_or_path": str(model_dir), "max_length": 32, "pooling": "mean"},
-                                     "eval": {"batch_size": 64, "max_length": 32, "tasks": ["stsb"]}, **kw})
+    return MLMConfig.model_validate(
+        {
+            "model": {"name_or_path": str(model_dir), "max_length": 32, "pooling": "mean"},
+            "eval": {"batch_size": 64, "max_length": 32, "tasks": ["stsb"]},
+            **kw,
+        }
+    )
 
 
 def test_loss_is_the_masked_cross_entropy_computed_by_hand(tiny_bert_dir):
@@ -123,4 +128,8 @@ def test_recipe_hooks_train_a_step_and_export_the_encoder(tiny_bert_dir, tmp_pat
     from trainers.tsdae import TSDAERecipe
 
     test = "the test (the method's evaluation)"
-    assert MLMRecipe.comparable(cfg)[test] == TSDAERecipe.comparable(cfg)[test] == SimCSERecipe.comparable(cfg)[test]
+    assert (
+        MLMRecipe.comparable(cfg)[test]
+        == TSDAERecipe.comparable(cfg)[test]
+        == SimCSERecipe.comparable(cfg)[test]
+    )

@@ -100,7 +100,9 @@ def test_models_loaded_on_several_threads_at_once_keep_their_weights_tied(tiny_b
             list(pool.map(lambda _: [load() for _ in range(3)], range(6)))
 
     try:
-        for _ in range(5):  # the race this lock exists for (six threads: seen at the first try in 8 runs of 8)
+        for _ in range(
+            5
+        ):  # the race this lock exists for (six threads: seen at the first try in 8 runs of 8)
             many(lambda: AutoModel.from_pretrained(tiny_bert_dir, local_files_only=True))
             if PreTrainedModel.tie_weights is not tie:
                 break

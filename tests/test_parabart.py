@@ -31,16 +31,27 @@ from trainers.parabart_generate import generate
 ROWS = {
     "src": ["the cat sat on the mat .", "a man is playing a guitar ."],
     "tgt": ["on the mat sat the cat .", "a guitar is being played by a man ."],
-    "tgt_parse": ["(S (PP (IN) (NP)) (VP (VBD)) (NP (DT) (NN)) (.))", "(S (NP (DT) (NN)) (VP (VBZ) (VP)) (.))"],
+    "tgt_parse": [
+        "(S (PP (IN) (NP)) (VP (VBD)) (NP (DT) (NN)) (.))",
+        "(S (NP (DT) (NN)) (VP (VBZ) (VP)) (.))",
+    ],
     # the bags as the pipeline writes them (orchestrator.data.constituency.constituent_bag): counts, ROOT and brackets
-    "src_bag": [json.dumps({"(": 6, ")": 6, "ROOT": 1, "S": 1, "NP": 2, "VP": 1, "DT": 1}),
-                json.dumps({"(": 5, ")": 5, "ROOT": 1, "S": 1, "NP": 2, "VP": 1})],
+    "src_bag": [
+        json.dumps({"(": 6, ")": 6, "ROOT": 1, "S": 1, "NP": 2, "VP": 1, "DT": 1}),
+        json.dumps({"(": 5, ")": 5, "ROOT": 1, "S": 1, "NP": 2, "VP": 1}),
+    ],
 }
 
 
 def tiny(model_dir, **kw) -> ParaBARTConfig:
-    return ParaBARTConfig.model_validate({"model": {"name_or_path": str(model_dir), "max_length": 24},
-                                          "syntax_heads": 2, "syntax_layers": 1, **kw})
+    return ParaBARTConfig.model_validate(
+        {
+            "model": {"name_or_path": str(model_dir), "max_length": 24},
+            "syntax_heads": 2,
+            "syntax_layers": 1,
+            **kw,
+        }
+    )
 
 
 def setup(model_dir, **kw):
@@ -72,12 +83,15 @@ def test_word_dropout_touches_only_source_tokens(tiny_bert_dir):
     for k in ("tgt_ids", "parse_ids", "bags"):
         assert torch.equal(train[k], clean[k])  # target, parse and bag untouched
     ids = torch.arange(1000, 1400).reshape(4, 100)
-    rate = (word_dropout(ids, torch.ones_like(ids), 0.2, 103, set(), torch.Generator().manual_seed(1)) == 103)
+    rate = word_dropout(ids, torch.ones_like(ids), 0.2, 103, set(), torch.Generator().manual_seed(1)) == 103
     assert 0.15 < rate.float().mean() < 0.25
 
 
 def lr_of(groups: list[dict], model) -> dict[str, float]:
-    return {n: next(g["lr"] for g in groups if any(p is q for q in g["params"])) for n, p in model.named_parameters()}
+    return {
+        n: next(g["lr"] for g in groups if any(p is q for q in g["params"]))
+        for n, p in model.named_parameters()
+    }
 
 
 def test_parameter_groups_get_the_papers_learning_rates(tiny_bert_dir):
@@ -90,8 +104,12 @@ def test_parameter_groups_get_the_papers_learning_rates(tiny_bert_dir):
     assert all(lr == 1e-4 for n, lr in lrs.items() if not n.startswith("sem."))
     assert any(n.startswith("syn") for n in lrs) and any("crossattention" in n for n in lrs)
     assert lrs["decoder.cls.predictions.decoder.weight"] == 1e-4  # the output projection: its own, fast
-    decay = {n: g["weight_decay"] for g in parameter_groups(model, cfg) for n, p in model.named_parameters()
-             if any(p is q for q in g["params"])}
+    decay = {
+        n: g["weight_decay"]
+        for g in parameter_groups(model, cfg)
+        for n, p in model.named_parameters()
+        if any(p is q for q in g["params"])
+    }
     assert decay["sem.encoder.layer.0.attention.self.query.weight"] == 0.01
     assert decay["sem.encoder.layer.0.attention.self.query.bias"] == 0.0
     assert decay["sem.embeddings.LayerNorm.weight"] == 0.0
@@ -104,7 +122,9 @@ def test_the_output_layer_is_not_the_encoders_embedding_matrix(tiny_bert_dir):
     emb = model.sem.get_input_embeddings().weight
     assert model.decoder.get_input_embeddings().weight is emb  # the decoder reads E_sem's embeddings
     out = model.decoder.get_output_embeddings().weight
-    assert out is not emb and out.data_ptr() != emb.data_ptr() and torch.equal(out, emb)  # own copy, same start
+    assert (
+        out is not emb and out.data_ptr() != emb.data_ptr() and torch.equal(out, emb)
+    )  # own copy, same start
     loss, _ = main_loss(model, dis, batcher(ROWS, train=False), cfg, adversary_on=False)
     loss.backward()
     assert out.grad is not None and out.grad.abs().sum() > 0
@@ -120,15 +140,31 @@ def test_without_syntax_guidance_the_decoder_sees_only_the_sentence_vector(tiny_
     model.eval()
     b = batcher(ROWS, train=False)
     other = batcher({**ROWS, "tgt_parse": ["(S (NP (NN)) (.))"] * 2}, train=False)
-    logits, _ = model(b["src_ids"], b["src_mask"], b["parse_ids"], b["parse_mask"], b["tgt_ids"], b["tgt_mask"])
-    logits2, _ = model(other["src_ids"], other["src_mask"], other["parse_ids"], other["parse_mask"], b["tgt_ids"],
-                       b["tgt_mask"])
+    logits, _ = model(
+        b["src_ids"], b["src_mask"], b["parse_ids"], b["parse_mask"], b["tgt_ids"], b["tgt_mask"]
+    )
+    logits2, _ = model(
+        other["src_ids"],
+        other["src_mask"],
+        other["parse_ids"],
+        other["parse_mask"],
+        b["tgt_ids"],
+        b["tgt_mask"],
+    )
     assert torch.allclose(logits, logits2)
     cfg, guided, dis, batcher = setup(tiny_bert_dir)
     guided.eval()
-    with_v, _ = guided(b["src_ids"], b["src_mask"], b["parse_ids"], b["parse_mask"], b["tgt_ids"], b["tgt_mask"])
-    with_other, _ = guided(other["src_ids"], other["src_mask"], other["parse_ids"], other["parse_mask"], b["tgt_ids"],
-                           b["tgt_mask"])
+    with_v, _ = guided(
+        b["src_ids"], b["src_mask"], b["parse_ids"], b["parse_mask"], b["tgt_ids"], b["tgt_mask"]
+    )
+    with_other, _ = guided(
+        other["src_ids"],
+        other["src_mask"],
+        other["parse_ids"],
+        other["parse_mask"],
+        b["tgt_ids"],
+        b["tgt_mask"],
+    )
     assert not torch.allclose(with_v, with_other)  # with guidance the parse matters (the test can fail)
 
 
@@ -138,8 +174,10 @@ def test_the_syntax_input_keeps_the_whole_tree_of_a_long_sentence(tiny_bert_dir)
     from orchestrator.data.corpus import AugmentConfig
     from orchestrator.data.parsing import SpacyParser
 
-    text = ("The committee , which had met every Tuesday since the war ended , finally approved the long and "
-            "expensive plan that the mayor of the old northern city proposed last spring .")
+    text = (
+        "The committee , which had met every Tuesday since the war ended , finally approved the long and "
+        "expensive plan that the mayor of the old northern city proposed last spring ."
+    )
     assert len(text.split()) >= 30
     parse = SpacyParser().parse_batch([text])[0]
     tree = C.constituency(parse)
@@ -163,8 +201,14 @@ def test_optimisers_update_disjoint_parameter_sets_in_alternation(tiny_bert_dir)
     opt_main = torch.optim.AdamW(groups, lr=cfg.train.lr)
     opt_dis = torch.optim.AdamW(dis.parameters(), lr=1e-2)
     b = batcher(ROWS, train=False)
-    snapshot = lambda: {n: p.detach().clone() for m, pre in ((model, ""), (dis, "dis.")) for n, p in  # noqa: E731
-                        ((pre + n, p) for n, p in m.named_parameters())}
+
+    def snapshot():
+        return {
+            n: p.detach().clone()
+            for m, pre in ((model, ""), (dis, "dis."))
+            for n, p in ((pre + n, p) for n, p in m.named_parameters())
+        }
+
     before = snapshot()
     # (1) the discriminator step changes D and nothing else
     loss, logs = main_loss(model, dis, b, cfg, adversary_on=True, opt_dis=opt_dis)
@@ -183,11 +227,18 @@ def test_optimisers_update_disjoint_parameter_sets_in_alternation(tiny_bert_dir)
 
 def test_lambda_zero_keeps_the_adversary_out_of_the_encoder(tiny_bert_dir):
     """With λ_adv = 0 the encoder's gradient is exactly L_para's; with λ_adv > 0 it is not."""
+
     def encoder_grads(lam):
         cfg, model, dis, batcher = setup(tiny_bert_dir, lambda_adv=lam)
         model.eval()
-        loss, _ = main_loss(model, dis, batcher(ROWS, train=False), cfg, adversary_on=True,
-                            opt_dis=torch.optim.SGD(dis.parameters(), lr=0.1))
+        loss, _ = main_loss(
+            model,
+            dis,
+            batcher(ROWS, train=False),
+            cfg,
+            adversary_on=True,
+            opt_dis=torch.optim.SGD(dis.parameters(), lr=0.1),
+        )
         loss.backward()
         return {n: p.grad.clone() for n, p in model.sem.named_parameters() if p.grad is not None}
 
@@ -218,7 +269,10 @@ GOLDEN = [[10.338042, 0.736797], [10.32732, 0.728809], [10.316639, 0.720945]]
 def test_golden_losses(tiny_bert_dir):
     cfg, model, dis, batcher = setup(tiny_bert_dir)
     model.eval()
-    opt_main, opt_dis = torch.optim.AdamW(parameter_groups(model, cfg)), torch.optim.AdamW(dis.parameters(), lr=1e-3)
+    opt_main, opt_dis = (
+        torch.optim.AdamW(parameter_groups(model, cfg)),
+        torch.optim.AdamW(dis.parameters(), lr=1e-3),
+    )
     b = batcher(ROWS, train=False)
     got = []
     for _ in range(3):
@@ -264,7 +318,9 @@ def test_generation_from_a_saved_model(tiny_bert_dir, tmp_path):
     assert texts == generate(model, batcher, ROWS["src"], ROWS["tgt_parse"], max_new_tokens=6)  # same weights
     st = SentenceTransformer(str(out), device="cpu")
     ours = model.embed(*[batcher(ROWS, train=False)[k] for k in ("src_ids", "src_mask")])
-    assert torch.allclose(torch.tensor(st.encode(ROWS["src"])), ours.detach(), atol=1e-5)  # ū = ST mean pooling
+    assert torch.allclose(
+        torch.tensor(st.encode(ROWS["src"])), ours.detach(), atol=1e-5
+    )  # ū = ST mean pooling
 
 
 @pytest.fixture(scope="module")
@@ -288,12 +344,24 @@ def test_parabart_under_ray_train(engine, ray_cluster, tiny_bert_dir, parabart_s
     src = Path(__file__).resolve().parents[1] / "data" / "paraphrase" / "mrpc-train.tsv"
     lines.write_text("\n".join(src.read_text().splitlines()[:81]) + "\n")
     method = get_method("parabart")
-    cfg = tiny(tiny_bert_dir, adversary_start_step=2, **{
-        "train": {"batch_size": 8, "max_steps": 4, "eval_steps": 2, "grad_clip": 1.0, "lr_schedule": "constant"},
-        "scaling": {"num_workers": 2, "cpus_per_worker": 1},
-        "deepspeed": {"stage": 2 if engine == "zero2" else 0},
-        "data": {"pairs": [{"path": str(lines)}], "parser_workers": 1, "valid_pairs": 8},
-        "eval": {"batch_size": 256, "max_length": 32}, "run": {"storage": str(parabart_store / "runs")}})
+    cfg = tiny(
+        tiny_bert_dir,
+        adversary_start_step=2,
+        **{
+            "train": {
+                "batch_size": 8,
+                "max_steps": 4,
+                "eval_steps": 2,
+                "grad_clip": 1.0,
+                "lr_schedule": "constant",
+            },
+            "scaling": {"num_workers": 2, "cpus_per_worker": 1},
+            "deepspeed": {"stage": 2 if engine == "zero2" else 0},
+            "data": {"pairs": [{"path": str(lines)}], "parser_workers": 1, "valid_pairs": 8},
+            "eval": {"batch_size": 256, "max_length": 32},
+            "run": {"storage": str(parabart_store / "runs")},
+        },
+    )
     shards = method.prepare_data(cfg)
     manifest = json.loads((Path(shards) / "manifest.json").read_text())
     assert manifest["valid_rows"] == 16  # 8 pairs held out, both directions
@@ -302,12 +370,18 @@ def test_parabart_under_ray_train(engine, ray_cluster, tiny_bert_dir, parabart_s
     steps = [int(r["step"]) for r in outcome.history]
     assert steps == [2, 4] and "loss_adv" in outcome.history[-1] and "loss_adv" not in outcome.history[0]
     with outcome.best_checkpoint.as_directory() as d:
-        blob = (torch.load(Path(d) / "model.pt", weights_only=False) if engine == "ddp" else
-                torch.load(next((Path(d) / "ds").glob("*model_states.pt")), weights_only=False))
+        blob = (
+            torch.load(Path(d) / "model.pt", weights_only=False)
+            if engine == "ddp"
+            else torch.load(next((Path(d) / "ds").glob("*model_states.pt")), weights_only=False)
+        )
         if engine == "zero2":  # #39.1: the vocabularies (module extra state) in our own weights-only file
             extra = torch.load(Path(d) / "extra_state.pt", weights_only=True)
             assert set(extra["_extra_state"]) == {"syntax", "tags"}
-    assert set(blob["extra_modules"]["discriminator"]) == {"linear.weight", "linear.bias"}  # D travels with it
+    assert set(blob["extra_modules"]["discriminator"]) == {
+        "linear.weight",
+        "linear.bias",
+    }  # D travels with it
     assert blob["extra_optimizers"]["discriminator"]["state"]  # and so does its optimiser
     out, report = export_and_test(method, cfg, outcome, tmp_path / "model", tasks=["stsb"])
     assert report.headline == "sts_avg_pearson_all"
@@ -320,20 +394,38 @@ def test_the_discriminator_is_saved_and_restored_with_the_checkpoint(tiny_bert_d
 
     cfg, model, dis, batcher = setup(tiny_bert_dir)
     opt_dis = torch.optim.AdamW(dis.parameters(), lr=1e-2)
-    stepper = common.Stepper(model, parameter_groups(model, cfg), lr=1e-4, schedule="constant", total_steps=10,
-                             grad_clip=1.0, extra_modules={"discriminator": dis},
-                             extra_optimizers={"discriminator": opt_dis})
-    loss, _ = main_loss(stepper.model, dis, batcher(ROWS, train=True), cfg, adversary_on=True, opt_dis=opt_dis)
+    stepper = common.Stepper(
+        model,
+        parameter_groups(model, cfg),
+        lr=1e-4,
+        schedule="constant",
+        total_steps=10,
+        grad_clip=1.0,
+        extra_modules={"discriminator": dis},
+        extra_optimizers={"discriminator": opt_dis},
+    )
+    loss, _ = main_loss(
+        stepper.model, dis, batcher(ROWS, train=True), cfg, adversary_on=True, opt_dis=opt_dis
+    )
     stepper.step(loss)
     stepper.save(tmp_path / "ckpt", {"step": 1})
     cfg, model2, dis2, _ = setup(tiny_bert_dir)
     torch.nn.init.zeros_(dis2.linear.weight)
     opt2 = torch.optim.AdamW(dis2.parameters(), lr=1e-2)
-    stepper2 = common.Stepper(model2, parameter_groups(model2, cfg), lr=1e-4, schedule="constant", total_steps=10,
-                              grad_clip=1.0, extra_modules={"discriminator": dis2},
-                              extra_optimizers={"discriminator": opt2})
+    stepper2 = common.Stepper(
+        model2,
+        parameter_groups(model2, cfg),
+        lr=1e-4,
+        schedule="constant",
+        total_steps=10,
+        grad_clip=1.0,
+        extra_modules={"discriminator": dis2},
+        extra_optimizers={"discriminator": opt2},
+    )
     assert stepper2.load(tmp_path / "ckpt") == {"step": 1}
-    assert torch.equal(dis2.linear.weight, dis.linear.weight) and torch.equal(dis2.linear.bias, dis.linear.bias)
+    assert torch.equal(dis2.linear.weight, dis.linear.weight) and torch.equal(
+        dis2.linear.bias, dis.linear.bias
+    )
     assert torch.equal(opt2.state_dict()["state"][0]["exp_avg"], opt_dis.state_dict()["state"][0]["exp_avg"])
     assert all(torch.equal(a, b) for a, b in zip(model2.parameters(), model.parameters(), strict=True))
 
@@ -369,8 +461,10 @@ def test_our_bshift_probe_swaps_adjacent_words_in_half_the_sentences(tmp_path):
     assert build_bshift(PTB_PROBES, out) == build_bshift(PTB_PROBES, out)  # seeded
     assert out.read_bytes() == BSHIFT.read_bytes()  # the shipped file is this builder's output
     rows = list(csv.DictReader(open(out, encoding="utf-8"), delimiter="\t", quoting=csv.QUOTE_NONE))
-    original = {r["sentence"] for r in csv.DictReader(open(PTB_PROBES, encoding="utf-8"), delimiter="\t",
-                                                      quoting=csv.QUOTE_NONE)}
+    original = {
+        r["sentence"]
+        for r in csv.DictReader(open(PTB_PROBES, encoding="utf-8"), delimiter="\t", quoting=csv.QUOTE_NONE)
+    }
     inverted = [r["sentence"] for r in rows if r["bshift"] == "I"]
     assert 0.45 < len(inverted) / len(rows) < 0.55
     assert sum(s not in original for s in inverted) > 0.95 * len(inverted)  # a swap changed the sentence
@@ -385,7 +479,9 @@ def test_an_unsupported_model_is_refused_with_one_clear_line(tmp_path, tiny_bart
     (t5 / "config.json").write_text('{"model_type": "t5", "architectures": ["T5Model"], "d_model": 16}')
     with pytest.raises(ConfigError, match="ParaBART needs a BART or BERT model folder .*model_type 't5'"):
         build_model(tiny(t5), Vocab([]), Vocab([]))
-    with pytest.raises(ConfigError, match="architecture 'bert2bert' needs a BERT-family model folder .*'bart'"):
+    with pytest.raises(
+        ConfigError, match="architecture 'bert2bert' needs a BERT-family model folder .*'bart'"
+    ):
         build_model(tiny(tiny_bart_dir, architecture="bert2bert"), Vocab([]), Vocab([]))
     with pytest.raises(ConfigError, match="decoder_layers 3: .* has only 2 decoder layers"):
         build_model(tiny(tiny_bart_dir, decoder_layers=3), Vocab([]), Vocab([]))
@@ -403,10 +499,22 @@ def tiny_bart_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("tiny") / "tiny-bart"
     tok = load_tokenizer("default")
     torch.manual_seed(0)
-    conf = BartConfig(vocab_size=tok.vocab_size, d_model=32, encoder_layers=2, decoder_layers=2,
-                      encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64,
-                      max_position_embeddings=128, pad_token_id=tok.pad_token_id, bos_token_id=tok.cls_token_id,
-                      eos_token_id=tok.sep_token_id, decoder_start_token_id=tok.cls_token_id, scale_embedding=True)
+    conf = BartConfig(
+        vocab_size=tok.vocab_size,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=128,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.cls_token_id,
+        eos_token_id=tok.sep_token_id,
+        decoder_start_token_id=tok.cls_token_id,
+        scale_embedding=True,
+    )
     BartForConditionalGeneration(conf).save_pretrained(out)
     tok.save_pretrained(out)
     return out
@@ -423,15 +531,23 @@ def test_a_bart_folder_gives_its_encoder_and_first_decoder_layers(tiny_bart_dir)
     dec = model.decoder.model.decoder
     assert len(dec.layers) == 1
     for n, p in bart.decoder.layers[0].state_dict().items():
-        assert torch.equal(dec.layers[0].state_dict()[n], p), n  # the first decoder layer, cross-attention included
+        assert torch.equal(dec.layers[0].state_dict()[n], p), (
+            n
+        )  # the first decoder layer, cross-attention included
     emb = model.sem.embed_tokens.weight
     assert dec.embed_tokens.weight is emb  # one vocabulary read by E_sem and the decoder
     assert model.decoder.get_output_embeddings().weight is not emb  # the output projection is its own
     lrs = lr_of(parameter_groups(model, cfg), model)
     assert all(lr == cfg.train.lr for n, lr in lrs.items() if n.startswith("sem."))  # BART's encoder = E_sem
     assert all(lr == cfg.lr_syntax_decoder for n, lr in lrs.items() if not n.startswith("sem."))
-    loss, logs = main_loss(model, dis, batcher(ROWS, train=True), cfg, adversary_on=True,
-                           opt_dis=torch.optim.AdamW(dis.parameters()))
+    loss, logs = main_loss(
+        model,
+        dis,
+        batcher(ROWS, train=True),
+        cfg,
+        adversary_on=True,
+        opt_dis=torch.optim.AdamW(dis.parameters()),
+    )
     loss.backward()
     assert torch.isfinite(loss) and model.sem.layers[0].fc1.weight.grad is not None
 
@@ -441,17 +557,23 @@ def test_bart_from_config_takes_the_bert_vocabulary_and_embeddings(tiny_bert_dir
 
     cfg, model, dis, batcher = setup(tiny_bert_dir, architecture="bart")
     bert = AutoModel.from_pretrained(tiny_bert_dir)
-    assert type(model.sem).__name__ == "BartEncoder" and len(model.sem.layers) == bert.config.num_hidden_layers
+    assert (
+        type(model.sem).__name__ == "BartEncoder" and len(model.sem.layers) == bert.config.num_hidden_layers
+    )
     assert torch.equal(model.sem.embed_tokens.weight, bert.embeddings.word_embeddings.weight)
     assert torch.equal(model.sem.embed_positions.weight[2:], bert.embeddings.position_embeddings.weight)
     assert model.decoder.get_input_embeddings().weight is model.sem.embed_tokens.weight
-    assert model.pretrained == {"sem.embed_tokens.weight", "sem.embed_positions.weight",
-                                "decoder.model.decoder.embed_positions.weight"}  # the rest is new
+    assert model.pretrained == {
+        "sem.embed_tokens.weight",
+        "sem.embed_positions.weight",
+        "decoder.model.decoder.embed_positions.weight",
+    }  # the rest is new
 
 
 @pytest.mark.parametrize("arch", ["bart-folder", "bart-from-bert"])
-def test_a_bart_model_exports_an_encoder_sentence_transformers_runs_as_an_encoder(arch, tiny_bart_dir, tiny_bert_dir,
-                                                                                 tmp_path):
+def test_a_bart_model_exports_an_encoder_sentence_transformers_runs_as_an_encoder(
+    arch, tiny_bart_dir, tiny_bert_dir, tmp_path
+):
     """ST has no BART encoder-only loader (it would run BART's decoder): the export must still give ū."""
     from sentence_transformers import SentenceTransformer
 
@@ -479,8 +601,9 @@ def test_a_bart_model_exports_an_encoder_sentence_transformers_runs_as_an_encode
     got = HFEncoder(enc, tok, pooling="mean", max_length=24).encode(ROWS["src"])
     assert torch.allclose(torch.tensor(got), ours, atol=1e-5)
     loaded, b2 = load_parabart(out)
-    assert generate(loaded, b2, ROWS["src"], ROWS["tgt_parse"], max_new_tokens=5) == \
-        generate(model, batcher, ROWS["src"], ROWS["tgt_parse"], max_new_tokens=5)
+    assert generate(loaded, b2, ROWS["src"], ROWS["tgt_parse"], max_new_tokens=5) == generate(
+        model, batcher, ROWS["src"], ROWS["tgt_parse"], max_new_tokens=5
+    )
 
 
 def test_a_hold_out_that_would_swallow_the_training_pairs_is_refused(tmp_path):
@@ -503,7 +626,10 @@ def test_the_bag_counts_brackets_and_root_and_the_target_starts_at_one():
     target adds one to every tag and normalises (``synt_bow``)."""
     from orchestrator.data import constituency as C
 
-    tree = ("S", [("NP", [("PRP", ["I"])]), ("VP", [("VBP", ["like"]), ("NP", [("NN", ["apples"])])]), (".", ["."])])
+    tree = (
+        "S",
+        [("NP", [("PRP", ["I"])]), ("VP", [("VBP", ["like"]), ("NP", [("NN", ["apples"])])]), (".", ["."])],
+    )
     bag = C.constituent_bag(tree)
     # (ROOT (S (NP (PRP)) (VP (VBP) (NP (NN))) (.))): 9 nodes with ROOT, each with an opening and a closing bracket
     assert bag == {"(": 9, ")": 9, "ROOT": 1, "S": 1, "NP": 2, "PRP": 1, "VP": 1, "VBP": 1, "NN": 1, ".": 1}
@@ -513,7 +639,9 @@ def test_the_bag_counts_brackets_and_root_and_the_target_starts_at_one():
     assert target[tags.index["("] - 2] == pytest.approx(10 / total)
     assert target[tags.index["DT"] - 2] == pytest.approx(1 / total)  # ones-smoothed
     assert target.sum() == pytest.approx(1.0)
-    shares = bag_targets([json.dumps(bag)], tags, "softmax")[0]  # the old form: label shares, no brackets / ROOT
+    shares = bag_targets([json.dumps(bag)], tags, "softmax")[
+        0
+    ]  # the old form: label shares, no brackets / ROOT
     assert shares[tags.index["("] - 2] == 0 and shares[tags.index["NP"] - 2] == pytest.approx(2 / 8)
 
 
@@ -539,27 +667,50 @@ def test_the_adversarial_loss_is_the_reference_formula_on_a_hand_computed_exampl
     assert bags.tolist() == [pytest.approx([3 / 6, 1 / 6, 2 / 6]), pytest.approx([1 / 6, 4 / 6, 1 / 6])]
     z = [[0.5, -1.0, 2.0], [0.0, 1.5, -0.5]]
     sig = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
-    by_hand = sum(-(t * math.log(sig(x)) + (1 - t) * math.log(1 - sig(x)))
-                  for zs, ts in zip(z, bags.tolist(), strict=True) for x, t in zip(zs, ts, strict=True)) / 6
+    by_hand = (
+        sum(
+            -(t * math.log(sig(x)) + (1 - t) * math.log(1 - sig(x)))
+            for zs, ts in zip(z, bags.tolist(), strict=True)
+            for x, t in zip(zs, ts, strict=True)
+        )
+        / 6
+    )
     assert float(adv_loss(torch.tensor(z), bags)) == pytest.approx(by_hand, rel=1e-6)
     # the average-bag guess: the best constant; a D at its loss knows nothing of the sentence
     mean = bags.mean(0)
-    const = sum(-(t * math.log(p) + (1 - t) * math.log(1 - p)) for ts in bags.tolist()
-                for p, t in zip(mean.tolist(), ts, strict=True)) / 6
+    const = (
+        sum(
+            -(t * math.log(p) + (1 - t) * math.log(1 - p))
+            for ts in bags.tolist()
+            for p, t in zip(mean.tolist(), ts, strict=True)
+        )
+        / 6
+    )
     assert average_bag_loss(bags) == pytest.approx(const, rel=1e-6)
     assert float(adv_loss(torch.logit(mean).expand(2, 3), bags)) == pytest.approx(const, rel=1e-5)
 
 
-def test_before_the_adversary_starts_d_is_fitted_and_no_adversarial_gradient_reaches_the_encoder(tiny_bert_dir):
+def test_before_the_adversary_starts_d_is_fitted_and_no_adversarial_gradient_reaches_the_encoder(
+    tiny_bert_dir,
+):
     def sem_grads(**kw):
         cfg, model, dis, batcher = setup(tiny_bert_dir, lambda_adv=1.0)
         model.eval()
         before = dis.linear.weight.detach().clone()
-        loss, logs = main_loss(model, dis, batcher(ROWS, train=False), cfg, opt_dis=torch.optim.SGD(dis.parameters(),
-                               lr=0.5), **kw)
+        loss, logs = main_loss(
+            model,
+            dis,
+            batcher(ROWS, train=False),
+            cfg,
+            opt_dis=torch.optim.SGD(dis.parameters(), lr=0.5),
+            **kw,
+        )
         loss.backward()
-        return ({n: p.grad.clone() for n, p in model.sem.named_parameters() if p.grad is not None},
-                not torch.equal(before, dis.linear.weight), logs)
+        return (
+            {n: p.grad.clone() for n, p in model.sem.named_parameters() if p.grad is not None},
+            not torch.equal(before, dis.linear.weight),
+            logs,
+        )
 
     warm, d_moved, logs = sem_grads(adversary_on=False, fit_discriminator=True)
     plain, d_idle, _ = sem_grads(adversary_on=False)
@@ -575,12 +726,20 @@ def test_the_checkpoint_is_chosen_on_the_paraphrase_loss_alone(tiny_bert_dir):
     from trainers.parabart_recipe import ParaBARTRecipe
 
     cfg, model, dis, batcher = setup(tiny_bert_dir)
-    assert cfg.selection == "valid_para_loss" and ParaBARTRecipe.selection_metric(cfg) == "neg_valid_loss_para"
+    assert (
+        cfg.selection == "valid_para_loss" and ParaBARTRecipe.selection_metric(cfg) == "neg_valid_loss_para"
+    )
     assert ParaBARTRecipe.selection_metric(tiny(tiny_bert_dir, selection="last")) is None
-    got = {lam: validation_loss(model, dis, batcher, ROWS, tiny(tiny_bert_dir, lambda_adv=lam), adversary_on=True)
-           for lam in (0.0, 5.0)}
+    got = {
+        lam: validation_loss(
+            model, dis, batcher, ROWS, tiny(tiny_bert_dir, lambda_adv=lam), adversary_on=True
+        )
+        for lam in (0.0, 5.0)
+    }
     assert got[0.0]["neg_valid_loss_para"] == got[5.0]["neg_valid_loss_para"] == -got[0.0]["valid_loss_para"]
-    assert got[5.0]["valid_loss"] < got[0.0]["valid_loss"]  # the reference's printed L_para − λ·L_adv: not chosen on
+    assert (
+        got[5.0]["valid_loss"] < got[0.0]["valid_loss"]
+    )  # the reference's printed L_para − λ·L_adv: not chosen on
     v = got[0.0]
     assert v["valid_loss_adv_average_bag"] > 0 and v["u_norm_mean"] > 0 and -1 <= v["u_cosine_mean"] <= 1
     assert v["u_cosine_mean"] != 1.0
@@ -591,8 +750,9 @@ def test_a_frozen_encoder_stays_bit_identical_for_n_steps_then_moves(tiny_bert_d
     from trainers.parabart import hold_encoder
 
     cfg, model, dis, batcher = setup(tiny_bert_dir, freeze_encoder_steps=2)
-    stepper = common.Stepper(model, parameter_groups(model, cfg), lr=1e-3, schedule="constant", total_steps=10,
-                             grad_clip=1.0)
+    stepper = common.Stepper(
+        model, parameter_groups(model, cfg), lr=1e-3, schedule="constant", total_steps=10, grad_clip=1.0
+    )
     sem0 = {n: p.detach().clone() for n, p in model.sem.named_parameters()}
     new0 = {n: p.detach().clone() for n, p in model.syn.named_parameters()}
     b = batcher(ROWS, train=True)
@@ -602,7 +762,9 @@ def test_a_frozen_encoder_stays_bit_identical_for_n_steps_then_moves(tiny_bert_d
         stepper.step(loss)
         same = all(torch.equal(sem0[n], p) for n, p in model.sem.named_parameters())
         assert same == (step < 2), step
-        assert any(not torch.equal(new0[n], p) for n, p in model.syn.named_parameters())  # the new parts learn
+        assert any(
+            not torch.equal(new0[n], p) for n, p in model.syn.named_parameters()
+        )  # the new parts learn
     with pytest.raises(ValueError, match="freeze_encoder_steps"):
         tiny(tiny_bert_dir, freeze_encoder_steps=2, deepspeed={"stage": 2})
 

@@ -15,14 +15,28 @@ from trainers import common
 from trainers.ingest import Ingest
 from trainers.sifter_simcse import ContrastiveConfig, build_model, compute_loss
 
-X = ["a man is playing a guitar .", "the cat sat on the mat .", "she reads a long book .", "dogs run in the park ."]
+X = [
+    "a man is playing a guitar .",
+    "the cat sat on the mat .",
+    "she reads a long book .",
+    "dogs run in the park .",
+]
 ROOT = Path(__file__).resolve().parents[1]
-BATCH = {"text": X, "backbone_view": [x + " man" for x in X], "deletion_view": [x.replace("the ", "") for x in X]}
+BATCH = {
+    "text": X,
+    "backbone_view": [x + " man" for x in X],
+    "deletion_view": [x.replace("the ", "") for x in X],
+}
 
 
 def cfg_for(model_dir, **perf) -> ContrastiveConfig:
-    return ContrastiveConfig.model_validate({"model": {"name_or_path": str(model_dir), "max_length": 16,
-                                                       "pooling": "cls"}, "dropout": 0.0, "perf": perf})
+    return ContrastiveConfig.model_validate(
+        {
+            "model": {"name_or_path": str(model_dir), "max_length": 16, "pooling": "cls"},
+            "dropout": 0.0,
+            "perf": perf,
+        }
+    )
 
 
 def loss_of(model_dir, **perf) -> float:
@@ -51,8 +65,9 @@ def one_step(model_dir, fused: bool):
     torch.manual_seed(0)
     cfg = cfg_for(model_dir)
     model, tok = build_model(cfg)
-    stepper = common.Stepper(model, model.parameters(), lr=1e-3, schedule="constant", total_steps=5,
-                             grad_clip=None, fused=fused)
+    stepper = common.Stepper(
+        model, model.parameters(), lr=1e-3, schedule="constant", total_steps=5, grad_clip=None, fused=fused
+    )
     loss, _ = compute_loss(stepper.model, tok, BATCH, cfg)
     stepper.step(loss)
     return stepper, {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -67,7 +82,9 @@ def test_fused_adamw_updates_like_the_plain_one(tiny_bert_dir):
     # auto: fused on CPU too (the optimiser step 4x faster there: bench/results/cpu_step.md); off when asked
     model, _ = build_model(cfg_for(tiny_bert_dir))
     assert common.make_stepper(model, cfg_for(tiny_bert_dir), 64).optimizer.defaults["fused"] is True
-    assert not common.make_stepper(model, cfg_for(tiny_bert_dir, fused_adamw="off"), 64).optimizer.defaults["fused"]
+    assert not common.make_stepper(model, cfg_for(tiny_bert_dir, fused_adamw="off"), 64).optimizer.defaults[
+        "fused"
+    ]
 
 
 def test_torch_compile_gives_the_same_loss(tiny_bert_dir):
@@ -75,9 +92,18 @@ def test_torch_compile_gives_the_same_loss(tiny_bert_dir):
     cfg = cfg_for(tiny_bert_dir, compile=True, compile_backend="aot_eager")
     model, tok = build_model(cfg)
     eager_loss, _ = compute_loss(model, tok, BATCH, cfg)
-    stepper = common.Stepper(model, model.parameters(), lr=1e-3, schedule="constant", total_steps=5,
-                             grad_clip=None, compile_backend=cfg.perf.compile_backend)
-    assert stepper.model is not model and stepper.module is model  # compiled forward, plain module for eval/export
+    stepper = common.Stepper(
+        model,
+        model.parameters(),
+        lr=1e-3,
+        schedule="constant",
+        total_steps=5,
+        grad_clip=None,
+        compile_backend=cfg.perf.compile_backend,
+    )
+    assert (
+        stepper.model is not model and stepper.module is model
+    )  # compiled forward, plain module for eval/export
     compiled_loss, _ = compute_loss(stepper.model, tok, BATCH, cfg)
     assert compiled_loss.item() == pytest.approx(eager_loss.item(), abs=1e-5)
     stepper.step(compiled_loss)  # and it trains
@@ -115,23 +141,31 @@ def test_a_reader_error_surfaces_on_the_training_thread(ray_cluster):
     def broken(row):
         raise ValueError("bad row in shard 3")
 
-    ingest = Ingest(4, epochs=1, depth=2, shard=ray.data.from_items([{"text": "x"}] * 8).map(broken).iterator())
+    ingest = Ingest(
+        4, epochs=1, depth=2, shard=ray.data.from_items([{"text": "x"}] * 8).map(broken).iterator()
+    )
     with pytest.raises(Exception, match="bad row in shard 3"):
         texts_of(ingest, 0)
 
 
-def test_a_small_corpus_is_read_once_before_the_workers_and_a_large_one_streams(ray_cluster, tiny_shards,
-                                                                                tiny_bert_dir, tmp_path):
+def test_a_small_corpus_is_read_once_before_the_workers_and_a_large_one_streams(
+    ray_cluster, tiny_shards, tiny_bert_dir, tmp_path
+):
     from ray.data.dataset import MaterializedDataset
 
     from orchestrator.drivers.registry import get_method
     from orchestrator.drivers.train import build_trainer
 
     def trainer(workers, **perf):
-        cfg = ContrastiveConfig.model_validate({
-            "model": {"name_or_path": str(tiny_bert_dir), "max_length": 16, "pooling": "cls"},
-            "train": {"batch_size": 8}, "scaling": {"num_workers": workers, "cpus_per_worker": 1},
-            "run": {"storage": str(tmp_path / "store")}, "perf": perf})
+        cfg = ContrastiveConfig.model_validate(
+            {
+                "model": {"name_or_path": str(tiny_bert_dir), "max_length": 16, "pooling": "cls"},
+                "train": {"batch_size": 8},
+                "scaling": {"num_workers": workers, "cpus_per_worker": 1},
+                "run": {"storage": str(tmp_path / "store")},
+                "perf": perf,
+            }
+        )
         return build_trainer(get_method("sifter_simcse"), cfg, tiny_shards, name="ingest")
 
     one = trainer(1)
@@ -160,10 +194,15 @@ def test_a_small_corpus_read_in_process_holds_what_ray_datas_read_held(ray_clust
 
     fs, path = storage.pyarrow_filesystem(storage.join(storage.resolve_build(tiny_shards), "shards"))
     cols = ["text", "deletion_view"]
-    ours, theirs = read_in_process(fs, path, cols), ray.data.read_parquet(path).select_columns(cols).materialize()
+    ours, theirs = (
+        read_in_process(fs, path, cols),
+        ray.data.read_parquet(path).select_columns(cols).materialize(),
+    )
 
     def texts(it) -> list[str]:
-        return [t for b in it.iter_batches(batch_size=8, drop_last=True, batch_format="numpy") for t in b["text"]]
+        return [
+            t for b in it.iter_batches(batch_size=8, drop_last=True, batch_format="numpy") for t in b["text"]
+        ]
 
     def split(ds) -> list[list[str]]:  # as Ray Train hands 2 workers their shards
         its, out = ds.streaming_split(2, equal=True), [None, None]
@@ -181,8 +220,11 @@ def test_a_small_corpus_read_in_process_holds_what_ray_datas_read_held(ray_clust
 
     folder = tmp_path / "shards"
     folder.mkdir()
-    for name, rows in [("000001-0000.parquet", ["c", "d"]), ("000000-0000.parquet", ["a", "b"]),
-                       ("000002-0000.parquet", ["e"])]:
+    for name, rows in [
+        ("000001-0000.parquet", ["c", "d"]),
+        ("000000-0000.parquet", ["a", "b"]),
+        ("000002-0000.parquet", ["e"]),
+    ]:
         pq.write_table(pa.table({"text": rows, "other": [0] * len(rows)}), folder / name)
     (folder / "_SUCCESS").write_text("")
     several = read_in_process(pafs.LocalFileSystem(), str(folder), ["text"])
@@ -216,6 +258,7 @@ def test_beside_gives_the_value_or_the_error_and_restores_the_threads():
     job = Beside(lambda: seen.append(torch.get_num_threads()) or 42, threads=1)
     assert job.result() == 42 and seen == [1]  # at the threads it was given
     assert torch.get_num_threads() == before
+
     def failing():
         raise ValueError("bad eval file")
 
@@ -227,8 +270,12 @@ def test_idle_cores_are_the_cores_a_run_leaves_free():
     from orchestrator.drivers.train import idle_cores
 
     def cfg(workers, cpus, gpu=False):
-        return ContrastiveConfig.model_validate({"model": {"name_or_path": "m"}, "scaling": {
-            "num_workers": workers, "cpus_per_worker": cpus, "use_gpu": gpu}})
+        return ContrastiveConfig.model_validate(
+            {
+                "model": {"name_or_path": "m"},
+                "scaling": {"num_workers": workers, "cpus_per_worker": cpus, "use_gpu": gpu},
+            }
+        )
 
     cores = torch.get_num_threads()
     assert idle_cores(cfg(1, 1)) == cores - 1  # ParaBART's smoke preset: one 1-CPU worker
@@ -241,12 +288,18 @@ def test_the_base_measured_beside_training_is_the_base_measured_alone(tiny_bert_
     from orchestrator.drivers.train import Beside, measure_bases
 
     spec = get_method("simcse")
-    cfg = spec.config_cls.model_validate({"method": "simcse", "model": {"name_or_path": str(tiny_bert_dir),
-                                                                        "pooling": "mean"},
-                                          "eval": {"tasks": ["stsb"], "max_length": 32}})
+    cfg = spec.config_cls.model_validate(
+        {
+            "method": "simcse",
+            "model": {"name_or_path": str(tiny_bert_dir), "pooling": "mean"},
+            "eval": {"tasks": ["stsb"], "max_length": 32},
+        }
+    )
     alone = measure_bases(spec, cfg)
     beside = Beside(lambda: measure_bases(spec, cfg), threads=1).result()
-    assert [(b.label, b.dev, b.test.metrics) for b in beside] == [(b.label, b.dev, b.test.metrics) for b in alone]
+    assert [(b.label, b.dev, b.test.metrics) for b in beside] == [
+        (b.label, b.dev, b.test.metrics) for b in alone
+    ]
 
 
 def test_the_callback_a_trial_controller_unpickles_imports_no_torch_transformers_or_mlflow():
@@ -259,9 +312,16 @@ def test_the_callback_a_trial_controller_unpickles_imports_no_torch_transformers
 
     from orchestrator.drivers.recording import RecordingTuneReportCallback
 
-    code = ("import pickle, sys; pickle.loads(sys.stdin.buffer.read()); "
-            "print(sorted({'torch', 'transformers', 'mlflow', 'scipy', 'orchestrator.drivers.train'} & set(sys.modules)))")
-    res = subprocess.run([sys.executable, "-c", code], input=cloudpickle.dumps(RecordingTuneReportCallback),
-                         capture_output=True, timeout=120, cwd=ROOT)
+    code = (
+        "import pickle, sys; pickle.loads(sys.stdin.buffer.read()); "
+        "print(sorted({'torch', 'transformers', 'mlflow', 'scipy', 'orchestrator.drivers.train'} & set(sys.modules)))"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        input=cloudpickle.dumps(RecordingTuneReportCallback),
+        capture_output=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.decode().strip() == "[]"

@@ -19,7 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def siamese_main():
     sys.path.insert(0, str(ROOT / "jobs"))
     try:
-        spec = importlib.util.spec_from_file_location("siamese_experiments_job", ROOT / "jobs" / "siamese_experiments.py")
+        spec = importlib.util.spec_from_file_location(
+            "siamese_experiments_job", ROOT / "jobs" / "siamese_experiments.py"
+        )
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     finally:
@@ -28,8 +30,10 @@ def siamese_main():
 
 
 JOBS = {
-    **{f"sweep:{d}": (lambda d=d: sweep_job.main("doc", d), [])
-       for d in sorted(p.stem for p in (ROOT / "jobs").glob("*_sweep.py"))},
+    **{
+        f"sweep:{d}": (lambda d=d: sweep_job.main("doc", d), [])
+        for d in sorted(p.stem for p in (ROOT / "jobs").glob("*_sweep.py"))
+    },
     **{f"train:{m}": (lambda: train_job.main("doc"), ["--method", m]) for m in method_names()},
     "siamese_experiments": (lambda: siamese_main()(), []),
     "compare": (lambda: compare.main("doc"), []),
@@ -53,9 +57,13 @@ def test_print_config_round_trips(job, tmp_path, monkeypatch, capsys):
     assert printed(monkeypatch, capsys, run, [*extra, "--config", str(tmp_path / "job.yaml")]) == first
     # an override on top of the printed file still applies (the file is a config, not a frozen dump)
     key = "base.train.seed=7" if job == "siamese_experiments" else "train.seed=7"
-    again = yaml.safe_load(printed(monkeypatch, capsys, run, [*extra, "--config", str(tmp_path / "job.yaml"), key]))
+    again = yaml.safe_load(
+        printed(monkeypatch, capsys, run, [*extra, "--config", str(tmp_path / "job.yaml"), key])
+    )
     if job == "compare":  # every arm's config
         seed = {a["config"]["train"]["seed"] for a in again["arms"].values()}.pop()
     else:
-        seed = again["base"]["train"]["seed"] if job.startswith(("sweep", "siamese")) else again["train"]["seed"]
+        seed = (
+            again["base"]["train"]["seed"] if job.startswith(("sweep", "siamese")) else again["train"]["seed"]
+        )
     assert seed == 7

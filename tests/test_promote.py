@@ -12,8 +12,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def promote(cwd, *args):
-    return subprocess.run([sys.executable, str(ROOT / "jobs" / "promote.py"), "--model", "enc", *args],
-                          capture_output=True, text=True, cwd=cwd, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "jobs" / "promote.py"), "--model", "enc", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=300,
+    )
 
 
 @pytest.mark.slow
@@ -55,8 +60,9 @@ def test_promote_moves_champion_and_refuses_worse(embedded_tracking, tiny_bert_d
 
 
 @pytest.mark.slow
-def test_a_champion_set_through_the_rest_api_is_what_the_next_job_reads(mlflow_server, tiny_bert_dir, tmp_path,
-                                                                         monkeypatch):
+def test_a_champion_set_through_the_rest_api_is_what_the_next_job_reads(
+    mlflow_server, tiny_bert_dir, tmp_path, monkeypatch
+):
     """#20: promotion where the MLflow UI does it - its REST call moves @champion - and a job that reads
     ``models:/enc@champion`` gets that version (and can log its scores to the version's run)."""
     import json
@@ -71,18 +77,51 @@ def test_a_champion_set_through_the_rest_api_is_what_the_next_job_reads(mlflow_s
     v1 = tracking.register(info.model_uri, "rest-enc", tags={"test_score": "0.5"})
     v2 = tracking.register(info.model_uri, "rest-enc", tags={"test_score": "0.6"})
     body = json.dumps({"name": "rest-enc", "alias": "champion", "version": str(v2)}).encode()
-    req = urllib.request.Request(f"{mlflow_server}/api/2.0/mlflow/registered-models/alias", data=body,
-                                 headers={"Content-Type": "application/json"}, method="POST")
+    req = urllib.request.Request(
+        f"{mlflow_server}/api/2.0/mlflow/registered-models/alias",
+        data=body,
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
     with urllib.request.urlopen(req, timeout=30) as resp:
         assert resp.status == 200
     assert tracking.alias_version("rest-enc", "champion") == v2 != v1
-    res = subprocess.run([sys.executable, str(ROOT / "jobs" / "evaluate.py"), "--model", "models:/rest-enc@champion",
-                          "--tracking-uri", mlflow_server, "--tasks", "stsb", "--log-to-run", "--no-progress"],
-                         capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "jobs" / "evaluate.py"),
+            "--model",
+            "models:/rest-enc@champion",
+            "--tracking-uri",
+            mlflow_server,
+            "--tasks",
+            "stsb",
+            "--log-to-run",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
-    assert "pooling: mean (the model's own)" in res.stdout and f"logged to run {run.info.run_id}" in res.stdout
-    direct = subprocess.run([sys.executable, str(ROOT / "jobs" / "evaluate.py"), "--model", str(tiny_bert_dir),
-                             "--tasks", "stsb", "--no-progress"], capture_output=True, text=True, timeout=300)
+    assert (
+        "pooling: mean (the model's own)" in res.stdout and f"logged to run {run.info.run_id}" in res.stdout
+    )
+    direct = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "jobs" / "evaluate.py"),
+            "--model",
+            str(tiny_bert_dir),
+            "--tasks",
+            "stsb",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     row = next(ln for ln in res.stdout.splitlines() if ln.startswith("| stsb |"))
     assert row in direct.stdout  # the champion's folder is the tiny model's: the same scores
     logged = mlflow.MlflowClient().get_run(run.info.run_id).data.metrics
@@ -91,18 +130,51 @@ def test_a_champion_set_through_the_rest_api_is_what_the_next_job_reads(mlflow_s
 
     # #38.1: promote.py stands behind v2; the UI's alias editor (its REST call) then moves @champion to the worse
     # v1, skipping promote.py's check: the next job that reads @champion says so in one line, and still runs
-    ok = subprocess.run([sys.executable, str(ROOT / "jobs" / "promote.py"), "--model", "rest-enc", "--version", str(v2),
-                         "--tracking-uri", mlflow_server], capture_output=True, text=True, timeout=300)
+    ok = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "jobs" / "promote.py"),
+            "--model",
+            "rest-enc",
+            "--version",
+            str(v2),
+            "--tracking-uri",
+            mlflow_server,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert ok.returncode == 0, ok.stderr[-2000:]
     body = json.dumps({"name": "rest-enc", "alias": "champion", "version": str(v1)}).encode()
-    req = urllib.request.Request(f"{mlflow_server}/api/2.0/mlflow/registered-models/alias", data=body,
-                                 headers={"Content-Type": "application/json"}, method="POST")
+    req = urllib.request.Request(
+        f"{mlflow_server}/api/2.0/mlflow/registered-models/alias",
+        data=body,
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
     with urllib.request.urlopen(req, timeout=30) as resp:
         assert resp.status == 200
-    res = subprocess.run([sys.executable, str(ROOT / "jobs" / "evaluate.py"), "--model", "models:/rest-enc@champion",
-                          "--tracking-uri", mlflow_server, "--tasks", "stsb", "--no-progress"],
-                         capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "jobs" / "evaluate.py"),
+            "--model",
+            "models:/rest-enc@champion",
+            "--tracking-uri",
+            mlflow_server,
+            "--tasks",
+            "stsb",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     warnings = [ln for ln in res.stdout.splitlines() if ln.startswith("warning:")]
-    assert warnings == [f"warning: rest-enc@champion is v{v1} (test_score 0.5000), set outside jobs/promote.py; it "
-                        f"scores below v{v2} (0.6000), the champion promote.py had set"]
+    assert warnings == [
+        f"warning: rest-enc@champion is v{v1} (test_score 0.5000), set outside jobs/promote.py; it "
+        f"scores below v{v2} (0.6000), the champion promote.py had set"
+    ]

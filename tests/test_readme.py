@@ -24,11 +24,15 @@ def own_data_commands() -> list[list[str]]:
 @pytest.mark.slow
 def test_the_own_data_commands_are_accepted_as_written():
     commands = own_data_commands()
-    assert {c[1] for c in commands} == {"jobs/train.py", "jobs/evaluate.py", "jobs/compare.py"} and len(commands) == 4
+    assert {c[1] for c in commands} == {"jobs/train.py", "jobs/evaluate.py", "jobs/compare.py"} and len(
+        commands
+    ) == 4
     for cmd in commands:
         args = [sys.executable, *cmd[1:]]
         if cmd[1] == "jobs/evaluate.py":  # no --print-config: its flags exist
-            helptext = subprocess.run([sys.executable, cmd[1], "--help"], cwd=ROOT, capture_output=True, text=True).stdout
+            helptext = subprocess.run(
+                [sys.executable, cmd[1], "--help"], cwd=ROOT, capture_output=True, text=True
+            ).stdout
             assert all(f in helptext for f in cmd[2:] if f.startswith("--")), cmd
             continue
         res = subprocess.run([*args, "--print-config"], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -26,74 +26,183 @@ def catalogue(tmp: Path, tiny: Path) -> list[tuple[str, list[str], str]]:
     cfg = write(tmp, "bad_key.yaml", "method: simcse\ntrain:\n  lrr: 1\n")
     gpt = tmp / "gpt"
     gpt.mkdir(exist_ok=True)
-    (gpt / "config.json").write_text('{"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 1}')
-    ev, tr, sw, au, ex = (str(JOBS / n) for n in ("evaluate.py", "train.py", "sifter_sweep.py", "augment_corpus.py",
-                                                  "siamese_experiments.py"))
+    (gpt / "config.json").write_text(
+        '{"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 1}'
+    )
+    ev, tr, sw, au, ex = (
+        str(JOBS / n)
+        for n in ("evaluate.py", "train.py", "sifter_sweep.py", "augment_corpus.py", "siamese_experiments.py")
+    )
     tsv_missing = write(tmp, "nocol.tsv", "sentence1\tsentence2\na\tb\n")
     tsv_nan = write(tmp, "nan.tsv", "sentence1\tsentence2\tscore\na\tb\thigh\n")
     tsv_empty = write(tmp, "empty.tsv", "")
     tsv_utf8 = write(tmp, "utf8.tsv", b"sentence1\tsentence2\tscore\n\xff\tb\t1\n")
     tsv_one = write(tmp, "one.tsv", "sentence1\tsentence2\tscore\na\tb\t1\n")
-    tsv_flat = write(tmp, "flat.tsv", "\ufeffsentence1\tsentence2\tscore\na\tb\t3\nc\td\t3\n")  # BOM + constant
+    tsv_flat = write(
+        tmp, "flat.tsv", "\ufeffsentence1\tsentence2\tscore\na\tb\t3\nc\td\t3\n"
+    )  # BOM + constant
     cmp = str(JOBS / "compare.py")
-    arms = ("arms:\n  a: {method: simcse, config: configs/simcse/smoke.yaml}\n"
-            "  b: {method: sifter_simcse, config: configs/sifter_simcse/smoke.yaml, overrides: {train.max_steps: 80}}\n")
+    arms = (
+        "arms:\n  a: {method: simcse, config: configs/simcse/smoke.yaml}\n"
+        "  b: {method: sifter_simcse, config: configs/sifter_simcse/smoke.yaml, overrides: {train.max_steps: 80}}\n"
+    )
     unequal = write(tmp, "unequal.yaml", "seeds: [1, 2]\n" + arms)
     typo = write(tmp, "typo.yaml", "seeds: [1, 2]\nrefrence: a\n" + arms)
     (tmp / "st" / "train" / "taken").mkdir(parents=True, exist_ok=True)  # an earlier run's checkpoints
     return [
-        ("train: a name already used", [tr, "--method", "simcse", "--name", "taken", "--storage", str(tmp / "st")],
-         "--name 'taken': a run of that name exists at"),
-        ("data: missing corpus, before Ray", [tr, "--method", "simcse", f"data.corpus={tmp / 'nope.txt'}"],
-         "data.corpus: " + str(tmp / "nope.txt") + ": no such file or folder"),
-        ("data: missing labelled set", [tr, "--method", "sifter_lstm", "data.dev=data/sst2/nope.tsv"],
-         "data.dev: data/sst2/nope.tsv: no such file or folder"),
-        ("config: unknown key", [tr, "--method", "simcse", "--config", cfg], "bad_key.yaml: train.lrr: unknown key"),
-        ("config: wrong type", [tr, "--method", "simcse", "train.lr=fast"], "train.lr: Input should be a valid number"),
-        ("config: negative lambda", [tr, "--method", "sifter_simcse", "lambda_xy=-1"], "lambda_xy: Input should be greater than or equal to 0"),
-        ("config: no lambda", [tr, "--method", "sifter_simcse", "lambda_xy=0", "lambda_xz=0", "lambda_yz=0"], "at least one of lambda_xx"),
-        ("config: dropout outside [0,1)", [tr, "--method", "simcse", "dropout=1.5"], "dropout: Input should be less than 1"),
-        ("config: missing file", [tr, "--method", "simcse", "--config", str(tmp / "nope.yaml")], "nope.yaml: config file not found"),
+        (
+            "train: a name already used",
+            [tr, "--method", "simcse", "--name", "taken", "--storage", str(tmp / "st")],
+            "--name 'taken': a run of that name exists at",
+        ),
+        (
+            "data: missing corpus, before Ray",
+            [tr, "--method", "simcse", f"data.corpus={tmp / 'nope.txt'}"],
+            "data.corpus: " + str(tmp / "nope.txt") + ": no such file or folder",
+        ),
+        (
+            "data: missing labelled set",
+            [tr, "--method", "sifter_lstm", "data.dev=data/sst2/nope.tsv"],
+            "data.dev: data/sst2/nope.tsv: no such file or folder",
+        ),
+        (
+            "config: unknown key",
+            [tr, "--method", "simcse", "--config", cfg],
+            "bad_key.yaml: train.lrr: unknown key",
+        ),
+        (
+            "config: wrong type",
+            [tr, "--method", "simcse", "train.lr=fast"],
+            "train.lr: Input should be a valid number",
+        ),
+        (
+            "config: negative lambda",
+            [tr, "--method", "sifter_simcse", "lambda_xy=-1"],
+            "lambda_xy: Input should be greater than or equal to 0",
+        ),
+        (
+            "config: no lambda",
+            [tr, "--method", "sifter_simcse", "lambda_xy=0", "lambda_xz=0", "lambda_yz=0"],
+            "at least one of lambda_xx",
+        ),
+        (
+            "config: dropout outside [0,1)",
+            [tr, "--method", "simcse", "dropout=1.5"],
+            "dropout: Input should be less than 1",
+        ),
+        (
+            "config: missing file",
+            [tr, "--method", "simcse", "--config", str(tmp / "nope.yaml")],
+            "nope.yaml: config file not found",
+        ),
         ("config: unknown method", [tr, "--method", "bart"], "unknown method 'bart'"),
-        ("config: unknown preset", [tr, "--method", "simcse", "--preset", "huge"], "huge.yaml: config file not found"),
+        (
+            "config: unknown preset",
+            [tr, "--method", "simcse", "--preset", "huge"],
+            "huge.yaml: config file not found",
+        ),
         ("config: malformed override", [tr, "--method", "simcse", "train.lr"], "expected key=value"),
-        ("config: a list key given one word", [tr, "--method", "simcse", "eval.tasks=stsb"],
-         "eval.tasks: Input should be a valid list (got 'stsb'); a list is written in brackets: 'eval.tasks=[a, b]'"),
-        ("config: grad_cache's mini-batch not dividing the batch", [tr, "--method", "simcse",
-                                                                    "train.grad_cache.mini_batch=24"],
-         "train: grad_cache.mini_batch (24) must divide the per-worker train.batch_size (32)"),
-        ("config: grad_cache on a method that cannot cache", [tr, "--method", "tsdae", "train.grad_cache.mini_batch=2"],
-         "train.grad_cache: tsdae cannot cache gradients"),
+        (
+            "config: a list key given one word",
+            [tr, "--method", "simcse", "eval.tasks=stsb"],
+            "eval.tasks: Input should be a valid list (got 'stsb'); a list is written in brackets: 'eval.tasks=[a, b]'",
+        ),
+        (
+            "config: grad_cache's mini-batch not dividing the batch",
+            [tr, "--method", "simcse", "train.grad_cache.mini_batch=24"],
+            "train: grad_cache.mini_batch (24) must divide the per-worker train.batch_size (32)",
+        ),
+        (
+            "config: grad_cache on a method that cannot cache",
+            [tr, "--method", "tsdae", "train.grad_cache.mini_batch=2"],
+            "train.grad_cache: tsdae cannot cache gradients",
+        ),
         ("sweep: unknown space key", [sw, "sweep.space={nope: {grid: [1]}}"], "sweep.space.nope=1"),
         ("sweep: resume without name", [sw, "--resume"], "--resume needs --name"),
-        ("sweep: a float range on an integer key", [sw, "sweep.space={train.eval_steps: {uniform: [10, 20]}}"],
-         "sweep.space.train.eval_steps=13.7"),
-        ("compare: arms on unequal steps", [cmp, "--config", unequal], "arm 'b' differs from arm 'a' in the step budget"),
+        (
+            "sweep: a float range on an integer key",
+            [sw, "sweep.space={train.eval_steps: {uniform: [10, 20]}}"],
+            "sweep.space.train.eval_steps=13.7",
+        ),
+        (
+            "compare: arms on unequal steps",
+            [cmp, "--config", unequal],
+            "arm 'b' differs from arm 'a' in the step budget",
+        ),
         ("compare: unknown key", [cmp, "--config", typo], "typo.yaml: refrence: unknown key"),
-        ("compare: resume without name", [cmp, "--resume"], "--resume needs --name (the comparison to continue)"),
+        (
+            "compare: resume without name",
+            [cmp, "--resume"],
+            "--resume needs --name (the comparison to continue)",
+        ),
         ("experiments: resume without name", [ex, "--resume"], "--resume needs --name"),
-        ("experiments: resume of nothing", [ex, "--name", "never", "--resume", "--storage", str(tmp / "st")],
-         "--resume: no experiments 'never' at"),
-        ("corpus: missing input", [au, "--input", str(tmp / "none.txt"), "--output", str(tmp / "o")], "none.txt: no such input file or directory"),
-        ("corpus: bad parser", [au, "--output", str(tmp / "o"), "parser.kind=udpipe"], "parser.kind: String should match pattern"),
-        ("eval: missing column", [ev, "--sts-file", tsv_missing, "--tasks", ""], "nocol.tsv:1: missing column(s) score"),
-        ("eval: non-numeric score", [ev, "--sts-file", tsv_nan, "--tasks", ""], "nan.tsv:2: score 'high' is not a number"),
+        (
+            "experiments: resume of nothing",
+            [ex, "--name", "never", "--resume", "--storage", str(tmp / "st")],
+            "--resume: no experiments 'never' at",
+        ),
+        (
+            "corpus: missing input",
+            [au, "--input", str(tmp / "none.txt"), "--output", str(tmp / "o")],
+            "none.txt: no such input file or directory",
+        ),
+        (
+            "corpus: bad parser",
+            [au, "--output", str(tmp / "o"), "parser.kind=udpipe"],
+            "parser.kind: String should match pattern",
+        ),
+        (
+            "eval: missing column",
+            [ev, "--sts-file", tsv_missing, "--tasks", ""],
+            "nocol.tsv:1: missing column(s) score",
+        ),
+        (
+            "eval: non-numeric score",
+            [ev, "--sts-file", tsv_nan, "--tasks", ""],
+            "nan.tsv:2: score 'high' is not a number",
+        ),
         ("eval: empty file", [ev, "--sts-file", tsv_empty, "--tasks", ""], "empty.tsv: empty file"),
         ("eval: invalid UTF-8", [ev, "--sts-file", tsv_utf8, "--tasks", ""], "utf8.tsv:2: not valid UTF-8"),
         ("eval: unknown task", [ev, "--tasks", "sts99"], "--tasks: unknown task(s) sts99"),
-        ("eval: --json is a folder", [ev, "--tasks", "stsb", "--json", str(tmp)], "is a folder; give a file path"),
-        ("eval: --json under a file", [ev, "--tasks", "stsb", "--json", str(tmp / "one.tsv" / "x.json")],
-         "one.tsv is a file, not a folder"),
+        (
+            "eval: --json is a folder",
+            [ev, "--tasks", "stsb", "--json", str(tmp)],
+            "is a folder; give a file path",
+        ),
+        (
+            "eval: --json under a file",
+            [ev, "--tasks", "stsb", "--json", str(tmp / "one.tsv" / "x.json")],
+            "one.tsv is a file, not a folder",
+        ),
         ("eval: empty --model", [ev, "--model", " "], "--model is empty"),
-        ("eval: one pair", [ev, "--sts-file", tsv_one, "--tasks", ""], "one.tsv: 1 pair: a correlation needs at least 2"),
-        ("eval: constant scores (and a BOM)", [ev, "--sts-file", tsv_flat, "--tasks", ""],
-         "flat.tsv: every score is 3: a correlation with constant scores is undefined"),
-        ("model: hub id offline", [ev, "--model", "bert-base-uncased"], "model 'bert-base-uncased': not a local folder"),
+        (
+            "eval: one pair",
+            [ev, "--sts-file", tsv_one, "--tasks", ""],
+            "one.tsv: 1 pair: a correlation needs at least 2",
+        ),
+        (
+            "eval: constant scores (and a BOM)",
+            [ev, "--sts-file", tsv_flat, "--tasks", ""],
+            "flat.tsv: every score is 3: a correlation with constant scores is undefined",
+        ),
+        (
+            "model: hub id offline",
+            [ev, "--model", "bert-base-uncased"],
+            "model 'bert-base-uncased': not a local folder",
+        ),
         ("model: missing folder", [ev, "--model", str(tmp / "no" / "model")], "no such folder"),
         ("model: wrong architecture", [ev, "--model", str(gpt)], "is not a text encoder"),
         ("model: not a model folder", [ev, "--model", str(tmp)], "has no config.json"),
-        ("tracking: unreachable", [tr, "--method", "simcse", "--tracking-uri", "http://127.0.0.1:9"], "MLflow tracking server http://127.0.0.1:9 unreachable"),
-        ("storage: missing bucket", [tr, "--method", "simcse", "--storage", "s3://no-such-bucket-sieve-test/x"], "s3://no-such-bucket-sieve-test/x:"),
+        (
+            "tracking: unreachable",
+            [tr, "--method", "simcse", "--tracking-uri", "http://127.0.0.1:9"],
+            "MLflow tracking server http://127.0.0.1:9 unreachable",
+        ),
+        (
+            "storage: missing bucket",
+            [tr, "--method", "simcse", "--storage", "s3://no-such-bucket-sieve-test/x"],
+            "s3://no-such-bucket-sieve-test/x:",
+        ),
     ]
 
 
@@ -105,8 +214,17 @@ def test_bad_input_catalogue(tmp_path, tiny_bert_dir, s3_endpoint):
     spec = tmp_path / "cases.json"
     spec.write_text(json.dumps([{"name": n, "cmd": cmd, "cwd": str(tmp_path)} for n, cmd, _ in cases]))
     sessions = set(Path("/tmp/ray").glob("session_2*"))  # a Ray started by a case would add one
-    res = subprocess.run([sys.executable, str(ROOT / "tests" / "catalogue_runner.py"), str(spec),
-                          str(tmp_path / "results.json")], capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tests" / "catalogue_runner.py"),
+            str(spec),
+            str(tmp_path / "results.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     got = {r["name"]: r for r in json.loads((tmp_path / "results.json").read_text())}
     assert sorted(got) == sorted(n for n, _, _ in cases)
@@ -121,7 +239,9 @@ def test_bad_input_catalogue(tmp_path, tiny_bert_dir, s3_endpoint):
     assert not (tmp_path / "o").exists() and not (tmp_path / "outputs").exists()  # no partial output
     assert set(Path("/tmp/ray").glob("session_2*")) == sessions  # no case started Ray
     store = tmp_path / "mlruns" / "mlflow.db"
-    if store.exists():  # a case that reached the tracking preflight made the embedded store, and nothing in it
+    if (
+        store.exists()
+    ):  # a case that reached the tracking preflight made the embedded store, and nothing in it
         import mlflow
 
         client = mlflow.MlflowClient(f"sqlite:///{store}")
@@ -131,7 +251,9 @@ def test_bad_input_catalogue(tmp_path, tiny_bert_dir, s3_endpoint):
 
 
 @pytest.mark.slow
-def test_concurrent_registration_gets_distinct_versions(mlflow_server, postgres_uri, tiny_bert_dir, monkeypatch):
+def test_concurrent_registration_gets_distinct_versions(
+    mlflow_server, postgres_uri, tiny_bert_dir, monkeypatch
+):
     """Three jobs register under one name at once: distinct versions, one alias. Against PostgreSQL and a
     2-worker server (the cluster's setup) where the machine has PostgreSQL."""
     import mlflow
@@ -142,10 +264,16 @@ def test_concurrent_registration_gets_distinct_versions(mlflow_server, postgres_
     tracking.setup(None, "concurrency")
     with mlflow.start_run():
         info = tracking.log_sentence_encoder(tiny_bert_dir, name="model")
-    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from orchestrator import tracking; "
-            f"tracking.setup(None, 'concurrency'); print(tracking.register({info.model_uri!r}, 'shared-name', alias='candidate'))")
-    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(3)]
+    code = (
+        f"import sys; sys.path.insert(0, {str(ROOT)!r}); from orchestrator import tracking; "
+        f"tracking.setup(None, 'concurrency'); print(tracking.register({info.model_uri!r}, 'shared-name', alias='candidate'))"
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(3)
+    ]
     versions = []
     for p in procs:
         out, err = p.communicate(timeout=120)
@@ -156,13 +284,17 @@ def test_concurrent_registration_gets_distinct_versions(mlflow_server, postgres_
     if postgres_uri:  # the versions really live in PostgreSQL
         import psycopg2
 
-        with psycopg2.connect(postgres_uri.replace("postgresql+psycopg2", "postgresql")) as conn, conn.cursor() as cur:
+        with (
+            psycopg2.connect(postgres_uri.replace("postgresql+psycopg2", "postgresql")) as conn,
+            conn.cursor() as cur,
+        ):
             cur.execute("SELECT version FROM model_versions WHERE name = 'shared-name' ORDER BY version")
             assert [v for (v,) in cur.fetchall()] == [1, 2, 3]
 
 
-def test_tracking_outage_after_training_keeps_the_run_and_sync_logs_it(mlflow_server, tiny_bert_dir, tmp_path,
-                                                                          capsys):
+def test_tracking_outage_after_training_keeps_the_run_and_sync_logs_it(
+    mlflow_server, tiny_bert_dir, tmp_path, capsys
+):
     """#11.3: the server is gone when a finished run is logged → one warning naming the URI, the whole
     run kept in a pending file (atomically), nothing raised; `jobs/sync_tracking.py` logs it later,
     every evaluation step included, and removes the file."""
@@ -174,10 +306,20 @@ def test_tracking_outage_after_training_keeps_the_run_and_sync_logs_it(mlflow_se
     from orchestrator.drivers import outbox
     from orchestrator.tracking import logged_models
 
-    history = [{"step": 2, "stsb_dev_spearman": 0.5, "loss": 3.0}, {"step": 4, "stsb_dev_spearman": 0.6, "loss": 2.5}]
-    record = outbox.run_record(experiment="outage", run_name="tiny-run", method="sifter_simcse",
-                                 params={"train": {"lr": 1e-4}}, history=history, metrics={"test_sts_avg": 0.7},
-                                 texts={"test.md": "| a |"}, model_dir=str(tiny_bert_dir))
+    history = [
+        {"step": 2, "stsb_dev_spearman": 0.5, "loss": 3.0},
+        {"step": 4, "stsb_dev_spearman": 0.6, "loss": 2.5},
+    ]
+    record = outbox.run_record(
+        experiment="outage",
+        run_name="tiny-run",
+        method="sifter_simcse",
+        params={"train": {"lr": 1e-4}},
+        history=history,
+        metrics={"test_sts_avg": 0.7},
+        texts={"test.md": "| a |"},
+        model_dir=str(tiny_bert_dir),
+    )
     pending = tmp_path / "pending"
     dead = f"http://127.0.0.1:{free_port()}"
     t0 = time.time()
@@ -186,10 +328,23 @@ def test_tracking_outage_after_training_keeps_the_run_and_sync_logs_it(mlflow_se
     err = capsys.readouterr().err
     assert err.count("warning:") == 1 and dead in err and "jobs/sync_tracking.py" in err
     files = [p.name for p in pending.iterdir()]
-    assert len(files) == 1 and files[0].startswith("tiny-run-") and files[0].endswith(".json")  # no .tmp left behind
+    assert (
+        len(files) == 1 and files[0].startswith("tiny-run-") and files[0].endswith(".json")
+    )  # no .tmp left behind
 
-    res = subprocess.run([sys.executable, str(JOBS / "sync_tracking.py"), "--tracking-uri", mlflow_server,
-                          "--pending", str(pending)], capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(JOBS / "sync_tracking.py"),
+            "--tracking-uri",
+            mlflow_server,
+            "--pending",
+            str(pending),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     assert "1 pending run(s) logged" in res.stdout and not list(pending.iterdir())
     mlflow.set_tracking_uri(mlflow_server)
@@ -199,7 +354,10 @@ def test_tracking_outage_after_training_keeps_the_run_and_sync_logs_it(mlflow_se
     assert [(m.step, m.value) for m in steps] == [(2, 0.5), (4, 0.6)]
     # #18: replaying the same record again (a crash after logging, before the file was removed) adds nothing
     again = outbox.replay(record, mlflow_server)
-    assert again == run.info.run_id and len(mlflow.search_runs(experiment_names=["outage"], output_format="list")) == 1
+    assert (
+        again == run.info.run_id
+        and len(mlflow.search_runs(experiment_names=["outage"], output_format="list")) == 1
+    )
     steps = mlflow.MlflowClient().get_metric_history(run.info.run_id, "stsb_dev_spearman")
     assert [(m.step, m.value) for m in steps] == [(2, 0.5), (4, 0.6)]
     assert len(logged_models(run.info.run_id, "model")) == 1  # the model once, not once per replay
@@ -214,8 +372,15 @@ def test_a_record_that_fails_its_own_checks_is_an_error_not_an_outage(embedded_t
     folder = tmp_path / "not-a-model"
     folder.mkdir()
     (folder / "weights.pt").write_bytes(b"x")
-    record = outbox.run_record(experiment="checks", run_name="bad-folder", method="sifter_simcse", params={},
-                                 history=[], metrics={"test_sts_avg": 0.7}, model_dir=str(folder))
+    record = outbox.run_record(
+        experiment="checks",
+        run_name="bad-folder",
+        method="sifter_simcse",
+        params={},
+        history=[],
+        metrics={"test_sts_avg": 0.7},
+        model_dir=str(folder),
+    )
     pending = tmp_path / "pending"
     with pytest.raises(ModelSourceError, match="not-a-model"):
         outbox.log_or_defer(record, f"sqlite:///{tmp_path / 'mlflow.db'}", str(pending))
@@ -240,9 +405,16 @@ def test_a_record_the_server_refuses_is_kept_aside_and_never_holds_back_the_othe
     client.delete_run(gone)
 
     def record(name, run_id=None):
-        return outbox.run_record(experiment="refused", run_name=name, method="sifter_simcse", params={"a": 1},
-                                  history=[{"step": 2, "stsb_dev_spearman": 0.5}], metrics={"test_sts_avg": 0.7},
-                                  model_dir=str(tiny_bert_dir), run_id=run_id)
+        return outbox.run_record(
+            experiment="refused",
+            run_name=name,
+            method="sifter_simcse",
+            params={"a": 1},
+            history=[{"step": 2, "stsb_dev_spearman": 0.5}],
+            metrics={"test_sts_avg": 0.7},
+            model_dir=str(tiny_bert_dir),
+            run_id=run_id,
+        )
 
     pending = tmp_path / "pending"
     with pytest.raises(TrackingRejected, match=r"run 'a-bad' was refused .*deleted.*kept in .*rejected"):
@@ -253,8 +425,12 @@ def test_a_record_the_server_refuses_is_kept_aside_and_never_holds_back_the_othe
     # a sync that meets one: the refused record (sorted first) goes aside, the good one is still logged
     next((pending / "rejected").iterdir()).rename(pending / "a-bad.json")
     (pending / "b-good.json").write_text(json.dumps(record("b-good")))
-    res = subprocess.run([sys.executable, str(JOBS / "sync_tracking.py"), "--tracking-uri", uri, "--pending",
-                          str(pending)], capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, str(JOBS / "sync_tracking.py"), "--tracking-uri", uri, "--pending", str(pending)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 1, res.stderr[-2000:]
     assert "1 pending run(s) logged" in res.stdout and "b-good.json as run" in res.stdout
     assert "run 'a-bad' was refused" in res.stderr and "not retried" in res.stderr
@@ -264,7 +440,9 @@ def test_a_record_the_server_refuses_is_kept_aside_and_never_holds_back_the_othe
     assert [r.info.run_name for r in runs] == ["b-good"] and runs[0].data.metrics["test_sts_avg"] == 0.7
 
 
-def test_a_malformed_pending_record_is_set_aside_and_the_good_ones_beside_it_are_logged(tiny_bert_dir, tmp_path):
+def test_a_malformed_pending_record_is_set_aside_and_the_good_ones_beside_it_are_logged(
+    tiny_bert_dir, tmp_path
+):
     """#39.3: one record that is not JSON, one that is JSON but not a record: each moved to ``rejected/`` with a
     line naming its file, before any MLflow call (no half-logged run); the good record after them is logged.
     Before, the first bad file stopped the sync with a TrackingError and nothing after it was logged."""
@@ -277,16 +455,26 @@ def test_a_malformed_pending_record_is_set_aside_and_the_good_ones_beside_it_are
     pending.mkdir()
     (pending / "a-cut.json").write_text('{"record_id": "x", "params": {')  # cut short by a full disk
     (pending / "b-shape.json").write_text(json.dumps({"record_id": "y", "params": [1, 2]}))
-    good = outbox.run_record(experiment="sync", run_name="c-good", method="sifter_simcse", params={"a": 1},
-                              history=[{"step": 2, "stsb_dev_spearman": 0.5}], metrics={"test_sts_avg": 0.7},
-                              model_dir=str(tiny_bert_dir))
+    good = outbox.run_record(
+        experiment="sync",
+        run_name="c-good",
+        method="sifter_simcse",
+        params={"a": 1},
+        history=[{"step": 2, "stsb_dev_spearman": 0.5}],
+        metrics={"test_sts_avg": 0.7},
+        model_dir=str(tiny_bert_dir),
+    )
     (pending / "c-good.json").write_text(json.dumps(good))
     done, refused = outbox.sync_pending(uri, str(pending))
     assert [Path(p).name for p, _ in done] == ["c-good.json"]
     assert [(Path(p).name, r.split(": ", 1)[1]) for p, r in refused] == [
         ("a-cut.json", "not a pending run record (Expecting property name enclosed in double quotes)"),
-        ("b-shape.json", "not a pending run record (missing or mistyped: experiment, run_name, method, params, "
-                         "history, metrics, texts, tags)")]
+        (
+            "b-shape.json",
+            "not a pending run record (missing or mistyped: experiment, run_name, method, params, "
+            "history, metrics, texts, tags)",
+        ),
+    ]
     assert all(r.startswith(str(pending)) for _, r in refused)  # each line names its file
     assert sorted(p.name for p in (pending / "rejected").iterdir()) == ["a-cut.json", "b-shape.json"]
     assert sorted(p.name for p in pending.iterdir()) == ["rejected"]
@@ -320,7 +508,9 @@ def test_what_waits_for_the_server_and_what_is_refused():
     assert is_outage(StorageError("s3://bucket/x: cannot write"))
     assert is_outage(OSError(28, "No space left on device"))
     assert not is_outage(MlflowException("Invalid value", error_code=INVALID_PARAMETER_VALUE))
-    assert not is_outage(RestException({"error_code": "RESOURCE_DOES_NOT_EXIST", "message": "Run 'x' not found"}))
+    assert not is_outage(
+        RestException({"error_code": "RESOURCE_DOES_NOT_EXIST", "message": "Run 'x' not found"})
+    )
     assert not is_outage(MlflowException("Cannot start run with ID x because it is in the deleted state."))
     assert not is_outage(FileNotFoundError(2, "No such file", "/gone/model"))
     assert not is_outage(TypeError("unsupported operand"))
@@ -349,8 +539,15 @@ def test_server_killed_mid_replay_then_the_replay_completes_once(tiny_bert_dir, 
         return start_mlflow_server(root, port, f"sqlite:///{root / 'db'}")
 
     history = [{"step": 2, "stsb_dev_spearman": 0.5}, {"step": 4, "stsb_dev_spearman": 0.6}]
-    record = outbox.run_record(experiment="midway", run_name="cut", method="sifter_simcse", params={"a": 1},
-                                 history=history, metrics={"test_sts_avg": 0.7}, model_dir=str(tiny_bert_dir))
+    record = outbox.run_record(
+        experiment="midway",
+        run_name="cut",
+        method="sifter_simcse",
+        params={"a": 1},
+        history=history,
+        metrics={"test_sts_avg": 0.7},
+        model_dir=str(tiny_bert_dir),
+    )
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     server = serve()
     real_log_metrics = outbox.log_metrics
@@ -370,7 +567,10 @@ def test_server_killed_mid_replay_then_the_replay_completes_once(tiny_bert_dir, 
         client = mlflow.MlflowClient(tracking_uri=uri)
         runs = client.search_runs([client.get_experiment_by_name("midway").experiment_id])
         assert [r.info.run_id for r in runs] == [run_id]  # the run the cut replay made, finished
-        assert [(m.step, m.value) for m in client.get_metric_history(run_id, "stsb_dev_spearman")] == [(2, 0.5), (4, 0.6)]
+        assert [(m.step, m.value) for m in client.get_metric_history(run_id, "stsb_dev_spearman")] == [
+            (2, 0.5),
+            (4, 0.6),
+        ]
         assert runs[0].data.params["a"] == "1" and runs[0].data.metrics["test_sts_avg"] == 0.7
         mlflow.set_tracking_uri(uri)
         assert len(logged_models(run_id, "model")) == 1
@@ -401,7 +601,9 @@ def test_checkpoints_load_with_weights_only(tiny_bert_dir, tmp_path):
 
     cfg = ContrastiveConfig.model_validate({"model": {"name_or_path": str(tiny_bert_dir), "pooling": "cls"}})
     model, _ = build_model(cfg)
-    stepper = common.Stepper(model, model.parameters(), lr=1e-4, schedule="linear", total_steps=10, grad_clip=None)
+    stepper = common.Stepper(
+        model, model.parameters(), lr=1e-4, schedule="linear", total_steps=10, grad_clip=None
+    )
     good = tmp_path / "good"
     stepper.save(good, {"step": 3})
     assert stepper.load(good) == {"step": 3}  # RNG states, optimiser and scheduler all load weights_only
@@ -470,7 +672,9 @@ def test_a_checkpoint_whose_extra_state_file_holds_a_pickled_callable_is_refused
     torch.save({"optimizer_state_dict": {}, "hook": os.system}, planted)
     with deepspeed_reads_weights_only(), pytest.raises(DataError, match=f"{planted}: refused"):
         torch.load(planted, map_location="cpu", weights_only=False)
-    assert torch.load(planted, weights_only=False)["hook"] is os.system  # and torch.load is itself again after
+    assert (
+        torch.load(planted, weights_only=False)["hook"] is os.system
+    )  # and torch.load is itself again after
 
 
 @pytest.mark.slow
@@ -478,15 +682,25 @@ def test_a_job_without_ray_address_starts_its_own_ray_beside_another_cluster(ray
     """#38.3: with the session's Ray cluster running on this machine, a job not told where to go (no
     RAY_ADDRESS) starts a private one - it used to join any ``gcs_server`` it found; with RAY_ADDRESS it
     joins that cluster."""
-    code = ("import ray; from orchestrator.drivers.cluster import init_ray; init_ray(quiet=True); "
-            "print(ray.get_runtime_context().gcs_address)")
+    code = (
+        "import ray; from orchestrator.drivers.cluster import init_ray; init_ray(quiet=True); "
+        "print(ray.get_runtime_context().gcs_address)"
+    )
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    alone = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    alone = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT
+    )
     assert alone.returncode == 0, alone.stderr[-2000:]
     port = ray_cluster.rsplit(":", 1)[1]
     assert alone.stdout.strip().splitlines()[-1].rsplit(":", 1)[1] != port
-    told = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          env={**env, "RAY_ADDRESS": ray_cluster}, cwd=ROOT)
+    told = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**env, "RAY_ADDRESS": ray_cluster},
+        cwd=ROOT,
+    )
     assert told.returncode == 0, told.stderr[-2000:]
     assert told.stdout.strip().splitlines()[-1].rsplit(":", 1)[1] == port
 
@@ -505,14 +719,35 @@ def test_a_cluster_that_goes_away_mid_job_ends_it_with_one_line_naming_it(tmp_pa
     temp_dir, port = tempfile.mkdtemp(prefix="sieve-gone-", dir="/tmp"), free_port()  # short: socket paths
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_ADDRESS": f"127.0.0.1:{port}"}
     try:
-        subprocess.run([str(BIN / "ray"), "start", "--head", f"--port={port}", "--num-cpus=1", f"--temp-dir={temp_dir}",
-                        "--include-dashboard=false", "--disable-usage-stats"], check=True, capture_output=True,
-                       timeout=120, env=env)
-        code = ("import time, ray; from orchestrator.drivers.cluster import init_ray; init_ray(quiet=True)\n"
-                "@ray.remote\ndef step():\n    time.sleep(0.2)\n"
-                "print('joined', flush=True)\nwhile True:\n    ray.get(step.remote())\n")
-        job = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+        subprocess.run(
+            [
+                str(BIN / "ray"),
+                "start",
+                "--head",
+                f"--port={port}",
+                "--num-cpus=1",
+                f"--temp-dir={temp_dir}",
+                "--include-dashboard=false",
+                "--disable-usage-stats",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=120,
+            env=env,
+        )
+        code = (
+            "import time, ray; from orchestrator.drivers.cluster import init_ray; init_ray(quiet=True)\n"
+            "@ray.remote\ndef step():\n    time.sleep(0.2)\n"
+            "print('joined', flush=True)\nwhile True:\n    ray.get(step.remote())\n"
+        )
+        job = subprocess.Popen(
+            [sys.executable, "-c", code],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         assert job.stdout.readline().strip() == "joined", job.stderr.read()[-2000:]
         time.sleep(2)  # mid-job: tasks running
         stop_ray_processes(temp_dir, timeout_s=0, graceful=False)  # the head goes, as a lost machine

@@ -48,21 +48,37 @@ def test_equals_sentence_transformers_information_retrieval_evaluator(tmp_path, 
     dup = [x for x in lines[1:] if x.split("\t")[2] == "1"][:150]
     non = [x for x in lines[1:] if x.split("\t")[2] == "0"][:150]
     pairs.write_text("\n".join([lines[0], *dup, *non]) + "\n", encoding="utf-8")
-    folder = resolve_model_source(str(tiny_bert_dir))  # a random encoder: imperfect rankings, every metric informative
+    folder = resolve_model_source(
+        str(tiny_bert_dir)
+    )  # a random encoder: imperfect rankings, every metric informative
     model, tok = load_encoder(str(folder))
-    ours = RetrievalEvaluator("q", pairs)(HFEncoder(model, tok, pooling="mean", batch_size=64, max_length=128))
+    ours = RetrievalEvaluator("q", pairs)(
+        HFEncoder(model, tok, pooling="mean", batch_size=64, max_length=128)
+    )
 
     queries, corpus, relevant = pairs_retrieval_set(pairs)
-    ir = InformationRetrievalEvaluator({f"q{i}": t for i, t in enumerate(queries)},
-                                       {f"{i:06d}": t for i, t in enumerate(corpus)},
-                                       {f"q{i}": {f"{j:06d}" for j in r} for i, r in enumerate(relevant)},
-                                       accuracy_at_k=[1, 10], precision_recall_at_k=[1, 5, 10], write_csv=False)
+    ir = InformationRetrievalEvaluator(
+        {f"q{i}": t for i, t in enumerate(queries)},
+        {f"{i:06d}": t for i, t in enumerate(corpus)},
+        {f"q{i}": {f"{j:06d}" for j in r} for i, r in enumerate(relevant)},
+        accuracy_at_k=[1, 10],
+        precision_recall_at_k=[1, 5, 10],
+        write_csv=False,
+    )
     theirs = ir(SentenceTransformer(str(folder), device="cpu"))
     pick = {key: v for key, v in theirs.items() if "cosine_" in key}
-    for ours_key, suffix in [("q_ndcg_at_10", "ndcg@10"), ("q_mrr_at_10", "mrr@10"), ("q_map_at_100", "map@100"),
-                             ("q_recall_at_1", "recall@1"), ("q_recall_at_5", "recall@5"),
-                             ("q_recall_at_10", "recall@10"), ("q_accuracy_at_1", "accuracy@1"),
-                             ("q_accuracy_at_10", "accuracy@10")]:
+    for ours_key, suffix in [
+        ("q_ndcg_at_10", "ndcg@10"),
+        ("q_mrr_at_10", "mrr@10"),
+        ("q_map_at_100", "map@100"),
+        ("q_recall_at_1", "recall@1"),
+        ("q_recall_at_5", "recall@5"),
+        ("q_recall_at_10", "recall@10"),
+        ("q_accuracy_at_1", "accuracy@1"),
+        ("q_accuracy_at_10", "accuracy@10"),
+    ]:
         [value] = [v for key, v in pick.items() if key.endswith(f"cosine_{suffix}")]
         assert ours[ours_key] == pytest.approx(value, abs=1e-9), (ours_key, ours[ours_key], value)
-    assert 0.0 < ours["q_ndcg_at_10"] < 0.9 and 0.0 < ours["q_recall_at_10"] < 1.0  # neither all misses nor all hits
+    assert (
+        0.0 < ours["q_ndcg_at_10"] < 0.9 and 0.0 < ours["q_recall_at_10"] < 1.0
+    )  # neither all misses nor all hits

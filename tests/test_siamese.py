@@ -32,11 +32,14 @@ def test_pairs_are_balanced_and_deterministic():
     assert any("text 12" in (a, b) for a, b, y in pairs if y == 0)  # the singleton appears in different pairs
 
 
-@pytest.mark.parametrize("rows, message", [
-    ([("x", "a"), ("y", "a")], "1 class"),
-    ([("x", "a"), ("y", "b")], "no class has two texts"),
-    ([("", "a"), (" ", "b")], "0 class"),
-])
+@pytest.mark.parametrize(
+    "rows, message",
+    [
+        ([("x", "a"), ("y", "a")], "1 class"),
+        ([("x", "a"), ("y", "b")], "no class has two texts"),
+        ([("", "a"), (" ", "b")], "0 class"),
+    ],
+)
 def test_pairs_refuse_unusable_sets(rows, message):
     with pytest.raises(DataError, match=f"data set 'bad': .*{message}"):
         ClassIndex.build("bad", rows)
@@ -74,7 +77,9 @@ def test_config_errors():
     from pydantic import ValidationError
 
     with pytest.raises(ValidationError, match="exactly one train set"):
-        SiameseConfig.model_validate({"mode": "naive", "train_sets": [{"name": "a", "path": "a"}, {"name": "b", "path": "b"}]})
+        SiameseConfig.model_validate(
+            {"mode": "naive", "train_sets": [{"name": "a", "path": "a"}, {"name": "b", "path": "b"}]}
+        )
     with pytest.raises(ValidationError, match="train_sets"):
         SiameseConfig.model_validate({"train_sets": []})
 
@@ -85,9 +90,13 @@ def test_naive_head_is_gone_from_the_export(tiny_bert_dir, tmp_path):
 
     from trainers.siamese import build_model, classes_of, export_model
 
-    cfg = SiameseConfig.model_validate({
-        "mode": "naive", "model": {"name_or_path": str(tiny_bert_dir), "max_length": 32},
-        "train_sets": [{"name": "s140", "path": "data/tweets/sentiment140-test.tsv"}]})
+    cfg = SiameseConfig.model_validate(
+        {
+            "mode": "naive",
+            "model": {"name_or_path": str(tiny_bert_dir), "max_length": 32},
+            "train_sets": [{"name": "s140", "path": "data/tweets/sentiment140-test.tsv"}],
+        }
+    )
     classes = classes_of(cfg)
     assert classes == ["negative", "positive"]
     model, _ = build_model(cfg, len(classes))
@@ -125,16 +134,25 @@ def test_siamese_under_ray_train(ray_cluster, tiny_bert_dir, tmp_path):
     assert m1["same_class_pairs"] == {"toy": 30} and m1["sets"]["toy"]["singleton_classes"] == ["d"]
 
     method = get_method("siamese")
-    cfg = SiameseConfig.model_validate({
-        "model": {"name_or_path": str(tiny_bert_dir), "max_length": 32},
-        "train_sets": [{"name": "sanders", "path": "data/tweets/sanders.tsv", "label_column": "sentiment",
-                        "where": {"sentiment": ["positive", "negative"]}}],
-        "test_sets": [{"name": "s140", "path": "data/tweets/sentiment140-test.tsv"}],
-        "n_pairs": 160, "eval_pairs": 200,
-        "train": {"lr": 1e-3, "batch_size": 16, "max_steps": 4, "eval_steps": 2},
-        "scaling": {"num_workers": 2, "cpus_per_worker": 1},
-        "run": {"storage": str(tmp_path / "store")},
-    })
+    cfg = SiameseConfig.model_validate(
+        {
+            "model": {"name_or_path": str(tiny_bert_dir), "max_length": 32},
+            "train_sets": [
+                {
+                    "name": "sanders",
+                    "path": "data/tweets/sanders.tsv",
+                    "label_column": "sentiment",
+                    "where": {"sentiment": ["positive", "negative"]},
+                }
+            ],
+            "test_sets": [{"name": "s140", "path": "data/tweets/sentiment140-test.tsv"}],
+            "n_pairs": 160,
+            "eval_pairs": 200,
+            "train": {"lr": 1e-3, "batch_size": 16, "max_steps": 4, "eval_steps": 2},
+            "scaling": {"num_workers": 2, "cpus_per_worker": 1},
+            "run": {"storage": str(tmp_path / "store")},
+        }
+    )
     shards = method.prepare_data(cfg)
     manifest = json.loads((Path(shards) / "manifest.json").read_text())
     assert manifest["rows"] == 160 and manifest["same_class_pairs"] == {"sanders": 80}
@@ -162,8 +180,11 @@ def test_experiment_presets_expand_into_valid_runs(monkeypatch):
     train_events = set(naive.train_sets[0].where["event"])
     assert not train_events & set(naive.test_sets[0].where["event"])
     with pytest.raises(ConfigError, match=r"experiments\.x\.test: .*at least 1"):
-        load_config(ExperimentsConfig, None, ["experiments.x.train.name=a", "experiments.x.train.path=b",
-                                              "experiments.x.test=[]"])
+        load_config(
+            ExperimentsConfig,
+            None,
+            ["experiments.x.train.name=a", "experiments.x.train.path=b", "experiments.x.test=[]"],
+        )
 
 
 def test_results_table_and_chart(tmp_path):
@@ -173,10 +194,15 @@ def test_results_table_and_chart(tmp_path):
     from orchestrator.drivers.experiments_config import ExperimentsConfig
 
     assert _per_set({"sentiment140_delta": 0.1, "sentiment140_map": 0.6, "sanders_topics_delta": 0.2}) == {
-        "sentiment140": {"delta": 0.1, "map": 0.6}, "sanders_topics": {"delta": 0.2}}
+        "sentiment140": {"delta": 0.1, "map": 0.6},
+        "sanders_topics": {"delta": 0.2},
+    }
     cfg = load_config(ExperimentsConfig, "configs/siamese_experiments/smoke.yaml")
     sets = ["sentiment140", "sanders_topics", "crisis_unseen_events"]
-    results = {m: {s: {"delta": 0.1 * (i + 1), "map": 0.5} for s in sets} for i, m in enumerate(["orig", "siamese", "all"])}
+    results = {
+        m: {s: {"delta": 0.1 * (i + 1), "map": 0.5} for s in sets}
+        for i, m in enumerate(["orig", "siamese", "all"])
+    }
     write_results(tmp_path / "r", "toy", cfg, results, {"siamese-sentiment": 1}, 60.0)
     md = (tmp_path / "r" / "results.md").read_text()
     assert "| sentiment | sentiment140 | 10.00 | 20.00 | 30.00 |" in md and "| ORIG | SIAMESE | ALL |" in md
@@ -185,8 +211,9 @@ def test_results_table_and_chart(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_experiments_job_survives_a_cut_publish_and_resumes_once(ray_cluster, tiny_bert_dir, tmp_path,
-                                                                 embedded_tracking, monkeypatch):
+def test_experiments_job_survives_a_cut_publish_and_resumes_once(
+    ray_cluster, tiny_bert_dir, tmp_path, embedded_tracking, monkeypatch
+):
     """#18: the experiments job trains and tests first (each model committed to its storage as it finishes),
     then publishes. The tracking server going away mid-publish ends the job with one line and the --resume
     command; the resume trains nothing again, finishes the publish, and a second resume adds no run and no
@@ -198,15 +225,31 @@ def test_experiments_job_survives_a_cut_publish_and_resumes_once(ray_cluster, ti
     from orchestrator.drivers import publish as pub
     from orchestrator.errors import ConfigError, TrackingError
 
-    cfg = ex.ExperimentsConfig.model_validate({
-        "base": {"model": {"name_or_path": str(tiny_bert_dir), "max_length": 32, "pooling": "mean"},
-                 "n_pairs": 160, "eval_pairs": 100, "train": {"lr": 1e-3, "batch_size": 16, "max_steps": 4, "eval_steps": 2},
-                 "scaling": {"num_workers": 1, "cpus_per_worker": 1}, "run": {"storage": str(tmp_path / "store")}},
-        "experiments": {"sentiment": {
-            "train": {"name": "sanders", "path": "data/tweets/sanders.tsv", "label_column": "sentiment",
-                      "where": {"sentiment": ["positive", "negative"]}},
-            "test": [{"name": "s140", "path": "data/tweets/sentiment140-test.tsv"}]}},
-        "all_pairs": 160, "models": ["orig", "siamese", "all"]})
+    cfg = ex.ExperimentsConfig.model_validate(
+        {
+            "base": {
+                "model": {"name_or_path": str(tiny_bert_dir), "max_length": 32, "pooling": "mean"},
+                "n_pairs": 160,
+                "eval_pairs": 100,
+                "train": {"lr": 1e-3, "batch_size": 16, "max_steps": 4, "eval_steps": 2},
+                "scaling": {"num_workers": 1, "cpus_per_worker": 1},
+                "run": {"storage": str(tmp_path / "store")},
+            },
+            "experiments": {
+                "sentiment": {
+                    "train": {
+                        "name": "sanders",
+                        "path": "data/tweets/sanders.tsv",
+                        "label_column": "sentiment",
+                        "where": {"sentiment": ["positive", "negative"]},
+                    },
+                    "test": [{"name": "s140", "path": "data/tweets/sentiment140-test.tsv"}],
+                }
+            },
+            "all_pairs": 160,
+            "models": ["orig", "siamese", "all"],
+        }
+    )
     fits, registrations = [], []
     real_fit, real_register = ex.fit, pub.register
 
@@ -248,7 +291,12 @@ def test_experiments_job_survives_a_cut_publish_and_resumes_once(ray_cluster, ti
     client = mlflow.MlflowClient()
     exp_id = mlflow.get_experiment_by_name("sieve").experiment_id
     runs = client.search_runs([exp_id], "tags.`sieve.sweep` = 'exp'")
-    assert sorted(r.data.tags.get("sieve.trial", "parent") for r in runs) == ["all", "orig", "parent", "siamese-sentiment"]
+    assert sorted(r.data.tags.get("sieve.trial", "parent") for r in runs) == [
+        "all",
+        "orig",
+        "parent",
+        "siamese-sentiment",
+    ]
     for name in ("siamese-sentiment", "siamese-all"):
         assert len(client.search_model_versions(f"name = '{name}'")) == 1
         # #38.2: Sieve's one card, as the version's description (no front matter) and in the exported folder

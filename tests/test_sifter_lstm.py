@@ -23,8 +23,12 @@ from trainers.sifter_lstm import (
 def copied(ref: torch.nn.LSTM) -> SifterLSTM:
     cell = SifterLSTM(ref.input_size, ref.hidden_size)
     with torch.no_grad():
-        for ours, theirs in [("weight_ih", "weight_ih_l0"), ("weight_hh", "weight_hh_l0"),
-                             ("bias_ih", "bias_ih_l0"), ("bias_hh", "bias_hh_l0")]:
+        for ours, theirs in [
+            ("weight_ih", "weight_ih_l0"),
+            ("weight_hh", "weight_hh_l0"),
+            ("bias_ih", "bias_ih_l0"),
+            ("bias_hh", "bias_hh_l0"),
+        ]:
             getattr(cell, ours).copy_(getattr(ref, theirs))
     return cell
 
@@ -62,7 +66,9 @@ def test_input_gate_is_exactly_one_for_words_in_the_set():
     learned = torch.sigmoid(gi)
     assert torch.equal(i[0], torch.ones(6)) and torch.equal(i[2], torch.ones(6))  # exactly 1
     assert torch.allclose(i[1], learned[1]) and torch.allclose(i[3], learned[3])
-    expected_c = torch.sigmoid(gf) * c + torch.where(short, torch.ones_like(learned), learned) * torch.tanh(gg)
+    expected_c = torch.sigmoid(gf) * c + torch.where(short, torch.ones_like(learned), learned) * torch.tanh(
+        gg
+    )
     assert torch.allclose(c_new, expected_c, atol=1e-7)
     assert torch.allclose(c_new[0], torch.sigmoid(gf[0]) * c[0] + torch.tanh(gg[0]), atol=1e-7)
     assert not torch.allclose(c_new[1], torch.sigmoid(gf[1]) * c[1] + torch.tanh(gg[1]), atol=1e-3)
@@ -72,9 +78,13 @@ def test_empty_set_is_the_baseline_bit_for_bit(tiny_bert_dir):
     texts = ["a charming and often affecting journey .", "unflinchingly bleak and desperate"]
     base = {"embeddings_from": str(tiny_bert_dir), "hidden_size": 16}
     torch.manual_seed(0)
-    sifter, b1, _ = build_model(SifterLSTMConfig.model_validate({**base, "short_circuit": True}), word_set=set())
+    sifter, b1, _ = build_model(
+        SifterLSTMConfig.model_validate({**base, "short_circuit": True}), word_set=set()
+    )
     torch.manual_seed(0)
-    plain, b2, _ = build_model(SifterLSTMConfig.model_validate({**base, "short_circuit": False}), word_set={"charming"})
+    plain, b2, _ = build_model(
+        SifterLSTMConfig.model_validate({**base, "short_circuit": False}), word_set={"charming"}
+    )
     sifter.eval(), plain.eval()
     assert torch.equal(sifter(*b1(texts)), plain(*b2(texts)))
     torch.manual_seed(0)
@@ -92,15 +102,19 @@ def test_batcher_marks_every_piece_of_a_set_word(tiny_bert_dir):
     assert len(pieces) > 1
     ids, short, valid = Batcher(tok, {word, "bleak"}, 64)([f"{word} bleak and desperate", "fine"])
     n = len(pieces)
-    assert short[0, : n + 1].all() and not short[0, n + 1:].any()  # all pieces + "bleak"
+    assert short[0, : n + 1].all() and not short[0, n + 1 :].any()  # all pieces + "bleak"
     assert valid[0].sum() == n + 3 and valid[1].sum() == 1 and not short[1].any()
     assert ids[1, 1:].eq(0).all()  # padded
 
 
 def test_word_sets():
-    words = lexicon_words(["data/lexicon/opinion_lexicon_positive.txt", "data/lexicon/opinion_lexicon_negative.txt"])
+    words = lexicon_words(
+        ["data/lexicon/opinion_lexicon_positive.txt", "data/lexicon/opinion_lexicon_negative.txt"]
+    )
     assert {"good", "bad", "charming", "bleak"} <= words and "the" not in words and len(words) > 6700
-    rows = [("great fun film", 1)] * 6 + [("dull boring film", 0)] * 6 + [("the film", 1), ("the film", 0)] * 3
+    rows = (
+        [("great fun film", 1)] * 6 + [("dull boring film", 0)] * 6 + [("the film", 1), ("the film", 0)] * 3
+    )
     derived = train_data_words(rows, top_k=4, min_count=5)
     assert derived == {"great", "fun", "dull", "boring"}  # 'film' and 'the' are in both classes
 
@@ -113,7 +127,9 @@ def test_the_frequency_matched_control_has_the_lexicons_size_and_frequency_profi
     from orchestrator.data.labelled import read_labelled
     from orchestrator.data.word_sets import band, frequency_matched, token_counts
 
-    lexicon = lexicon_words(["data/lexicon/opinion_lexicon_positive.txt", "data/lexicon/opinion_lexicon_negative.txt"])
+    lexicon = lexicon_words(
+        ["data/lexicon/opinion_lexicon_positive.txt", "data/lexicon/opinion_lexicon_negative.txt"]
+    )
     texts = [t for t, _ in read_labelled("data/sst2/train_sample.tsv", text_column="sentence")]
     counts = token_counts(texts)
     seen = {w for w in lexicon if counts[w]}
@@ -121,7 +137,10 @@ def test_the_frequency_matched_control_has_the_lexicons_size_and_frequency_profi
     assert len(seen) > 500 and len(control) == len(seen) and not control & lexicon
     assert all(counts[w] > 0 for w in control)
     profile = lambda ws: Counter(band(counts[w]) for w in ws)  # noqa: E731
-    assert all(abs(profile(control)[b] - n) <= 2 for b, n in profile(seen).items()), (profile(seen), profile(control))
+    assert all(abs(profile(control)[b] - n) <= 2 for b, n in profile(seen).items()), (
+        profile(seen),
+        profile(control),
+    )
     tokens = lambda ws: sum(counts[w] for w in ws)  # noqa: E731
     assert abs(tokens(control) - tokens(seen)) <= 0.1 * tokens(seen)
     assert frequency_matched(lexicon, texts, seed=1) == control != frequency_matched(lexicon, texts, seed=2)
@@ -146,7 +165,9 @@ def test_sentiment_model_learns(tiny_bert_dir):
     from trainers.sifter_lstm import compute_loss
 
     torch.manual_seed(0)
-    cfg = SifterLSTMConfig.model_validate({"embeddings_from": str(tiny_bert_dir), "hidden_size": 32, "dropout": 0.0})
+    cfg = SifterLSTMConfig.model_validate(
+        {"embeddings_from": str(tiny_bert_dir), "hidden_size": 32, "dropout": 0.0}
+    )
     model, batcher, _ = build_model(cfg)
     rows = read_labelled("data/sst2/train_sample.tsv", text_column="sentence", limit=64)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
@@ -162,7 +183,9 @@ def test_sentiment_model_learns(tiny_bert_dir):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_sifter_lstm_under_ray_train_exports_and_logs(ray_cluster, tiny_bert_dir, tmp_path, embedded_tracking):
+def test_sifter_lstm_under_ray_train_exports_and_logs(
+    ray_cluster, tiny_bert_dir, tmp_path, embedded_tracking
+):
     import mlflow
 
     from orchestrator.drivers.registry import get_method
@@ -170,13 +193,16 @@ def test_sifter_lstm_under_ray_train_exports_and_logs(ray_cluster, tiny_bert_dir
     from trainers.sifter_lstm import load_exported
 
     method = get_method("sifter_lstm")
-    cfg = SifterLSTMConfig.model_validate({
-        "embeddings_from": str(tiny_bert_dir), "hidden_size": 32,
-        "train": {"lr": 3e-3, "batch_size": 16, "max_steps": 6, "eval_steps": 3},
-        "scaling": {"num_workers": 2, "cpus_per_worker": 1},
-        "data": {"limit": 200},
-        "run": {"storage": str(tmp_path / "store")},
-    })
+    cfg = SifterLSTMConfig.model_validate(
+        {
+            "embeddings_from": str(tiny_bert_dir),
+            "hidden_size": 32,
+            "train": {"lr": 3e-3, "batch_size": 16, "max_steps": 6, "eval_steps": 3},
+            "scaling": {"num_workers": 2, "cpus_per_worker": 1},
+            "data": {"limit": 200},
+            "run": {"storage": str(tmp_path / "store")},
+        }
+    )
     shards = method.prepare_data(cfg)
     assert method.prepare_data(cfg) == shards  # content-addressed: written once
     outcome = fit(build_trainer(method, cfg, shards, name="lstm"), method, cfg)
@@ -193,9 +219,18 @@ def test_sifter_lstm_under_ray_train_exports_and_logs(ray_cluster, tiny_bert_dir
     from orchestrator.drivers import outbox
     from orchestrator.tracking import logged_models
 
-    record = outbox.run_record(experiment="sieve", run_name="lstm", method="sifter_lstm", params={}, history=[],
-                            metrics=report.metrics, model_dir=str(out))
-    run_id = outbox.replay(record, f"sqlite:///{tmp_path / 'mlflow.db'}")  # its own store, whatever tests ran before
+    record = outbox.run_record(
+        experiment="sieve",
+        run_name="lstm",
+        method="sifter_lstm",
+        params={},
+        history=[],
+        metrics=report.metrics,
+        model_dir=str(out),
+    )
+    run_id = outbox.replay(
+        record, f"sqlite:///{tmp_path / 'mlflow.db'}"
+    )  # its own store, whatever tests ran before
     [model_id] = logged_models(run_id, "model")
     info = mlflow.models.get_model_info(f"models:/{model_id}")
     probs = mlflow.pyfunc.load_model(info.model_uri).predict(["a charming journey .", "bleak and dull"])
@@ -207,8 +242,20 @@ def test_sifter_lstm_under_ray_train_exports_and_logs(ray_cluster, tiny_bert_dir
 
     other = tmp_path / "elsewhere"
     other.mkdir()
-    res = subprocess.run([sys.executable, str(Path(__file__).parent / "pyfunc_check.py"), mlflow.get_tracking_uri(),
-                          info.model_uri, "a charming journey .", "bleak and dull"], cwd=other, capture_output=True,
-                         text=True, timeout=300, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(Path(__file__).parent / "pyfunc_check.py"),
+            mlflow.get_tracking_uri(),
+            info.model_uri,
+            "a charming journey .",
+            "bleak and dull",
+        ],
+        cwd=other,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     assert json.loads(res.stdout.strip().splitlines()[-1]) == pytest.approx(probs, abs=1e-6)

@@ -9,19 +9,49 @@ import torch
 
 from trainers.sifter_simcse import ContrastiveConfig, build_model, compute_loss, info_nce
 
-X = ["a man is playing a guitar .", "the cat sat on the mat .", "she reads a long book .", "dogs run in the park .",
-     "he cooked dinner for his family .", "the sun rises in the east .", "they built a small house .",
-     "a child is eating an apple ."]
-Y = [x + " " + b for x, b in zip(X, ["man playing", "cat sat on", "she reads book", "dogs run in", "he cooked dinner for",
-                                     "sun rises in", "they built house", "child eating"])]
-Z = ["man is playing guitar .", "cat sat on mat .", "reads long book .", "dogs run in park .", "cooked dinner for family .",
-     "sun rises in east .", "built small house .", "child is eating apple ."]
+X = [
+    "a man is playing a guitar .",
+    "the cat sat on the mat .",
+    "she reads a long book .",
+    "dogs run in the park .",
+    "he cooked dinner for his family .",
+    "the sun rises in the east .",
+    "they built a small house .",
+    "a child is eating an apple .",
+]
+Y = [
+    x + " " + b
+    for x, b in zip(
+        X,
+        [
+            "man playing",
+            "cat sat on",
+            "she reads book",
+            "dogs run in",
+            "he cooked dinner for",
+            "sun rises in",
+            "they built house",
+            "child eating",
+        ],
+    )
+]
+Z = [
+    "man is playing guitar .",
+    "cat sat on mat .",
+    "reads long book .",
+    "dogs run in park .",
+    "cooked dinner for family .",
+    "sun rises in east .",
+    "built small house .",
+    "child is eating apple .",
+]
 BATCH = {"text": X, "backbone_view": Y, "deletion_view": Z}
 
 
 def cfg_for(model_dir, pooling: str = "cls", **kw) -> ContrastiveConfig:
-    return ContrastiveConfig.model_validate({"model": {"name_or_path": str(model_dir), "max_length": 16,
-                                                       "pooling": pooling}, **kw})
+    return ContrastiveConfig.model_validate(
+        {"model": {"name_or_path": str(model_dir), "max_length": 16, "pooling": pooling}, **kw}
+    )
 
 
 def test_info_nce_matches_hand_computation():
@@ -40,7 +70,9 @@ def test_config_validation():
     with pytest.raises(ConfigError, match="lambda_xy: Input should be greater than or equal to 0"):
         validate(ContrastiveConfig, {"lambda_xy": -1}, "x.yaml")
     with pytest.raises(ConfigError, match="at least one of lambda_xx"):
-        validate(ContrastiveConfig, {"lambda_xx": 0, "lambda_xy": 0, "lambda_xz": 0, "lambda_yz": 0}, "x.yaml")
+        validate(
+            ContrastiveConfig, {"lambda_xx": 0, "lambda_xy": 0, "lambda_xz": 0, "lambda_yz": 0}, "x.yaml"
+        )
     assert ContrastiveConfig(lambda_xx=1, lambda_xy=0, lambda_xz=0, lambda_yz=0).views() == ["x", "x2"]
     assert ContrastiveConfig().views() == ["x", "y", "z"]
 
@@ -54,7 +86,10 @@ GOLDEN = {
 
 def golden_losses(model_dir, method: str, steps: int = 3) -> list[float]:
     torch.set_num_threads(1)
-    lambdas = {"sifter_simcse": {}, "simcse": {"lambda_xx": 1, "lambda_xy": 0, "lambda_xz": 0, "lambda_yz": 0}}[method]
+    lambdas = {
+        "sifter_simcse": {},
+        "simcse": {"lambda_xx": 1, "lambda_xy": 0, "lambda_xz": 0, "lambda_yz": 0},
+    }[method]
     cfg = cfg_for(model_dir, dropout=0.1, **lambdas)
     torch.manual_seed(1234)
     model, tok = build_model(cfg)
@@ -88,7 +123,7 @@ def _worker(rank: int, world: int, model_dir: str, gather: bool, out_dir: str, i
     model, tok = build_model(cfg)
     ddp = DDP(model)
     b = len(X) // world
-    local = {k: v[rank * b:(rank + 1) * b] for k, v in BATCH.items()}
+    local = {k: v[rank * b : (rank + 1) * b] for k, v in BATCH.items()}
     loss, logs = compute_loss(ddp, tok, local, cfg)
     loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
@@ -151,8 +186,9 @@ def test_export_gives_the_embeddings_the_trainer_scored(pooling, tiny_bert_dir, 
     ckpt.mkdir()
     torch.save({"model": module.state_dict()}, ckpt / "model.pt")
     # the dev scorer's encoder (dev_score): the test-time pooling over the trained encoder
-    scored = HFEncoder(module.encoder, tok, pooling=test_time_pooling(pooling), batch_size=8,
-                       max_length=cfg.eval.max_length).encode(X)
+    scored = HFEncoder(
+        module.encoder, tok, pooling=test_time_pooling(pooling), batch_size=8, max_length=cfg.eval.max_length
+    ).encode(X)
     out = export_model(cfg, ckpt, tmp_path / "export")
     got = SentenceTransformer(str(out), device="cpu").encode(X, convert_to_numpy=True)
     assert got.shape == scored.shape
@@ -171,18 +207,24 @@ def test_backbone_view_keeps_its_backbone_under_the_length_limit():
     from trainers.sifter_simcse import backbone_view_ids, tokenize_views
 
     tok = load_tokenizer("default")
-    long_x = ("the committee that was appointed by the regional council last spring finally published its long "
-              "awaited report on the state of the old bridges across the river after months of delays")
+    long_x = (
+        "the committee that was appointed by the regional council last spring finally published its long "
+        "awaited report on the state of the old bridges across the river after months of delays"
+    )
     backbone = "committee published report"
     y = f"{long_x} {backbone}"
     ids = backbone_view_ids(tok, long_x, y, 32)
     x_ids = tok(long_x, truncation=True, max_length=32)["input_ids"]
     b_ids = tok(backbone, add_special_tokens=False)["input_ids"]
     assert len(ids) == 32 and ids[0] == tok.cls_token_id and ids[-1] == tok.sep_token_id
-    assert ids[-1 - len(b_ids):-1] == b_ids and ids != x_ids
+    assert ids[-1 - len(b_ids) : -1] == b_ids and ids != x_ids
     assert tok(y, truncation=True, max_length=32)["input_ids"] == x_ids  # what plain truncation did before
     cfg = ContrastiveConfig.model_validate({"model": {"name_or_path": "default", "max_length": 32}})
-    batch = {"text": [long_x, X[0]], "backbone_view": [y, Y[0]], "deletion_view": ["committee published", Z[0]]}
+    batch = {
+        "text": [long_x, X[0]],
+        "backbone_view": [y, Y[0]],
+        "deletion_view": ["committee published", Z[0]],
+    }
     _, views, identical = tokenize_views(tok, batch, cfg)
     assert "y" in views and identical["y"] == 0
     # a short sentence keeps sentence and backbone both

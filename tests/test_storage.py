@@ -104,8 +104,9 @@ def test_pyarrow_filesystem_reads_s3(s3_bucket):
 
 
 @pytest.mark.parametrize("where", ["local", "s3"])
-def test_interrupted_upload_is_never_complete_and_resume_takes_the_last_complete(where, tmp_path, request,
-                                                                                  monkeypatch):
+def test_interrupted_upload_is_never_complete_and_resume_takes_the_last_complete(
+    where, tmp_path, request, monkeypatch
+):
     """#11.4: an upload that dies after its first file leaves a directory without the commit marker;
     it is not listed as complete, and the previous checkpoint still is."""
     import shutil

@@ -65,8 +65,15 @@ def test_a_sentence_several_tasks_share_is_encoded_once_with_the_same_figures():
 
 def test_task_sizes_match_senteval():
     sizes = {t: len(sts.load_task(t)) for t in sts.SEVEN_TASKS}
-    assert sizes == {"sts12": 3108, "sts13": 1500, "sts14": 3750, "sts15": 3000, "sts16": 1186,
-                     "stsb": 1379, "sickr": 4927}
+    assert sizes == {
+        "sts12": 3108,
+        "sts13": 1500,
+        "sts14": 3750,
+        "sts15": 3000,
+        "sts16": 1186,
+        "stsb": 1379,
+        "sickr": 4927,
+    }
 
 
 @pytest.mark.slow
@@ -81,8 +88,14 @@ def test_stsb_mean_pooling_equals_sentence_transformers(default_encoder):
     ours = sts.evaluate_data(HFEncoder(model, tok, pooling="mean", max_length=256, batch_size=32), data)
     st = SentenceTransformer(str(default_model_path()), device="cpu")
     st.max_seq_length = 256
-    ev = EmbeddingSimilarityEvaluator(data.sentence1, data.sentence2, data.scores.tolist(),
-                                      similarity_fn_names=["cosine"], write_csv=False, batch_size=32)
+    ev = EmbeddingSimilarityEvaluator(
+        data.sentence1,
+        data.sentence2,
+        data.scores.tolist(),
+        similarity_fn_names=["cosine"],
+        write_csv=False,
+        batch_size=32,
+    )
     ref = ev(st)
     ref_spearman = next(v for k, v in ref.items() if k.endswith("spearman_cosine"))
     ref_pearson = next(v for k, v in ref.items() if k.endswith("pearson_cosine"))
@@ -91,13 +104,19 @@ def test_stsb_mean_pooling_equals_sentence_transformers(default_encoder):
     assert ours["spearman"]["all"] == pytest.approx(0.8203, abs=5e-4)  # published all-MiniLM-L6-v2 STS-B
 
 
-@pytest.mark.parametrize("content,match", [
-    ("sentence1\tsentence2\n a\tb\n", r"bad\.tsv:1: missing column\(s\) score"),
-    ("sentence1\tsentence2\tscore\na\tb\t3.0\nc\td\tnot-a-number\n", r"bad\.tsv:3: score 'not-a-number' is not a number"),
-    ("", r"bad\.tsv: empty file"),
-    ("sentence1\tsentence2\tscore\n", r"bad\.tsv: no data rows"),
-    ("sentence1\tsentence2\tscore\na\tb\n", r"bad\.tsv:2: expected 3 tab-separated fields, got 2"),
-])
+@pytest.mark.parametrize(
+    "content,match",
+    [
+        ("sentence1\tsentence2\n a\tb\n", r"bad\.tsv:1: missing column\(s\) score"),
+        (
+            "sentence1\tsentence2\tscore\na\tb\t3.0\nc\td\tnot-a-number\n",
+            r"bad\.tsv:3: score 'not-a-number' is not a number",
+        ),
+        ("", r"bad\.tsv: empty file"),
+        ("sentence1\tsentence2\tscore\n", r"bad\.tsv: no data rows"),
+        ("sentence1\tsentence2\tscore\na\tb\n", r"bad\.tsv:2: expected 3 tab-separated fields, got 2"),
+    ],
+)
 def test_bad_input_names_file_and_line(tmp_path, content, match):
     p = tmp_path / "bad.tsv"
     p.write_text(content)
@@ -113,8 +132,13 @@ def test_invalid_utf8_names_line(tmp_path):
 
 
 def run_cli(*args, cwd=None):
-    return subprocess.run([sys.executable, str(ROOT / "jobs" / "evaluate.py"), *args],
-                          capture_output=True, text=True, cwd=cwd, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "jobs" / "evaluate.py"), *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=300,
+    )
 
 
 def test_cli_bad_file_is_one_line_no_traceback(tmp_path):
@@ -136,8 +160,19 @@ def test_cli_writes_json_schema(tmp_path, tiny_bert_dir):
     rows = ["sentence1\tsentence2\tscore"] + [f"a cat sat {i}\ta dog ran {i % 3}\t{i % 5}" for i in range(20)]
     pairs.write_text("\n".join(rows) + "\n")
     out = tmp_path / "out.json"
-    res = run_cli("--model", str(tiny_bert_dir), "--pooling", "mean", "--tasks", "stsb", "--sts-file", str(pairs),
-                  "--json", str(out), "--no-progress")
+    res = run_cli(
+        "--model",
+        str(tiny_bert_dir),
+        "--pooling",
+        "mean",
+        "--tasks",
+        "stsb",
+        "--sts-file",
+        str(pairs),
+        "--json",
+        str(out),
+        "--no-progress",
+    )
     assert res.returncode == 0, res.stderr
     result = json.loads(out.read_text())
     assert result["model"] == str(tiny_bert_dir) and result["pooling"] == "mean"
@@ -153,8 +188,19 @@ def test_cli_scores_a_baseline_beside_the_model_read_both_ways(tmp_path, tiny_be
     folder saved another, with that one too; the difference per task. The same folder as both: +0.00 at the
     same reading, and the other reading's own figures."""
     out = tmp_path / "out.json"
-    res = run_cli("--model", str(tiny_bert_dir), "--baseline", str(tiny_bert_dir), "--pooling", "cls_before_pooler",
-                  "--tasks", "stsb", "--json", str(out), "--no-progress")
+    res = run_cli(
+        "--model",
+        str(tiny_bert_dir),
+        "--baseline",
+        str(tiny_bert_dir),
+        "--pooling",
+        "cls_before_pooler",
+        "--tasks",
+        "stsb",
+        "--json",
+        str(out),
+        "--no-progress",
+    )
     assert res.returncode == 0, res.stderr
     result = json.loads(out.read_text())
     same, own = result["baselines"]
@@ -178,14 +224,30 @@ def test_same_seed_same_numbers(tiny_bert_dir):
     results = []
     for _ in range(2):
         seed_everything(123)
-        model = BertModel(BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=1,
-                                     num_attention_heads=2, intermediate_size=32))
+        model = BertModel(
+            BertConfig(
+                vocab_size=tok.vocab_size,
+                hidden_size=32,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                intermediate_size=32,
+            )
+        )
         results.append(sts.evaluate_data(HFEncoder(model, tok, pooling="mean"), data))
     assert results[0]["spearman"] == results[1]["spearman"]
     seed_everything(124)
-    other = BertModel(BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=1,
-                                 num_attention_heads=2, intermediate_size=32))
-    assert sts.evaluate_data(HFEncoder(other, tok, pooling="mean"), data)["spearman"] != results[0]["spearman"]
+    other = BertModel(
+        BertConfig(
+            vocab_size=tok.vocab_size,
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+        )
+    )
+    assert (
+        sts.evaluate_data(HFEncoder(other, tok, pooling="mean"), data)["spearman"] != results[0]["spearman"]
+    )
     torch.use_deterministic_algorithms(False)
 
 
@@ -198,14 +260,32 @@ def test_cli_defaults_to_the_folders_saved_pooling_and_refuses_a_new_pooler(tmp_
     from orchestrator.export import export_encoder
 
     pairs = tmp_path / "pairs.tsv"
-    pairs.write_text("sentence1\tsentence2\tscore\n" + "".join(f"a cat sat {i}\ta dog ran {i % 3}\t{i % 5}\n"
-                                                                for i in range(12)))
-    encoder = BertModel.from_pretrained(str(tiny_bert_dir), add_pooling_layer=False)  # as the trainers save it
-    folder = export_encoder(encoder, AutoTokenizer.from_pretrained(str(tiny_bert_dir)), tmp_path / "cls-model",
-                            pooling="cls_before_pooler")
+    pairs.write_text(
+        "sentence1\tsentence2\tscore\n"
+        + "".join(f"a cat sat {i}\ta dog ran {i % 3}\t{i % 5}\n" for i in range(12))
+    )
+    encoder = BertModel.from_pretrained(
+        str(tiny_bert_dir), add_pooling_layer=False
+    )  # as the trainers save it
+    folder = export_encoder(
+        encoder,
+        AutoTokenizer.from_pretrained(str(tiny_bert_dir)),
+        tmp_path / "cls-model",
+        pooling="cls_before_pooler",
+    )
     for model, expected in ((folder, "cls_before_pooler"), (tiny_bert_dir, "mean")):
         out = tmp_path / f"{expected}.json"
-        res = run_cli("--model", str(model), "--tasks", "", "--sts-file", str(pairs), "--json", str(out), "--no-progress")
+        res = run_cli(
+            "--model",
+            str(model),
+            "--tasks",
+            "",
+            "--sts-file",
+            str(pairs),
+            "--json",
+            str(out),
+            "--no-progress",
+        )
         assert res.returncode == 0, res.stderr[-2000:]
         assert json.loads(out.read_text())["pooling"] == expected
     res = run_cli("--model", str(folder), "--pooling", "cls", "--tasks", "", "--sts-file", str(pairs))
@@ -227,8 +307,15 @@ def test_encoding_batches_sentences_of_one_token_length_and_matches_unbatched(ti
 
     tok = load_tokenizer(str(tiny_bert_dir))
     seed_everything(7)
-    model = BertModel(BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=1,
-                                 num_attention_heads=2, intermediate_size=32)).eval()
+    model = BertModel(
+        BertConfig(
+            vocab_size=tok.vocab_size,
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+        )
+    ).eval()
     # characters and tokens disagree: long words of one token each, short letters of one token each
     sentences = ["a b c d e f g h", "cat", "a b c d e f g", "the", "understandings", "a b c"]
     lengths = [len(x) for x in tok(sentences)["input_ids"]]
@@ -236,15 +323,19 @@ def test_encoding_batches_sentences_of_one_token_length_and_matches_unbatched(ti
 
     def widths_and_embeddings(enc):
         widths = []
-        hook = model.register_forward_pre_hook(lambda m, a, kw: widths.append(kw["input_ids"].shape[1]),
-                                               with_kwargs=True)
+        hook = model.register_forward_pre_hook(
+            lambda m, a, kw: widths.append(kw["input_ids"].shape[1]), with_kwargs=True
+        )
         try:
             return widths, enc.encode(sentences)
         finally:
             hook.remove()
 
     widths, emb = widths_and_embeddings(HFEncoder(model, tok, pooling="mean", batch_size=2))
-    assert widths == sorted(lengths, reverse=True)[::2], (widths, lengths)  # each batch as wide as its longest
+    assert widths == sorted(lengths, reverse=True)[::2], (
+        widths,
+        lengths,
+    )  # each batch as wide as its longest
     chars = HFEncoder(model, tok, pooling="mean", batch_size=2, sort_by="chars")
     assert chars.lengths(sentences) == [len(s) for s in sentences]
     char_widths, char_emb = widths_and_embeddings(chars)

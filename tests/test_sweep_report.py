@@ -41,15 +41,21 @@ def test_every_shipped_sweep_config_validates(monkeypatch):
 
 def test_bad_space_value_names_the_key():
     base = get_method("tsdae").config_cls()
-    with pytest.raises(ConfigError, match=r"sweep\.space\.deletion_ratio=1\.5: deletion_ratio: Input should be less"):
+    with pytest.raises(
+        ConfigError, match=r"sweep\.space\.deletion_ratio=1\.5: deletion_ratio: Input should be less"
+    ):
         check_space(base, {"deletion_ratio": Dimension(grid=[0.3, 1.5])}, "x.yaml")
 
 
 def test_a_grid_point_whose_lambdas_are_all_zero_is_refused_before_ray():
     """Each value is valid alone; their combination is not: refused in one line naming the point."""
     base = get_method("sifter_simcse").config_cls(lambda_xx=0)
-    space = {"lambda_xy": Dimension(grid=[0, 1]), "lambda_xz": Dimension(grid=[0, 1]), "lambda_yz": Dimension(grid=[0, 1]),
-             "train.lr": Dimension(loguniform=(1e-5, 5e-5))}
+    space = {
+        "lambda_xy": Dimension(grid=[0, 1]),
+        "lambda_xz": Dimension(grid=[0, 1]),
+        "lambda_yz": Dimension(grid=[0, 1]),
+        "train.lr": Dimension(loguniform=(1e-5, 5e-5)),
+    }
     with pytest.raises(ConfigError) as exc:
         check_space(base, space, "x.yaml")
     assert str(exc.value).startswith("x.yaml: sweep grid point lambda_xy=0, lambda_xz=0, lambda_yz=0: ")
@@ -66,12 +72,22 @@ def test_params_apply_to_the_typed_config_by_path():
 
 
 def row(trial, params, dev, *, stopped=False, history=None):
-    return {"trial": trial, "params": params, "best_dev": dev, "checkpoint_path": f"/ckpt/{trial}",
-            "stopped_early": stopped, "history": history or [], "best": {}, "error": None}
+    return {
+        "trial": trial,
+        "params": params,
+        "best_dev": dev,
+        "checkpoint_path": f"/ckpt/{trial}",
+        "stopped_early": stopped,
+        "history": history or [],
+        "best": {},
+        "error": None,
+    }
 
 
 def report(value: float) -> TestReport:
-    return TestReport("t", {"sts_stsb_spearman_all": value, "sts_avg_spearman_all": value}, "sts_avg_spearman_all", "")
+    return TestReport(
+        "t", {"sts_stsb_spearman_all": value, "sts_avg_spearman_all": value}, "sts_avg_spearman_all", ""
+    )
 
 
 def test_choice_prefers_full_budget_trials_and_compares_with_the_base():
@@ -87,11 +103,17 @@ def test_choice_prefers_full_budget_trials_and_compares_with_the_base():
 def test_choice_averages_seeds_and_uses_a_grid_baseline():
     """SIFTER-LSTM: the setting with the best mean over seeds vs the plain-LSTM point's mean; a
     single lucky seed does not win."""
-    rows = [row("s1", {"short_circuit": True, "train.seed": 1}, 0.90), row("s2", {"short_circuit": True, "train.seed": 2}, 0.70),
-            row("l1", {"short_circuit": False, "train.seed": 1}, 0.81), row("l2", {"short_circuit": False, "train.seed": 2}, 0.81)]
+    rows = [
+        row("s1", {"short_circuit": True, "train.seed": 1}, 0.90),
+        row("s2", {"short_circuit": True, "train.seed": 2}, 0.70),
+        row("l1", {"short_circuit": False, "train.seed": 1}, 0.81),
+        row("l2", {"short_circuit": False, "train.seed": 2}, 0.81),
+    ]
     c = choose(rows, group_out=["train.seed"], base=None, baseline_params={"short_circuit": False})
     assert c.best["trial"] == "s1" and c.best_dev == pytest.approx(0.80) and c.base_dev == pytest.approx(0.81)
-    assert not c.beats_base and "nothing better than the base" in gate_line(c, "dev", {"name": "m", "version": 3})
+    assert not c.beats_base and "nothing better than the base" in gate_line(
+        c, "dev", {"name": "m", "version": 3}
+    )
 
 
 def test_registration_gate_both_ways(embedded_tracking, tiny_bert_dir):
@@ -112,24 +134,42 @@ def test_registration_gate_both_ways(embedded_tracking, tiny_bert_dir):
     assert reg2["alias"] is None and reg2["version"] == reg["version"] + 1
     assert tracking.alias_version("gated", "candidate") == reg["version"]  # not moved
     tags = mlflow.MlflowClient().get_model_version("gated", str(reg2["version"])).tags
-    assert tags["beats_base"] == "false" and float(tags["dev_score"]) == 0.7 and float(tags["base_dev_score"]) == 0.75
+    assert (
+        tags["beats_base"] == "false"
+        and float(tags["dev_score"]) == 0.7
+        and float(tags["base_dev_score"]) == 0.75
+    )
 
 
 def test_equal_step_columns_and_candidate_minus_base():
-    rows = [row("a", {}, 0.8, history=[{"step": 2, "m": 0.7}, {"step": 4, "m": 0.8}]),
-            row("b", {}, 0.6, stopped=True, history=[{"step": 2, "m": 0.6}])]
-    assert common_step(rows) == 2 and dev_at(rows[0], 2, "m") == 0.7 and dev_at(rows[1], 4, "m") != dev_at(rows[1], 4, "m")
+    rows = [
+        row("a", {}, 0.8, history=[{"step": 2, "m": 0.7}, {"step": 4, "m": 0.8}]),
+        row("b", {}, 0.6, stopped=True, history=[{"step": 2, "m": 0.6}]),
+    ]
+    assert (
+        common_step(rows) == 2
+        and dev_at(rows[0], 2, "m") == 0.7
+        and dev_at(rows[1], 4, "m") != dev_at(rows[1], 4, "m")
+    )
     table = compare_table(report(0.70), report(0.72))
     assert "| sts_stsb_spearman_all | 70.00 | 72.00 | +2.00 |" in table
 
 
 def test_groups_average_over_seeds():
     def trial(sc, seed, dev, test):
-        return {"params": {"short_circuit": sc, "train.seed": seed}, "best_dev": dev, "test": {"test_accuracy": test}}
+        return {
+            "params": {"short_circuit": sc, "train.seed": seed},
+            "best_dev": dev,
+            "test": {"test_accuracy": test},
+        }
 
-    rows = [trial(True, 1, 0.80, 0.79), trial(True, 2, 0.82, 0.81), trial(False, 1, 0.78, 0.77),
-            trial(False, 2, 0.76, 0.75), {"params": {"short_circuit": False, "train.seed": 3}, "best_dev": float("nan"),
-                                          "test": {}}]
+    rows = [
+        trial(True, 1, 0.80, 0.79),
+        trial(True, 2, 0.82, 0.81),
+        trial(False, 1, 0.78, 0.77),
+        trial(False, 2, 0.76, 0.75),
+        {"params": {"short_circuit": False, "train.seed": 3}, "best_dev": float("nan"), "test": {}},
+    ]
     groups = group_rows(rows, ["train.seed"], "test_accuracy")
     assert [g["setting"] for g in groups] == ["short_circuit=True", "short_circuit=False"]
     assert groups[0]["n"] == 2 and groups[0]["dev_mean"] == pytest.approx(0.81)
@@ -142,12 +182,23 @@ def test_sweep_job_resolves_without_ray(embedded_tracking):
     """``resolve`` validates the base config once and checks the space before anything starts."""
     from orchestrator.drivers.sweep_job import resolve
 
-    args = Namespace(resume=False, name="x", config=None, preset="smoke", overrides=["train.lr=4e-5"], storage=None,
-                     tracking_uri=None, no_progress=True, print_config=False,
-                     verbose=False)
+    args = Namespace(
+        resume=False,
+        name="x",
+        config=None,
+        preset="smoke",
+        overrides=["train.lr=4e-5"],
+        storage=None,
+        tracking_uri=None,
+        no_progress=True,
+        print_config=False,
+        verbose=False,
+    )
     plan = resolve(args, "sifter_sweep")
     assert plan.base.train.lr == 4e-5 and plan.base.model.pooling == "mean"  # resolved from MiniLM's folder
-    args.overrides = ["sweep.space={lambdas: {grid: [{lambda_xx: 0, lambda_xy: 0, lambda_xz: 0, lambda_yz: 0}]}}"]
+    args.overrides = [
+        "sweep.space={lambdas: {grid: [{lambda_xx: 0, lambda_xy: 0, lambda_xz: 0, lambda_yz: 0}]}}"
+    ]
     with pytest.raises(ConfigError, match="at least one of lambda_xx"):
         resolve(args, "sifter_sweep")
     # a name already taken is refused here, before the corpus is built (it was refused minutes later, after
@@ -155,7 +206,9 @@ def test_sweep_job_resolves_without_ray(embedded_tracking):
     args.overrides = []
     (embedded_tracking / "outputs" / "sweeps" / "x").mkdir(parents=True)
     (embedded_tracking / "outputs" / "sweeps" / "x" / "experiment_state.json").write_text("{}")
-    with pytest.raises(ConfigError, match=r"^sweep 'x' already exists at .*: pass --resume, or another --name"):
+    with pytest.raises(
+        ConfigError, match=r"^sweep 'x' already exists at .*: pass --resume, or another --name"
+    ):
         resolve(args, "sifter_sweep")
     args.resume = True
     assert resolve(args, "sifter_sweep").name == "x"
@@ -166,9 +219,18 @@ def test_optuna_search_is_seeded_and_refuses_bundles():
     same first points; bundles (dict values) are refused in one line (Optuna suggests single values)."""
     from orchestrator.drivers.sweep import make_search
 
-    job = SweepJobConfig.model_validate({"method": "sifter_simcse", "base": "x.yaml", "sweep": {
-        "search": "optuna", "seed": 7, "num_samples": 4,
-        "space": {"train.lr": {"loguniform": [1e-5, 5e-5]}, "dropout": {"choice": [0.1, 0.15]}}}})
+    job = SweepJobConfig.model_validate(
+        {
+            "method": "sifter_simcse",
+            "base": "x.yaml",
+            "sweep": {
+                "search": "optuna",
+                "seed": 7,
+                "num_samples": 4,
+                "space": {"train.lr": {"loguniform": [1e-5, 5e-5]}, "dropout": {"choice": [0.1, 0.15]}},
+            },
+        }
+    )
 
     def first_points(seed_job):
         search, space = make_search(seed_job, "stsb_dev_spearman", max_concurrent=1)
@@ -178,34 +240,68 @@ def test_optuna_search_is_seeded_and_refuses_bundles():
     assert first_points(job) == first_points(job)
     other = job.model_copy(update={"sweep": job.sweep.model_copy(update={"seed": 8})})
     assert first_points(other) != first_points(job)
-    bundled = SweepJobConfig.model_validate({"method": "sifter_simcse", "base": "x.yaml", "sweep": {
-        "search": "optuna", "space": {"lambdas": {"grid": [{"lambda_xx": 1}, {"lambda_xy": 1}]}}}})
+    bundled = SweepJobConfig.model_validate(
+        {
+            "method": "sifter_simcse",
+            "base": "x.yaml",
+            "sweep": {
+                "search": "optuna",
+                "space": {"lambdas": {"grid": [{"lambda_xx": 1}, {"lambda_xy": 1}]}},
+            },
+        }
+    )
     with pytest.raises(ConfigError, match="sweep.space.lambdas: optuna suggests single values"):
         make_search(bundled, "m", 1)
 
 
-def test_the_base_is_measured_with_every_pooling_and_the_strongest_is_the_yardstick(embedded_tracking, tiny_bert_dir):
+def test_the_base_is_measured_with_every_pooling_and_the_strongest_is_the_yardstick(
+    embedded_tracking, tiny_bert_dir
+):
     """#16: a sweep that tries poolings (or whose config reads the model otherwise than the folder saved it)
     measures the untouched model each way; the gate's base is the strongest. (A TSDAE sweep over CLS and
     mean once registered a mean-pooled candidate for beating MiniLM-with-CLS, 83.42 vs 79.73 STS-B dev,
     while MiniLM as the user has it - mean - scores 86.72.)"""
     from orchestrator.drivers.train import measure_bases
 
-    job = SweepJobConfig.model_validate({
-        "method": "sifter_simcse", "base": "configs/sifter_simcse/smoke.yaml",
-        "base_overrides": {"model.name_or_path": str(tiny_bert_dir), "model.pooling": "cls", "eval.tasks": ["stsb"],
-                           "eval.max_length": 32},
-        "sweep": {"space": {"model.pooling": {"grid": ["cls", "cls_before_pooler"]}}}})
-    bases = measure_bases(get_method("sifter_simcse"), base_of(job), tried=job.sweep.space["model.pooling"].candidates())
+    job = SweepJobConfig.model_validate(
+        {
+            "method": "sifter_simcse",
+            "base": "configs/sifter_simcse/smoke.yaml",
+            "base_overrides": {
+                "model.name_or_path": str(tiny_bert_dir),
+                "model.pooling": "cls",
+                "eval.tasks": ["stsb"],
+                "eval.max_length": 32,
+            },
+            "sweep": {"space": {"model.pooling": {"grid": ["cls", "cls_before_pooler"]}}},
+        }
+    )
+    bases = measure_bases(
+        get_method("sifter_simcse"), base_of(job), tried=job.sweep.space["model.pooling"].candidates()
+    )
     # cls and cls_before_pooler are read alike at test time (the raw [CLS]); the folder's own mean is added
     assert [b.label.rsplit(", ", 1)[1].rstrip(")") for b in bases] == ["cls", "mean"]
     assert bases[0].dev != bases[1].dev
     strongest = max(bases, key=lambda b: b.dev)
-    rows = [{"trial": "t", "params": {}, "best_dev": min(b.dev for b in bases) + 1e-4, "checkpoint_path": "c",
-             "stopped_early": False}]
+    rows = [
+        {
+            "trial": "t",
+            "params": {},
+            "best_dev": min(b.dev for b in bases) + 1e-4,
+            "checkpoint_path": "c",
+            "stopped_early": False,
+        }
+    ]
     assert not choose(rows, group_out=[], base=strongest, baseline_params={}).beats_base
     # a config that reads the model as it was saved measures that one way only
-    assert len(measure_bases(get_method("sifter_simcse"), trial_config(base_of(job), {"model.pooling": "mean"}, "t"))) == 1
+    assert (
+        len(
+            measure_bases(
+                get_method("sifter_simcse"), trial_config(base_of(job), {"model.pooling": "mean"}, "t")
+            )
+        )
+        == 1
+    )
 
 
 def test_a_finished_trial_is_tested_early_only_on_cores_the_trials_left_leave_idle():
@@ -214,14 +310,26 @@ def test_a_finished_trial_is_tested_early_only_on_cores_the_trials_left_leave_id
     from orchestrator.drivers.early_tests import spare_threads
     from orchestrator.drivers.sweep_space import total_trials
 
-    parabart = validate(SweepJobConfig, read_yaml(REPO_ROOT / "configs" / "parabart_sweep" / "smoke.yaml"), "smoke")
-    sentiment = validate(SweepJobConfig, read_yaml(REPO_ROOT / "configs" / "sentiment_sweep" / "smoke.yaml"), "smoke")
+    parabart = validate(
+        SweepJobConfig, read_yaml(REPO_ROOT / "configs" / "parabart_sweep" / "smoke.yaml"), "smoke"
+    )
+    sentiment = validate(
+        SweepJobConfig, read_yaml(REPO_ROOT / "configs" / "sentiment_sweep" / "smoke.yaml"), "smoke"
+    )
     assert total_trials(parabart) == 3 and total_trials(sentiment) == 6
     # ParaBART's smoke sweep on 2 cores: two 1-worker trials at once, then the third alone
     assert spare_threads(2, 1, 2, 3, ended=1) == (2, 0)  # the first ends: the third takes its place
     assert spare_threads(2, 1, 2, 3, ended=2) == (1, 1)  # the second ends: the third trains alone
     assert spare_threads(2, 1, 2, 3, ended=3) == (0, 2)
-    assert [spare_threads(2, 1, 2, 6, e)[1] for e in range(7)] == [0, 0, 0, 0, 0, 1, 2]  # the sentiment sweep's
+    assert [spare_threads(2, 1, 2, 6, e)[1] for e in range(7)] == [
+        0,
+        0,
+        0,
+        0,
+        0,
+        1,
+        2,
+    ]  # the sentiment sweep's
     assert spare_threads(4, 2, 2, 4, ended=3) == (1, 2)  # 2-worker trials on 4 cores
 
 
@@ -262,26 +370,51 @@ def test_the_closing_verdict_says_what_a_user_decides_on(tmp_path):
     from orchestrator.drivers.verdict import seed_devs, verdict
 
     def report(avg, stsb, sickr):
-        return TestReport("t", {"sts_avg_spearman_all": avg, "sts_stsb_spearman_all": stsb,
-                                "sts_sickr_spearman_all": sickr}, "sts_avg_spearman_all", "")
+        return TestReport(
+            "t",
+            {"sts_avg_spearman_all": avg, "sts_stsb_spearman_all": stsb, "sts_sickr_spearman_all": sickr},
+            "sts_avg_spearman_all",
+            "",
+        )
 
-    rows = [{"trial": f"t{i}", "params": {"lambda_xy": 1, "train.seed": s}, "best_dev": d, "checkpoint_path": "c"}
-            for i, (s, d) in enumerate([(1, 0.875), (2, 0.871), (3, 0.873)])]
-    rows.append({"trial": "t9", "params": {"lambda_xy": 0, "train.seed": 1}, "best_dev": 0.86, "checkpoint_path": "c"})
+    rows = [
+        {"trial": f"t{i}", "params": {"lambda_xy": 1, "train.seed": s}, "best_dev": d, "checkpoint_path": "c"}
+        for i, (s, d) in enumerate([(1, 0.875), (2, 0.871), (3, 0.873)])
+    ]
+    rows.append(
+        {"trial": "t9", "params": {"lambda_xy": 0, "train.seed": 1}, "best_dev": 0.86, "checkpoint_path": "c"}
+    )
     choice = Choice(rows[0], 0.873, 0.8672, "base (default, mean)", 0.0)
     base = BaseResult(0.8672, report(0.7887, 0.8203, 0.7715), "base (default, mean)")
     devs = seed_devs(rows, rows[0], ["train.seed"])
     assert devs == [0.875, 0.871, 0.873]
-    kw = dict(method="sifter_simcse", choice=choice, metric_label="STS-B dev Spearman", test=report(0.7958, 0.83, 0.7597),
-              base=base, registered={"name": "sifter-simcse", "version": 4, "run_id": "r1"}, devs=devs,
-              report=tmp_path / "summary.md", summary_json=tmp_path / "summary.json", job="sifter_sweep", gate="candidate: x")
-    lines = verdict(champion={"version": "2", "test_score": "0.7910", "test_metric": "sts_avg_spearman_all"}, **kw)
+    kw = dict(
+        method="sifter_simcse",
+        choice=choice,
+        metric_label="STS-B dev Spearman",
+        test=report(0.7958, 0.83, 0.7597),
+        base=base,
+        registered={"name": "sifter-simcse", "version": 4, "run_id": "r1"},
+        devs=devs,
+        report=tmp_path / "summary.md",
+        summary_json=tmp_path / "summary.json",
+        job="sifter_sweep",
+        gate="candidate: x",
+    )
+    lines = verdict(
+        champion={"version": "2", "test_score": "0.7910", "test_metric": "sts_avg_spearman_all"}, **kw
+    )
     assert len(lines) <= 8 and lines[-1] == "candidate: x"
     assert lines[0] == 'verdict: sifter_simcse {"lambda_xy": 1, "train.seed": 1} (trial t0)'
-    assert lines[1] == ("dev STS-B dev Spearman 87.30 vs base 86.72 (+0.58); test sts_avg_spearman_all 79.58 vs base "
-                        "78.87 (+0.71); champion v2 79.10 (+0.48)")
+    assert lines[1] == (
+        "dev STS-B dev Spearman 87.30 vs base 86.72 (+0.58); test sts_avg_spearman_all 79.58 vs base "
+        "78.87 (+0.71); champion v2 79.10 (+0.48)"
+    )
     assert lines[2] == "largest regression against the base: sts_sickr_spearman_all -1.18 (1 of 2 tasks up)"
-    assert lines[3] == "noise: the setting's dev over 3 seeds has sd 0.20; its margin over the base (+0.58) is 2.9 sd"
+    assert (
+        lines[3]
+        == "noise: the setting's dev over 3 seeds has sd 0.20; its margin over the base (+0.58) is 2.9 sd"
+    )
     assert lines[4].startswith(f"report: {tmp_path}/summary.md (summary JSON: {tmp_path}/summary.json)")
     assert "models:/sifter-simcse/4" in lines[4]
     assert lines[5].startswith("next: python jobs/promote.py --model sifter-simcse --version 4")
@@ -289,13 +422,19 @@ def test_the_closing_verdict_says_what_a_user_decides_on(tmp_path):
     assert "no champion yet" in alone[1] and alone[3].startswith("noise: one seed per setting")
 
 
-
 def test_the_card_sets_the_scores_beside_the_base_and_the_champion_and_mlflow_gets_no_front_matter():
     from orchestrator.drivers.publish import mlflow_description, scores_table
 
-    base = BaseResult(0.80, TestReport("t", {"sts_avg_spearman_all": 0.70, "sts_stsb_spearman_all": 0.75},
-                                       "sts_avg_spearman_all", "", {}), "base (m, mean)")
-    test = TestReport("t", {"sts_avg_spearman_all": 0.72, "sts_stsb_spearman_all": 0.74}, "sts_avg_spearman_all", "", {})
+    base = BaseResult(
+        0.80,
+        TestReport(
+            "t", {"sts_avg_spearman_all": 0.70, "sts_stsb_spearman_all": 0.75}, "sts_avg_spearman_all", "", {}
+        ),
+        "base (m, mean)",
+    )
+    test = TestReport(
+        "t", {"sts_avg_spearman_all": 0.72, "sts_stsb_spearman_all": 0.74}, "sts_avg_spearman_all", "", {}
+    )
     plain = scores_table(base, test)  # not registered (the train job): no champion column
     assert "champion" not in plain and "| sts_avg_spearman_all | 70.00 | 72.00 | +2.00 |" in plain
     held = scores_table(base, test, {"version": "3", "test_sts_avg_spearman_all": "0.715"})
@@ -320,13 +459,28 @@ def test_trial_runs_get_each_evaluation_once_whatever_the_outage_kept(embedded_t
 
     exp_id = tracking.setup(None, "sieve")
     with mlflow.start_run(experiment_id=exp_id) as parent:
-        child = live_runs.create_child_run(exp_id, parent.info.run_id, "t0",
-                                          {"sieve.sweep": "s", "sieve.trial": "t0", "sieve.role": "trial"}, {},
-                                          mlflow.get_tracking_uri())
-        for key, value in (("m", 0.5), ("loss", 1.0)):  # step 2's evaluation logged live; step 4's lost to an outage
+        child = live_runs.create_child_run(
+            exp_id,
+            parent.info.run_id,
+            "t0",
+            {"sieve.sweep": "s", "sieve.trial": "t0", "sieve.role": "trial"},
+            {},
+            mlflow.get_tracking_uri(),
+        )
+        for key, value in (
+            ("m", 0.5),
+            ("loss", 1.0),
+        ):  # step 2's evaluation logged live; step 4's lost to an outage
             tracking.MlflowClient().log_metric(child, key, value, step=2)
-        row = {"trial": "t0", "params": {}, "best_dev": 0.6, "stopped_early": False, "test": {}, "error": None,
-               "history": [{"step": 2, "m": 0.5, "loss": 1.0}, {"step": 4, "m": 0.6, "loss": 0.8}]}
+        row = {
+            "trial": "t0",
+            "params": {},
+            "best_dev": 0.6,
+            "stopped_early": False,
+            "test": {},
+            "error": None,
+            "history": [{"step": 2, "m": 0.5, "loss": 1.0}, {"step": 4, "m": 0.6, "loss": 0.8}],
+        }
         for _ in range(2):  # the publish, then a resumed one
             log_trials(exp_id, parent.info.run_id, "s", [row], "m")
     history = tracking.MlflowClient().get_metric_history(child, "m")

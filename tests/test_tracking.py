@@ -15,7 +15,9 @@ def _roundtrip(tiny_bert_dir, experiment):
 
     tracking.setup(None, experiment)
     with mlflow.start_run() as run:
-        tracking.log_params({"train": {"lr": 1e-5, "aws_secret": "abc"}, "model": {"name_or_path": "default"}})
+        tracking.log_params(
+            {"train": {"lr": 1e-5, "aws_secret": "abc"}, "model": {"name_or_path": "default"}}
+        )
         tracking.log_metrics({"stsb_dev_spearman": 0.5}, step=1)
         info = tracking.log_sentence_encoder(tiny_bert_dir, name="model")
     got = mlflow.get_run(run.info.run_id).data
@@ -42,7 +44,9 @@ def test_embedded_store_roundtrip(embedded_tracking, tiny_bert_dir):
     _roundtrip(tiny_bert_dir, "embedded")
     import mlflow  # #38.1: the experiment is a model-training one (the UI opens on its runs, not a GenAI overview)
 
-    assert mlflow.get_experiment_by_name("embedded").tags[tracking.EXPERIMENT_KIND] == "custom_model_development"
+    assert (
+        mlflow.get_experiment_by_name("embedded").tags[tracking.EXPERIMENT_KIND] == "custom_model_development"
+    )
     assert (embedded_tracking / "mlruns" / "mlflow.db").is_file()
     assert any((embedded_tracking / "mlruns" / "artifacts").rglob("MLmodel"))
 
@@ -65,10 +69,14 @@ def test_unreachable_server_fails_fast_naming_uri():
 
 def test_redaction_by_key_and_value(monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "SUPERSECRETVALUE123")
-    params = tracking.clean_params({
-        "storage": {"uri": "s3://b/x?key=SUPERSECRETVALUE123"},
-        "mlflow": {"password": "hunter2"}, "ray": {"auth_token": "t"}, "lr": 0.1,
-    })
+    params = tracking.clean_params(
+        {
+            "storage": {"uri": "s3://b/x?key=SUPERSECRETVALUE123"},
+            "mlflow": {"password": "hunter2"},
+            "ray": {"auth_token": "t"},
+            "lr": 0.1,
+        }
+    )
     assert "SUPERSECRETVALUE123" not in str(params)
     assert params["mlflow.password"] == params["ray.auth_token"] == tracking.REDACTED
     assert params["lr"] == "0.1"
@@ -91,7 +99,9 @@ def test_a_server_gone_at_publish_ends_the_sweep_with_the_resume_line(monkeypatc
     with pytest.raises(Exception) as gone:
         MlflowClient(tracking_uri=dead).search_experiments()
     assert tracking.is_unreachable(gone.value)
-    cfg = load_config(ContrastiveConfig, "configs/sifter_simcse/smoke.yaml", [f"tracking.tracking_uri={dead}"])
+    cfg = load_config(
+        ContrastiveConfig, "configs/sifter_simcse/smoke.yaml", [f"tracking.tracking_uri={dead}"]
+    )
     plan = SweepPlan("tiny", None, None, cfg, "1", default_dir="sifter_sweep")
     line = publish_outage(gone.value, plan)
     assert isinstance(line, TrackingError) and dead in str(line) and cfg.run.storage in str(line)
@@ -116,11 +126,22 @@ def test_jobs_started_at_once_share_a_fresh_embedded_store(tmp_path):
     import sys
 
     root = Path(__file__).resolve().parents[1]
-    code = (f"import sys; sys.path.insert(0, {str(root)!r}); from orchestrator import tracking; "
-            "print(tracking.setup(None, 'sieve'))")
+    code = (
+        f"import sys; sys.path.insert(0, {str(root)!r}); from orchestrator import tracking; "
+        "print(tracking.setup(None, 'sieve'))"
+    )
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, env=env, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(4)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            cwd=tmp_path,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for _ in range(4)
+    ]
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0] * 4, [e[-800:] for _, e in outs]
     assert len({o.strip().splitlines()[-1] for o, _ in outs}) == 1  # one experiment
@@ -139,10 +160,17 @@ def test_a_moved_embedded_store_says_where_its_artifacts_still_are(tmp_path, mon
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     first = tmp_path / "first"
     first.mkdir()
-    for _ in range(2):  # a job makes the store (a process of its own: the file is complete when it ends), one reuses it
-        done = subprocess.run([sys.executable, "-c", "from orchestrator import tracking; tracking.setup(None, 'sieve')"],
-                              cwd=first, capture_output=True, text=True, timeout=120,
-                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    for _ in range(
+        2
+    ):  # a job makes the store (a process of its own: the file is complete when it ends), one reuses it
+        done = subprocess.run(
+            [sys.executable, "-c", "from orchestrator import tracking; tracking.setup(None, 'sieve')"],
+            cwd=first,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+        )
         assert done.returncode == 0 and "warning" not in done.stderr, done.stderr[-2000:]
     shutil.copytree(first, tmp_path / "second")
     monkeypatch.chdir(tmp_path / "second")

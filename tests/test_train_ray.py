@@ -42,8 +42,12 @@ def test_ddp_run_checkpoints_export_and_sts(tiny_bert_dir, tiny_shards, tmp_path
     assert outcome.best_metrics["stsb_dev_spearman"] == max(r["stsb_dev_spearman"] for r in outcome.history)
     # #22: the step profile travels with every report: its parts add up to no more than the loop's time
     last = outcome.history[-1]
-    parts = [last[k] for k in ("time_ingest_s", "time_forward_s", "time_backward_step_s", "time_eval_report_s")]
-    assert all(p >= 0 for p in parts) and parts[1] > 0 and parts[2] > 0 and parts[3] > 0  # 2 evals before the last
+    parts = [
+        last[k] for k in ("time_ingest_s", "time_forward_s", "time_backward_step_s", "time_eval_report_s")
+    ]
+    assert (
+        all(p >= 0 for p in parts) and parts[1] > 0 and parts[2] > 0 and parts[3] > 0
+    )  # 2 evals before the last
     assert sum(parts) <= last["train_s"] + 1e-6
     out, test = export_and_test(method, cfg, outcome, tmp_path / "model", tasks=["stsb"])
     assert test.detail["sts"]["tasks"]["stsb"]["n"] == 1379 and test.headline == "sts_avg_spearman_all"
@@ -59,8 +63,9 @@ def test_ddp_run_checkpoints_export_and_sts(tiny_bert_dir, tiny_shards, tmp_path
     # Both train at once (2 + 2 workers on the cluster's 4 CPUs; suite time): each run's numbers depend on
     # its own seed and threads only (1 per worker), not on what else runs
     faithful = crash_trainer(method, cfg, tiny_shards, tmp_path, "ddp-crash", monkeypatch)
-    careless = crash_trainer(method, cfg, tiny_shards, tmp_path, "ddp-crash-no-rng", monkeypatch,
-                             SIEVE_SKIP_RNG_RESTORE="1")
+    careless = crash_trainer(
+        method, cfg, tiny_shards, tmp_path, "ddp-crash-no-rng", monkeypatch, SIEVE_SKIP_RNG_RESTORE="1"
+    )
     crashed, sloppy_run = fit_at_once([faithful, careless], method, cfg)
     exact = abs(crashed.history[-1]["stsb_dev_spearman"] - outcome.history[-1]["stsb_dev_spearman"]) * 100
     sloppy = abs(sloppy_run.history[-1]["stsb_dev_spearman"] - outcome.history[-1]["stsb_dev_spearman"]) * 100
@@ -68,8 +73,16 @@ def test_ddp_run_checkpoints_export_and_sts(tiny_bert_dir, tiny_shards, tmp_path
     # masks from the restored - or not - RNG states): the tiny model's dev Spearman moves too little for that
     # (the careless resume moved it 0.008 points in one run, 0.00015 in another)
     loss = outcome.history[-1]["loss"]
-    exact_loss, sloppy_loss = abs(crashed.history[-1]["loss"] - loss), abs(sloppy_run.history[-1]["loss"] - loss)
-    assert exact < 0.001 and exact_loss < 1e-6 and sloppy_loss > 1e-3, (exact, exact_loss, sloppy, sloppy_loss)
+    exact_loss, sloppy_loss = (
+        abs(crashed.history[-1]["loss"] - loss),
+        abs(sloppy_run.history[-1]["loss"] - loss),
+    )
+    assert exact < 0.001 and exact_loss < 1e-6 and sloppy_loss > 1e-3, (
+        exact,
+        exact_loss,
+        sloppy,
+        sloppy_loss,
+    )
 
 
 def exported_dev(folder: Path, cfg) -> float:
@@ -117,8 +130,9 @@ def test_deepspeed_zero_with_crash_and_resume(stage, tiny_bert_dir, tiny_shards,
     method = get_method("sifter_simcse")
     cfg = tiny_cfg(tiny_bert_dir, tmp_path, deepspeed={"stage": stage})
     # one after the other: ZeRO-3 keeps both cores busy, and the two runs at once took longer (108 vs 78 s)
-    [outcome] = fit_at_once([crash_trainer(method, cfg, tiny_shards, tmp_path, f"zero{stage}", monkeypatch)],
-                            method, cfg)
+    [outcome] = fit_at_once(
+        [crash_trainer(method, cfg, tiny_shards, tmp_path, f"zero{stage}", monkeypatch)], method, cfg
+    )
     with outcome.best_checkpoint.as_directory() as d:
         assert (Path(d) / "ds").is_dir()
     out, test = export_and_test(method, cfg, outcome, tmp_path / "model", tasks=["stsb"])
@@ -162,8 +176,9 @@ def test_a_run_whose_controller_lost_a_node_is_started_again_and_no_other_error_
     cfg = tiny_cfg("unused", tmp_path, run={"max_failures": 2})
 
     def lost():
-        return ControllerError(ActorUnavailableError("The actor is temporarily unavailable: RpcError: Socket closed",
-                                                     None))
+        return ControllerError(
+            ActorUnavailableError("The actor is temporarily unavailable: RpcError: Socket closed", None)
+        )
 
     trainer = StandInTrainer(lost(), lost())  # within run.max_failures: started again each time, then trained
     assert fit(trainer, method, cfg).history == [{"step": 2}] and trainer.calls == 3
@@ -174,7 +189,9 @@ def test_a_run_whose_controller_lost_a_node_is_started_again_and_no_other_error_
         fit(trainer, method, cfg)
     assert trainer.calls == 3
 
-    trainer = StandInTrainer(ControllerError(ValueError("a bug in the controller's input")))  # not a lost node
+    trainer = StandInTrainer(
+        ControllerError(ValueError("a bug in the controller's input"))
+    )  # not a lost node
     with pytest.raises(ControllerError, match="a bug"):
         fit(trainer, method, cfg)
     assert trainer.calls == 1

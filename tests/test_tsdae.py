@@ -12,13 +12,18 @@ import torch
 from orchestrator.errors import DataError
 from trainers.tsdae import TSDAEConfig, build_model, compute_loss, noisy_batch
 
-TEXTS = ["The quick brown fox jumps over the lazy dog .", "A man is playing a guitar on the street corner .",
-         "Stocks fell sharply on Monday after the report .", "She has lived in Paris since 2010 ."]
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog .",
+    "A man is playing a guitar on the street corner .",
+    "Stocks fell sharply on Monday after the report .",
+    "She has lived in Paris since 2010 .",
+]
 
 
 def tiny(model_dir, pooling: str = "cls", **kw) -> TSDAEConfig:
-    return TSDAEConfig.model_validate({"model": {"name_or_path": str(model_dir), "max_length": 24, "pooling": pooling},
-                                       **kw})
+    return TSDAEConfig.model_validate(
+        {"model": {"name_or_path": str(model_dir), "max_length": 24, "pooling": pooling}, **kw}
+    )
 
 
 def tokens(tok, texts):
@@ -65,7 +70,10 @@ def test_decoder_sees_only_the_sentence_vector(tiny_bert_dir, pooling):
 def test_tied_weights_are_one_tensor(tiny_bert_dir):
     model, _ = build_model(tiny(tiny_bert_dir))
     enc, dec = model.encoder, model.decoder
-    assert dec.bert.encoder.layer[1].attention.self.query.weight is enc.encoder.layer[1].attention.self.query.weight
+    assert (
+        dec.bert.encoder.layer[1].attention.self.query.weight
+        is enc.encoder.layer[1].attention.self.query.weight
+    )
     assert dec.bert.embeddings.word_embeddings.weight is enc.embeddings.word_embeddings.weight
     assert dec.get_output_embeddings().weight is enc.embeddings.word_embeddings.weight
     enc_ids = {id(p) for p in enc.parameters()}
@@ -74,17 +82,25 @@ def test_tied_weights_are_one_tensor(tiny_bert_dir):
     # one optimiser step moves the shared tensor once, seen from both sides
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     before = enc.encoder.layer[0].output.dense.weight.detach().clone()
-    loss, _ = compute_loss(model, build_model(tiny(tiny_bert_dir))[1], TEXTS, tiny(tiny_bert_dir), random.Random(0))
+    loss, _ = compute_loss(
+        model, build_model(tiny(tiny_bert_dir))[1], TEXTS, tiny(tiny_bert_dir), random.Random(0)
+    )
     loss.backward()
     opt.step()
     assert not torch.equal(before, enc.encoder.layer[0].output.dense.weight)
-    assert torch.equal(dec.bert.encoder.layer[0].output.dense.weight, enc.encoder.layer[0].output.dense.weight)
+    assert torch.equal(
+        dec.bert.encoder.layer[0].output.dense.weight, enc.encoder.layer[0].output.dense.weight
+    )
 
     untied, _ = build_model(tiny(tiny_bert_dir, tie_encoder_decoder=False))
-    assert untied.decoder.bert.encoder.layer[1].attention.self.query.weight is not \
-        untied.encoder.encoder.layer[1].attention.self.query.weight
-    assert torch.equal(untied.decoder.bert.encoder.layer[1].attention.self.query.weight,
-                       untied.encoder.encoder.layer[1].attention.self.query.weight)  # initialised from it
+    assert (
+        untied.decoder.bert.encoder.layer[1].attention.self.query.weight
+        is not untied.encoder.encoder.layer[1].attention.self.query.weight
+    )
+    assert torch.equal(
+        untied.decoder.bert.encoder.layer[1].attention.self.query.weight,
+        untied.encoder.encoder.layer[1].attention.self.query.weight,
+    )  # initialised from it
 
 
 # Three AdamW steps of the tiny seeded model on fixed sentences and noise (tied, CLS).
@@ -121,8 +137,11 @@ def test_reconstruction_loss_ignores_padding(tiny_bert_dir):
     short = tokens(tok, ["a short one ."])
     padded = tokens(tok, ["a short one .", "a much longer sentence that forces padding onto the first one ."])
     alone = model(short["input_ids"], short["attention_mask"], short["input_ids"], short["attention_mask"])
-    logits = model.decode(model.encode(padded["input_ids"][:1], padded["attention_mask"][:1]),
-                          padded["input_ids"][:1, :-1], padded["attention_mask"][:1, :-1])
+    logits = model.decode(
+        model.encode(padded["input_ids"][:1], padded["attention_mask"][:1]),
+        padded["input_ids"][:1, :-1],
+        padded["attention_mask"][:1, :-1],
+    )
     labels = padded["input_ids"][:1, 1:].masked_fill(padded["attention_mask"][:1, 1:] == 0, -100)
     with_pad = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1))
     assert with_pad.item() == pytest.approx(alone.item(), rel=1e-5)
@@ -139,7 +158,9 @@ def test_average_precision_equals_sklearn():
         labels = rng.integers(0, 2, n)
         labels[0] = 1
         scores = rng.normal(size=n).round(1 if ties else 8)
-        assert average_precision(scores, labels) == pytest.approx(average_precision_score(labels, scores), abs=1e-12)
+        assert average_precision(scores, labels) == pytest.approx(
+            average_precision_score(labels, scores), abs=1e-12
+        )
 
 
 def test_twitterpara_ap_matches_sklearn_on_real_pairs(tiny_bert_dir):
@@ -156,10 +177,14 @@ def test_twitterpara_ap_matches_sklearn_on_real_pairs(tiny_bert_dir):
     assert len(data) == 838 and int(data.scores.sum()) == 175
     sims, labels = pit.scores(enc)
     assert np.array_equal(labels, data.scores.astype(int))
-    assert sims == pytest.approx(cosine_rows(enc.encode(data.sentence1), enc.encode(data.sentence2)), abs=1e-4)
+    assert sims == pytest.approx(
+        cosine_rows(enc.encode(data.sentence1), enc.encode(data.sentence2)), abs=1e-4
+    )
     assert pit(enc)["twitterpara_pit_ap"] == pytest.approx(average_precision_score(labels, sims), abs=1e-12)
     full = TwitterParaEvaluator()(enc)
-    assert full["twitterpara_ap"] == pytest.approx((full["twitterpara_pit_ap"] + full["twitterpara_url_ap"]) / 2)
+    assert full["twitterpara_ap"] == pytest.approx(
+        (full["twitterpara_pit_ap"] + full["twitterpara_url_ap"]) / 2
+    )
 
 
 def test_domain_evaluator_errors(tmp_path):
@@ -190,10 +215,14 @@ def test_reranking_map_on_a_hand_made_set(tmp_path):
             return np.array([vecs[t] for t in texts], dtype=float)
 
     jl = tmp_path / "r.jsonl"
-    jl.write_text('{"query": "q", "positive": ["p1", "p2"], "negative": ["n1"]}\n'
-                  '{"query": "q2", "positive": ["p2"], "negative": ["n2"]}\n')
+    jl.write_text(
+        '{"query": "q", "positive": ["p1", "p2"], "negative": ["n1"]}\n'
+        '{"query": "q2", "positive": ["p2"], "negative": ["n2"]}\n'
+    )
     # query 1 ranks p1, n1, p2 → AP = (1/1 + 2/3) / 2; query 2 ranks p2 first → AP 1
-    assert RerankingEvaluator("askubuntu", jl)(Toy())["askubuntu_map"] == pytest.approx(((1 + 2 / 3) / 2 + 1) / 2)
+    assert RerankingEvaluator("askubuntu", jl)(Toy())["askubuntu_map"] == pytest.approx(
+        ((1 + 2 / 3) / 2 + 1) / 2
+    )
 
 
 # ---------------------------------------------------------------- Ray Train
@@ -207,13 +236,15 @@ def test_tsdae_under_ray_train_exports_a_sentence_transformer(tiny_bert_dir, tin
     from orchestrator.drivers.train import build_trainer, export_and_test, fit
 
     method = get_method("tsdae")
-    cfg = TSDAEConfig.model_validate({
-        "model": {"name_or_path": str(tiny_bert_dir), "max_length": 24, "pooling": "cls"},
-        "train": {"lr": 1e-3, "batch_size": 8, "max_steps": 4, "eval_steps": 2},
-        "scaling": {"num_workers": 2, "cpus_per_worker": 1},
-        "eval": {"batch_size": 512, "max_length": 32, "tasks": ["stsb"]},
-        "run": {"storage": str(tmp_path / "store")},
-    })
+    cfg = TSDAEConfig.model_validate(
+        {
+            "model": {"name_or_path": str(tiny_bert_dir), "max_length": 24, "pooling": "cls"},
+            "train": {"lr": 1e-3, "batch_size": 8, "max_steps": 4, "eval_steps": 2},
+            "scaling": {"num_workers": 2, "cpus_per_worker": 1},
+            "eval": {"batch_size": 512, "max_length": 32, "tasks": ["stsb"]},
+            "run": {"storage": str(tmp_path / "store")},
+        }
+    )
     outcome = fit(build_trainer(method, cfg, tiny_shards, name="tsdae"), method, cfg)
     assert [int(r["step"]) for r in outcome.history] == [2, 4]
     assert not any("dev_score" in r for r in outcome.history)  # the paper's protocol: no dev score at all
@@ -244,7 +275,11 @@ def pq_texts(shards: str) -> list[str]:
 
     from orchestrator import storage
 
-    return pq.read_table(storage.join(storage.resolve_build(shards), "shards"), columns=["text"]).column("text").to_pylist()
+    return (
+        pq.read_table(storage.join(storage.resolve_build(shards), "shards"), columns=["text"])
+        .column("text")
+        .to_pylist()
+    )
 
 
 def test_the_default_protocol_reads_no_labelled_set_before_the_final_test(tiny_bert_dir, monkeypatch):
@@ -258,12 +293,20 @@ def test_the_default_protocol_reads_no_labelled_set_before_the_final_test(tiny_b
     for module, name in ((sts, "read_sts_tsv"), (domain, "read_sts_tsv"), (sts, "load_task")):
         real = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, _real=real, **k: calls.append(a) or _real(*a, **k))
-    cfg = TSDAEConfig.model_validate({"model": {"name_or_path": str(tiny_bert_dir), "pooling": "cls"},
-                                      "eval": {"batch_size": 512, "max_length": 32}})
-    assert cfg.eval.dev is None and cfg.eval.select == "last" and tsdae.TSDAERecipe.selection_metric(cfg) is None
+    cfg = TSDAEConfig.model_validate(
+        {
+            "model": {"name_or_path": str(tiny_bert_dir), "pooling": "cls"},
+            "eval": {"batch_size": 512, "max_length": 32},
+        }
+    )
+    assert (
+        cfg.eval.dev is None and cfg.eval.select == "last" and tsdae.TSDAERecipe.selection_metric(cfg) is None
+    )
     model, tok = build_model(cfg)
     assert np.isnan(tsdae.dev_score(model.encoder, tok, cfg)) and calls == []
-    tuned = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"dev": "twitterpara_pit_dev", "select": "best"})})
+    tuned = cfg.model_copy(
+        update={"eval": cfg.eval.model_copy(update={"dev": "twitterpara_pit_dev", "select": "best"})}
+    )
     assert 0 < tsdae.dev_score(model.encoder, tok, tuned) < 1 and calls  # the option reads it
     assert tsdae.TSDAERecipe.selection_metric(tuned) == "dev_score"
     with pytest.raises(ValueError, match="needs a labelled dev set"):
@@ -276,11 +319,20 @@ def test_training_text_and_test_sentences_are_disjoint():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1] / "data"
-    train = {ln.strip() for ln in (root / "corpus" / "twitterpara_pit2015_dev_sentences.txt").read_text().splitlines()}
+    train = {
+        ln.strip()
+        for ln in (root / "corpus" / "twitterpara_pit2015_dev_sentences.txt").read_text().splitlines()
+    }
     for name in ("pit2015-test.tsv", "twitterurl-test.tsv"):
-        rows = list(csv.DictReader(open(root / "twitterpara" / name, encoding="utf-8"), delimiter="\t",
-                                   quoting=csv.QUOTE_NONE))
-        assert len(train) > 4000 and not ({r["sentence1"] for r in rows} | {r["sentence2"] for r in rows}) & train
+        rows = list(
+            csv.DictReader(
+                open(root / "twitterpara" / name, encoding="utf-8"), delimiter="\t", quoting=csv.QUOTE_NONE
+            )
+        )
+        assert (
+            len(train) > 4000
+            and not ({r["sentence1"] for r in rows} | {r["sentence2"] for r in rows}) & train
+        )
 
 
 def test_loss_equals_sentence_transformers_denoising_loss(tiny_bert_dir):
@@ -317,8 +369,12 @@ def test_the_train_jobs_summary_without_a_dev_set_is_json_with_the_test_beside_t
     def report(ap):
         return TestReport("t", {"twitterpara_ap": ap, "sts_avg_spearman_all": 0.7}, "twitterpara_ap", "")
 
-    out = json.loads(json.dumps(summary("r1", "m", 12.34, math.nan, BaseResult(math.nan, report(0.7451), "base"),
-                                        report(0.6938)), allow_nan=False))
+    out = json.loads(
+        json.dumps(
+            summary("r1", "m", 12.34, math.nan, BaseResult(math.nan, report(0.7451), "base"), report(0.6938)),
+            allow_nan=False,
+        )
+    )
     assert out["best_dev"] is None and out["base_dev"] is None and "without a dev set" in out["dev"]
     assert out["test_twitterpara_ap"] == 0.6938 and out["base_test_twitterpara_ap"] == 0.7451
     with_dev = summary(None, "m", 1.0, 0.87, BaseResult(0.86, report(0.7), "base"), report(0.8))
@@ -342,7 +398,9 @@ def test_the_decoder_warm_up_holds_the_encoder_bit_identical_then_lets_it_move(t
     enc0 = {n: p.detach().clone() for n, p in model.encoder.named_parameters()}
     own = {n: p for n, p in model.decoder.named_parameters() if "crossattention" in n}
     own0 = {n: p.detach().clone() for n, p in own.items()}
-    assert own0 and model.decoder.get_output_embeddings().weight is model.encoder.get_input_embeddings().weight
+    assert (
+        own0 and model.decoder.get_output_embeddings().weight is model.encoder.get_input_embeddings().weight
+    )
     for step in range(3):
         common.hold_part(stepper.optimizer, "encoder", frozen=step < cfg.freeze_encoder_steps)
         loss, _ = compute_loss(model, tok, TEXTS, cfg, random.Random(step))

@@ -45,7 +45,9 @@ def deepspeed_reads_weights_only():
                 return real(*args, **kwargs)
         except pickle.UnpicklingError as exc:
             where = args[0] if args else kwargs.get("f", "a checkpoint file")
-            raise DataError(f"{where}: refused - not a weights-only file ({str(exc).splitlines()[0][:160]})") from None
+            raise DataError(
+                f"{where}: refused - not a weights-only file ({str(exc).splitlines()[0][:160]})"
+            ) from None
 
     torch.load = load
     try:
@@ -56,9 +58,11 @@ def deepspeed_reads_weights_only():
 
 def extra_states(module: torch.nn.Module) -> dict:
     """Every submodule's ``get_extra_state()`` under its state-dict key (``<name>._extra_state``)."""
-    return {f"{name}._extra_state" if name else "_extra_state": m.get_extra_state()
-            for name, m in module.named_modules()
-            if type(m).get_extra_state is not torch.nn.Module.get_extra_state}
+    return {
+        f"{name}._extra_state" if name else "_extra_state": m.get_extra_state()
+        for name, m in module.named_modules()
+        if type(m).get_extra_state is not torch.nn.Module.get_extra_state
+    }
 
 
 def read_extra_states(checkpoint_dir: Path) -> dict:
@@ -70,7 +74,9 @@ def read_extra_states(checkpoint_dir: Path) -> dict:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        raise DataError(f"{path}: refused - not a weights-only file ({str(exc).splitlines()[0][:160]})") from None
+        raise DataError(
+            f"{path}: refused - not a weights-only file ({str(exc).splitlines()[0][:160]})"
+        ) from None
 
 
 def load_module_state(checkpoint_dir) -> dict:
@@ -98,8 +104,11 @@ def rng_state() -> dict:
     """Every generator's state as tensors and plain numbers, so ``torch.load(weights_only=True)`` reads it back."""
     name, keys, pos, has_gauss, gauss = np.random.get_state()
     version, internal, gauss_next = random.getstate()
-    out = {"torch": torch.get_rng_state(), "numpy": [name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss],
-           "python": [version, torch.tensor(internal, dtype=torch.int64), gauss_next]}
+    out = {
+        "torch": torch.get_rng_state(),
+        "numpy": [name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss],
+        "python": [version, torch.tensor(internal, dtype=torch.int64), gauss_next],
+    }
     if torch.cuda.is_available():
         out["cuda"] = torch.cuda.get_rng_state()
     return out

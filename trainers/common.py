@@ -90,7 +90,9 @@ def setup_worker(cfg) -> Ingest:
 def lr_scheduler(optimizer, schedule: str, warmup_steps: int, total_steps: int):
     """transformers' schedules: ``linear`` decay to 0 (after an optional linear warm-up) or ``constant``."""
     name = {"linear": "linear", "constant": "constant_with_warmup" if warmup_steps else "constant"}[schedule]
-    return get_scheduler(name, optimizer, num_warmup_steps=warmup_steps, num_training_steps=max(1, total_steps))
+    return get_scheduler(
+        name, optimizer, num_warmup_steps=warmup_steps, num_training_steps=max(1, total_steps)
+    )
 
 
 def device_for(cfg) -> torch.device:
@@ -106,10 +108,22 @@ class Stepper:
     ``module`` is the underlying ``nn.Module`` (for evaluation and export).
     """
 
-    def __init__(self, module: torch.nn.Module, param_groups, *, lr: float, schedule: str, total_steps: int,
-                 grad_clip: float | None, deepspeed_cfg=None, warmup_steps: int = 0, fused: bool = False,
-                 compile_backend: str | None = None, extra_optimizers: dict | None = None,
-                 extra_modules: dict | None = None):
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        param_groups,
+        *,
+        lr: float,
+        schedule: str,
+        total_steps: int,
+        grad_clip: float | None,
+        deepspeed_cfg=None,
+        warmup_steps: int = 0,
+        fused: bool = False,
+        compile_backend: str | None = None,
+        extra_optimizers: dict | None = None,
+        extra_modules: dict | None = None,
+    ):
         self.module = module
         self.grad_clip = grad_clip
         # saved and restored with the checkpoint: small modules trained beside the main one (ParaBART's
@@ -125,11 +139,14 @@ class Stepper:
             self.optimizer = torch.optim.AdamW(param_groups, lr=lr)
             self.scheduler = lr_scheduler(self.optimizer, schedule, warmup_steps, total_steps)
             self.model, self.optimizer, _, self.scheduler = deepspeed.initialize(
-                model=module, optimizer=self.optimizer, lr_scheduler=self.scheduler, config=ds_config)
+                model=module, optimizer=self.optimizer, lr_scheduler=self.scheduler, config=ds_config
+            )
         else:
             self.ddp = ray.train.torch.prepare_model(module) if world_size() > 1 else None
             self.model = self.ddp if self.ddp is not None else module
-            if compile_backend:  # the forward the loss calls; ``module`` stays the plain one for eval and export
+            if (
+                compile_backend
+            ):  # the forward the loss calls; ``module`` stays the plain one for eval and export
                 self.model = torch.compile(self.model, backend=compile_backend)
             self.optimizer = torch.optim.AdamW(param_groups, lr=lr, fused=fused or None)
             self.scheduler = lr_scheduler(self.optimizer, schedule, warmup_steps, total_steps)
@@ -155,8 +172,10 @@ class Stepper:
             return
         self.optimizer.zero_grad(set_to_none=True)
         if isinstance(loss, CachedLoss):
-            loss.backward(lambda surrogate, last: surrogate.backward(),
-                          no_sync=self.ddp.no_sync if self.ddp is not None else nullcontext)
+            loss.backward(
+                lambda surrogate, last: surrogate.backward(),
+                no_sync=self.ddp.no_sync if self.ddp is not None else nullcontext,
+            )
         else:
             loss.backward()
 
@@ -206,15 +225,24 @@ class Stepper:
     # -- checkpoints: every rank writes (ZeRO shards), plain runs only rank 0
     def save(self, directory: Path, state: dict) -> None:
         directory.mkdir(parents=True, exist_ok=True)
-        extras = {"extra_optimizers": {k: o.state_dict() for k, o in self.extra_optimizers.items()},
-                  "extra_modules": {k: m.state_dict() for k, m in self.extra_modules.items()}}
+        extras = {
+            "extra_optimizers": {k: o.state_dict() for k, o in self.extra_optimizers.items()},
+            "extra_modules": {k: m.state_dict() for k, m in self.extra_modules.items()},
+        }
         if self.deepspeed:
             self.model.save_checkpoint(str(directory), tag="ds", client_state=extras)
             if rank() == 0:  # a module's extra state (ParaBART's vocabularies) in a file read weights-only
                 torch.save(extra_states(self.module), directory / EXTRA_STATE)
         elif rank() == 0:
-            torch.save({"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
-                        "scheduler": self.scheduler.state_dict(), **extras}, directory / "model.pt")
+            torch.save(
+                {
+                    "model": self.module.state_dict(),
+                    "optimizer": self.optimizer.state_dict(),
+                    "scheduler": self.scheduler.state_dict(),
+                    **extras,
+                },
+                directory / "model.pt",
+            )
         if rank() == 0:
             (directory / "state.json").write_text(json.dumps(state))
         torch.save(rng_state(), directory / f"rng_rank{rank()}.pt")  # every rank: its own dropout stream
@@ -274,9 +302,19 @@ def param_groups(module: torch.nn.Module, weight_decay: float) -> list[dict]:
 
 
 def named_param_groups(named: list[tuple[str, torch.nn.Parameter]], weight_decay: float) -> list[dict]:
-    no_decay = ("bias", "LayerNorm.weight", "layer_norm", "layernorm", "norm.weight", "norm1.weight", "norm2.weight")
-    return [{"params": [p for n, p in named if not any(k in n for k in no_decay)], "weight_decay": weight_decay},
-            {"params": [p for n, p in named if any(k in n for k in no_decay)], "weight_decay": 0.0}]
+    no_decay = (
+        "bias",
+        "LayerNorm.weight",
+        "layer_norm",
+        "layernorm",
+        "norm.weight",
+        "norm1.weight",
+        "norm2.weight",
+    )
+    return [
+        {"params": [p for n, p in named if not any(k in n for k in no_decay)], "weight_decay": weight_decay},
+        {"params": [p for n, p in named if any(k in n for k in no_decay)], "weight_decay": 0.0},
+    ]
 
 
 def hold_part(optimizer: torch.optim.Optimizer, part: str, frozen: bool) -> None:
@@ -289,17 +327,26 @@ def hold_part(optimizer: torch.optim.Optimizer, part: str, frozen: bool) -> None
                 g["lr"] = 0.0
 
 
-def make_stepper(module: torch.nn.Module, cfg, rows_per_worker: int, groups: list[dict] | None = None,
-                 **extras) -> Stepper:
+def make_stepper(
+    module: torch.nn.Module, cfg, rows_per_worker: int, groups: list[dict] | None = None, **extras
+) -> Stepper:
     """The optimiser of a method config with the shared ``train`` / ``deepspeed`` blocks
     (``extras``: ``extra_modules`` / ``extra_optimizers`` saved with every checkpoint)."""
     total_steps = cfg.train.planned_steps(rows_per_worker)
     gpu = device_for(cfg).type == "cuda"
-    return Stepper(module, groups or param_groups(module, cfg.train.weight_decay), lr=cfg.train.lr,
-                   schedule=cfg.train.lr_schedule, total_steps=total_steps, grad_clip=cfg.train.grad_clip,
-                   warmup_steps=cfg.train.warmup_steps, fused=cfg.perf.on("fused_adamw", gpu),
-                   compile_backend=cfg.perf.compile_backend if cfg.perf.compile else None,
-                   deepspeed_cfg=cfg.deepspeed, **extras)
+    return Stepper(
+        module,
+        groups or param_groups(module, cfg.train.weight_decay),
+        lr=cfg.train.lr,
+        schedule=cfg.train.lr_schedule,
+        total_steps=total_steps,
+        grad_clip=cfg.train.grad_clip,
+        warmup_steps=cfg.train.warmup_steps,
+        fused=cfg.perf.on("fused_adamw", gpu),
+        compile_backend=cfg.perf.compile_backend if cfg.perf.compile else None,
+        deepspeed_cfg=cfg.deepspeed,
+        **extras,
+    )
 
 
 def autocast(cfg):

@@ -24,7 +24,9 @@ def maybe_inject_failure(step: int) -> None:
         time.sleep(float(delay))
     maybe_hold(step)
     at = os.environ.get("SIEVE_FAIL_AT_STEP")
-    rank, size = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
+    rank, size = (
+        (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
+    )
     if not at or step != int(at) or rank != int(os.environ.get("SIEVE_FAIL_RANK", "1")) % size:
         return
     if (marker := Path(os.environ.get("SIEVE_FAIL_MARKER", "/tmp/sieve-fail-marker"))).exists():

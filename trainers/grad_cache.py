@@ -64,14 +64,23 @@ class CachedEmbeddings:
     and return ``CachedLoss(loss, self)`` instead of the loss.
     """
 
-    def __init__(self, encode: Encode, input_ids: torch.Tensor, attention_mask: torch.Tensor, mini_batch: int,
-                 restore_rng: bool = True):
+    def __init__(
+        self,
+        encode: Encode,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        mini_batch: int,
+        restore_rng: bool = True,
+    ):
         self.encode, self.mini_batch, self.restore_rng = encode, mini_batch, restore_rng
         self.input_ids, self.attention_mask = input_ids, attention_mask
         self.device = input_ids.device
         kind = self.device.type  # the replay runs under the autocast this pass runs under (the loop's)
-        self.autocast = {"device_type": kind, "enabled": torch.is_autocast_enabled(kind),
-                         "dtype": torch.get_autocast_dtype(kind)}
+        self.autocast = {
+            "device_type": kind,
+            "enabled": torch.is_autocast_enabled(kind),
+            "dtype": torch.get_autocast_dtype(kind),
+        }
         self.states, chunks = [], []
         with torch.no_grad():
             for ids, mask in self.chunks():
@@ -83,7 +92,10 @@ class CachedEmbeddings:
     def chunks(self):
         n = self.input_ids.size(0)
         for start in range(0, n, self.mini_batch):
-            yield self.input_ids[start:start + self.mini_batch], self.attention_mask[start:start + self.mini_batch]
+            yield (
+                self.input_ids[start : start + self.mini_batch],
+                self.attention_mask[start : start + self.mini_batch],
+            )
 
     def replay(self, backward: Callable[[torch.Tensor, bool], None], *, no_sync=nullcontext) -> None:
         """Step 3: re-encode each mini-batch with a graph (its step-1 RNG state and autocast restored) and
@@ -101,7 +113,7 @@ class CachedEmbeddings:
             with no_sync() if not last else nullcontext():
                 with torch.autocast(**self.autocast):
                     emb = self.encode(ids, mask)
-                g = grad[start:start + emb.size(0)]
+                g = grad[start : start + emb.size(0)]
                 start += emb.size(0)
                 backward((emb.float() * g.float()).sum(), last)
         if self.restore_rng:

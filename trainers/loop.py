@@ -47,7 +47,9 @@ class Callback:
     def on_end(self, state: dict, logs: dict) -> None: ...
 
 
-def train_loop(cfg, stepper, *, rows_per_worker: int, loss_fn, dev_fn, build_plain, metric: str, batches) -> list[dict]:
+def train_loop(
+    cfg, stepper, *, rows_per_worker: int, loss_fn, dev_fn, build_plain, metric: str, batches
+) -> list[dict]:
     """Train ``cfg.train`` steps/epochs from the last checkpoint, if any; returns every evaluation's metrics.
 
     ``loss_fn(batch, state) -> (loss, logs)``: the method's loss on one batch (``state`` has ``step`` and
@@ -63,8 +65,12 @@ def train_loop(cfg, stepper, *, rows_per_worker: int, loss_fn, dev_fn, build_pla
             state = stepper.load(ckpt_dir)
             state["restarts"] = state.get("restarts", 0) + 1
     live = live_run() if rank() == 0 else None  # the MLflow run the driver made for this training, if any
-    callbacks = [Timing(stepper), *([FaultInjection()] if hooks_set() else []), LiveLog(live, cfg, state["step"]),
-                 Evaluation(cfg, stepper, live, dev_fn, build_plain, metric, total_steps)]
+    callbacks = [
+        Timing(stepper),
+        *([FaultInjection()] if hooks_set() else []),
+        LiveLog(live, cfg, state["step"]),
+        Evaluation(cfg, stepper, live, dev_fn, build_plain, metric, total_steps),
+    ]
     stepper.module.train()
     logs: dict = {}
     skip = state["step"] - state["epoch"] * steps_per_epoch  # batches of this epoch trained before a restart
@@ -108,8 +114,9 @@ class Timing(Callback):
         self.stepper = stepper
         self.start = self.mark = time.perf_counter()
         self.setup_s = self.start - common.WORKER_START[0] if common.WORKER_START else 0.0
-        self.spent = dict.fromkeys(("time_ingest_s", "time_forward_s", "time_backward_step_s", "time_eval_report_s"),
-                                   0.0)
+        self.spent = dict.fromkeys(
+            ("time_ingest_s", "time_forward_s", "time_backward_step_s", "time_eval_report_s"), 0.0
+        )
 
     def _lap(self, key: str) -> float:
         now = time.perf_counter()
@@ -125,8 +132,12 @@ class Timing(Callback):
 
     def on_step(self, state, logs):
         self._lap("time_backward_step_s")
-        logs.update(lr=self.stepper.optimizer.param_groups[0]["lr"], train_s=self.mark - self.start,
-                    time_setup_s=self.setup_s, **self.spent)
+        logs.update(
+            lr=self.stepper.optimizer.param_groups[0]["lr"],
+            train_s=self.mark - self.start,
+            time_setup_s=self.setup_s,
+            **self.spent,
+        )
 
     def after_step(self, state, logs):
         self._lap("time_eval_report_s")
@@ -150,7 +161,11 @@ class LiveLog(Callback):
     def on_step(self, state, logs):
         if self.live is None or state["step"] % self.every:
             return
-        rate = (state["step"] - self.window_step) * self.rows_per_step / max(time.perf_counter() - self.window_t, 1e-9)
+        rate = (
+            (state["step"] - self.window_step)
+            * self.rows_per_step
+            / max(time.perf_counter() - self.window_t, 1e-9)
+        )
         self.live.log({**logs, "samples_per_s": rate}, state["step"])
         self.window_t, self.window_step = time.perf_counter(), state["step"]
 
@@ -164,7 +179,13 @@ class Evaluation(Callback):
     (rank 0, on every core the workers have) and a report with a checkpoint (every rank writes its share)."""
 
     def __init__(self, cfg, stepper, live, dev_fn, build_plain, metric, total_steps):
-        self.cfg, self.stepper, self.live, self.dev_fn, self.build_plain = cfg, stepper, live, dev_fn, build_plain
+        self.cfg, self.stepper, self.live, self.dev_fn, self.build_plain = (
+            cfg,
+            stepper,
+            live,
+            dev_fn,
+            build_plain,
+        )
         self.metric, self.total_steps = metric, total_steps
 
     def on_step(self, state, logs):
@@ -183,8 +204,14 @@ class Evaluation(Callback):
         self.stepper.module.train()
         if rank() == 0 and metric in dev:  # a method may train without any dev score (TSDAE's protocol)
             state["best_dev"] = max(state["best_dev"], dev[metric])
-        metrics = {**logs, "step": state["step"], "epoch": state["epoch"], **dev,
-                   f"best_{metric}": state["best_dev"], "restarts": state["restarts"]}
+        metrics = {
+            **logs,
+            "step": state["step"],
+            "epoch": state["epoch"],
+            **dev,
+            f"best_{metric}": state["best_dev"],
+            "restarts": state["restarts"],
+        }
         if self.live is not None:
             self.live.log({k: v for k, v in metrics.items() if k not in ("step", "epoch")}, state["step"])
         state["history"].append(metrics)
@@ -199,7 +226,9 @@ def eval_threads(cfg):
         yield
         return
     before = torch.get_num_threads()
-    torch.set_num_threads(max(before, min(os.cpu_count() or 1, int(cfg.scaling.cpus_per_worker * world_size()))))
+    torch.set_num_threads(
+        max(before, min(os.cpu_count() or 1, int(cfg.scaling.cpus_per_worker * world_size())))
+    )
     try:
         yield
     finally:
@@ -219,7 +248,9 @@ def report(metrics: dict, stepper=None, state: dict | None = None) -> None:
         return
     with tempfile.TemporaryDirectory() as tmp:
         stepper.save(Path(tmp), state or {})  # a rank with no share of the state reports no checkpoint
-        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp) if any(Path(tmp).iterdir()) else None)
+        ray.train.report(
+            metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp) if any(Path(tmp).iterdir()) else None
+        )
 
 
 @contextmanager

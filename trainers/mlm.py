@@ -84,21 +84,30 @@ class MaskedLM(nn.Module):
         super().__init__()
         self.encoder = encoder
         d, vocab = encoder.config.hidden_size, encoder.config.vocab_size
-        self.transform = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.LayerNorm(d, eps=encoder.config.layer_norm_eps))
+        self.transform = nn.Sequential(
+            nn.Linear(d, d), nn.GELU(), nn.LayerNorm(d, eps=encoder.config.layer_norm_eps)
+        )
         self.bias = nn.Parameter(torch.zeros(vocab))
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor
+    ) -> torch.Tensor:
         """Mean cross-entropy over the chosen positions (``labels`` ≠ -100); only they reach the vocabulary."""
         states = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         chosen = labels != IGNORE
-        logits = F.linear(self.transform(states[chosen]), self.encoder.get_input_embeddings().weight, self.bias)
+        logits = F.linear(
+            self.transform(states[chosen]), self.encoder.get_input_embeddings().weight, self.bias
+        )
         return F.cross_entropy(logits, labels[chosen])
 
 
-HEAD_KEYS = {"cls.predictions.transform.dense.weight": "transform.0.weight",
-             "cls.predictions.transform.dense.bias": "transform.0.bias",
-             "cls.predictions.transform.LayerNorm.weight": "transform.2.weight",
-             "cls.predictions.transform.LayerNorm.bias": "transform.2.bias", "cls.predictions.bias": "bias"}
+HEAD_KEYS = {
+    "cls.predictions.transform.dense.weight": "transform.0.weight",
+    "cls.predictions.transform.dense.bias": "transform.0.bias",
+    "cls.predictions.transform.LayerNorm.weight": "transform.2.weight",
+    "cls.predictions.transform.LayerNorm.bias": "transform.2.bias",
+    "cls.predictions.bias": "bias",
+}
 
 
 def load_head(model: MaskedLM, folder: Path) -> bool:
@@ -110,20 +119,25 @@ def load_head(model: MaskedLM, folder: Path) -> bool:
         keys = set(f.keys())
         if not set(HEAD_KEYS) <= keys:
             return False
-        model.load_state_dict({ours: f.get_tensor(theirs) for theirs, ours in HEAD_KEYS.items()}, strict=False)
+        model.load_state_dict(
+            {ours: f.get_tensor(theirs) for theirs, ours in HEAD_KEYS.items()}, strict=False
+        )
     return True
 
 
 def build_model(cfg: MLMConfig):
-    encoder, tokenizer = load_encoder(cfg.model.name_or_path, add_pooling_layer=False, attention=cfg.perf.attention)
+    encoder, tokenizer = load_encoder(
+        cfg.model.name_or_path, add_pooling_layer=False, attention=cfg.perf.attention
+    )
     model = MaskedLM(encoder)
     load_head(model, resolve_model_source(cfg.model.name_or_path))
     return model, tokenizer
 
 
 # ---------------------------------------------------------------- the masking
-def choose_positions(ids: list[int], special: set[int], ratio: float, whole_words: bool, is_piece,
-                     rng: random.Random) -> list[int]:
+def choose_positions(
+    ids: list[int], special: set[int], ratio: float, whole_words: bool, is_piece, rng: random.Random
+) -> list[int]:
     """The positions to predict: whole words (a word's first token and the ``##`` pieces after it) in a
     random order until they cover round(ratio·n) real tokens (at least 1); a word that would overshoot is
     skipped."""
@@ -148,14 +162,21 @@ def choose_positions(ids: list[int], special: set[int], ratio: float, whole_word
 
 def mask_batch(tokenizer, texts: list[str], cfg: MLMConfig, rng: random.Random) -> dict[str, torch.Tensor]:
     """input_ids with the chosen tokens replaced 80/10/10, attention_mask, labels (-100 where not chosen)."""
-    enc = tokenizer([str(t) for t in texts], padding=True, truncation=True, max_length=cfg.model.max_length,
-                    return_tensors="pt", return_token_type_ids=False)
+    enc = tokenizer(
+        [str(t) for t in texts],
+        padding=True,
+        truncation=True,
+        max_length=cfg.model.max_length,
+        return_tensors="pt",
+        return_token_type_ids=False,
+    )
     ids, labels = enc["input_ids"].clone(), torch.full_like(enc["input_ids"], IGNORE)
     special = set(tokenizer.all_special_ids)
     pieces = {i for t, i in tokenizer.get_vocab().items() if t.startswith("##")}
     for row in range(ids.size(0)):
-        for pos in choose_positions(ids[row].tolist(), special, cfg.mask_ratio, cfg.whole_word_mask,
-                                    pieces.__contains__, rng):
+        for pos in choose_positions(
+            ids[row].tolist(), special, cfg.mask_ratio, cfg.whole_word_mask, pieces.__contains__, rng
+        ):
             labels[row, pos] = ids[row, pos]
             draw = rng.random()
             if draw < 0.8:
@@ -170,8 +191,9 @@ def batch_rng(seed: int, epoch: int, step: int) -> random.Random:
     return random.Random(f"mlm:{seed}:{common.rank()}:{epoch}:{step}")
 
 
-def compute_loss(model: nn.Module, tokenizer, texts, cfg: MLMConfig, rng: random.Random,
-                 device: torch.device | str = "cpu") -> tuple[torch.Tensor, dict[str, float]]:
+def compute_loss(
+    model: nn.Module, tokenizer, texts, cfg: MLMConfig, rng: random.Random, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, dict[str, float]]:
     b = mask_batch(tokenizer, texts, cfg, rng)
     loss = model(*(common.to_device(b[k], device, cfg) for k in ("input_ids", "attention_mask", "labels")))
     return loss, {"loss": float(loss.detach()), "masked_tokens": float((b["labels"] != IGNORE).sum())}
@@ -182,8 +204,9 @@ def export_model(cfg: MLMConfig, checkpoint_dir, out_dir):
     """Checkpoint → the encoder alone (the head is discarded), with the configured pooling."""
     module, tokenizer = build_model(cfg)
     module.load_state_dict(common.load_module_state(checkpoint_dir))
-    return export_encoder(module.encoder, tokenizer, out_dir, pooling=pooling_for(cfg),
-                          max_seq_length=cfg.eval.max_length)
+    return export_encoder(
+        module.encoder, tokenizer, out_dir, pooling=pooling_for(cfg), max_seq_length=cfg.eval.max_length
+    )
 
 
 # ---------------------------------------------------------------- the recipe

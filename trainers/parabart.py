@@ -109,32 +109,49 @@ class ParaBARTConfig(EncoderMethodConfig):
     model: ModelConfig = ModelConfig(max_length=40, pooling="mean")
     default_pooling: ClassVar[str] = "mean"  # ū: the paper's mean pooling
     architecture: Literal["auto", "bert2bert", "bart"] = Field(
-        "auto", description="auto: bart for a BART folder, bert2bert for a BERT folder (see build_model)")
+        "auto", description="auto: bart for a BART folder, bert2bert for a BERT folder (see build_model)"
+    )
     parse_max_length: int = Field(160, gt=0)
     syntax_layers: int = Field(1, ge=1)
     syntax_heads: int = Field(6, ge=1)
     decoder_layers: int = Field(1, ge=1)
     lambda_adv: float = Field(0.1, ge=0)
-    adversary_start_step: int = Field(0, ge=0, description="steps of plain L_para before the adversarial term")
-    discriminator: Literal["reference", "softmax"] = Field("reference", description="reference: LayerNorm + linear, "
-                                                           "BCE per tag (the reference code); softmax: our earlier form")
+    adversary_start_step: int = Field(
+        0, ge=0, description="steps of plain L_para before the adversarial term"
+    )
+    discriminator: Literal["reference", "softmax"] = Field(
+        "reference",
+        description="reference: LayerNorm + linear, "
+        "BCE per tag (the reference code); softmax: our earlier form",
+    )
     discriminator_warmup: Literal["idle", "fit"] = Field(
-        "idle", description="before adversary_start_step D is not trained (idle, the reference code) or fitted "
-        "on the detached embedding (fit)")
-    lr_discriminator: float | None = Field(None, gt=0, description="D's learning rate (None: train.lr, the paper's)")
-    adversary_objective: Literal["reverse", "confusion"] = Field("reverse", description="reverse: D's loss "
-                                                                  "maximised (the paper); confusion: see encoder_adv_term")
-    discriminator_bias: Literal["default", "prior"] = Field("default", description="D's starting bias: PyTorch's "
-                                                            "(the reference) or the first batch's average bag (prior)")
+        "idle",
+        description="before adversary_start_step D is not trained (idle, the reference code) or fitted "
+        "on the detached embedding (fit)",
+    )
+    lr_discriminator: float | None = Field(
+        None, gt=0, description="D's learning rate (None: train.lr, the paper's)"
+    )
+    adversary_objective: Literal["reverse", "confusion"] = Field(
+        "reverse", description="reverse: D's loss maximised (the paper); confusion: see encoder_adv_term"
+    )
+    discriminator_bias: Literal["default", "prior"] = Field(
+        "default",
+        description="D's starting bias: PyTorch's (the reference) or the first batch's average bag (prior)",
+    )
     freeze_encoder_steps: int = Field(0, ge=0, description="E_sem not updated for this many first steps")
     word_dropout: float = Field(0.2, ge=0, lt=1)
     lr_syntax_decoder: float = Field(1e-4, gt=0, description="E_syn, the decoder and the output projection")
     syntax_guidance: bool = Field(True, description="false: the decoder sees ū alone (no E_syn)")
-    tie_output: bool = Field(False, description="true: the output projection is E_sem's word-embedding matrix")
-    selection: Literal["valid_para_loss", "last", "stsb_dev"] = Field("valid_para_loss", description="checkpoint: "
-                                                                      "validation L_para (the paper), last, or STS-B dev")
-    train: TrainLoopConfig = TrainLoopConfig(lr=2e-5, weight_decay=0.01, batch_size=64, eval_steps=500,
-                                             grad_clip=1.0, lr_schedule="constant")
+    tie_output: bool = Field(
+        False, description="true: the output projection is E_sem's word-embedding matrix"
+    )
+    selection: Literal["valid_para_loss", "last", "stsb_dev"] = Field(
+        "valid_para_loss", description="checkpoint: validation L_para (the paper), last, or STS-B dev"
+    )
+    train: TrainLoopConfig = TrainLoopConfig(
+        lr=2e-5, weight_decay=0.01, batch_size=64, eval_steps=500, grad_clip=1.0, lr_schedule="constant"
+    )
     data: ParaphraseData = ParaphraseData()
     eval: EvalConfig = EvalConfig(batch_size=128, max_length=64)
     tracking: TrackingConfig = TrackingConfig(registry_model_name="parabart")
@@ -145,8 +162,10 @@ class ParaBARTConfig(EncoderMethodConfig):
     @model_validator(mode="after")
     def _freeze_needs_a_plain_optimiser(self):
         if self.freeze_encoder_steps and self.deepspeed.stage > 0:
-            raise ValueError("freeze_encoder_steps works with the plain / DDP optimiser only, not under DeepSpeed "
-                             f"ZeRO (deepspeed.stage={self.deepspeed.stage})")
+            raise ValueError(
+                "freeze_encoder_steps works with the plain / DDP optimiser only, not under DeepSpeed "
+                f"ZeRO (deepspeed.stage={self.deepspeed.stage})"
+            )
         return self
 
 
@@ -155,9 +174,18 @@ class ParaBART(nn.Module):
     """E_sem + E_syn + decoder: what generates, and (E_sem) what embeds. D (:func:`discriminator`), used in
     training only, is a module of its own: the main model runs under DDP / ZeRO with one backward a step."""
 
-    def __init__(self, encoder: nn.Module, decoder: nn.Module, syntax: Vocab, tags: Vocab, *,
-                 syntax_layers: int = 1, syntax_heads: int = 6, parse_max_length: int = 160,
-                 syntax_guidance: bool = True):
+    def __init__(
+        self,
+        encoder: nn.Module,
+        decoder: nn.Module,
+        syntax: Vocab,
+        tags: Vocab,
+        *,
+        syntax_layers: int = 1,
+        syntax_heads: int = 6,
+        parse_max_length: int = 160,
+        syntax_guidance: bool = True,
+    ):
         super().__init__()
         d = encoder.config.hidden_size
         self.syntax_vocab, self.tag_vocab = syntax, tags  # travel in the state dict (extra state)
@@ -167,7 +195,9 @@ class ParaBART(nn.Module):
         if syntax_guidance:  # without it E_syn does not exist (DDP refuses parameters that get no gradient)
             self.syn_embed = nn.Embedding(len(syntax), d, padding_idx=0)  # E_syn
             self.syn_pos = nn.Embedding(parse_max_length, d)
-            layer = nn.TransformerEncoderLayer(d, syntax_heads, 4 * d, dropout=0.1, batch_first=True, norm_first=True)
+            layer = nn.TransformerEncoderLayer(
+                d, syntax_heads, 4 * d, dropout=0.1, batch_first=True, norm_first=True
+            )
             self.syn = nn.TransformerEncoder(layer, syntax_layers, enable_nested_tensor=False)
         self.decoder = decoder  # a *ForCausalLM / *LMHeadModel with cross-attention
 
@@ -192,23 +222,41 @@ class ParaBART(nn.Module):
         pos = torch.arange(parse_ids.size(1), device=parse_ids.device)
         return self.syn(self.syn_embed(parse_ids) + self.syn_pos(pos), src_key_padding_mask=parse_mask == 0)
 
-    def decode(self, u: torch.Tensor, v: torch.Tensor, parse_mask: torch.Tensor, tgt_ids: torch.Tensor,
-               tgt_mask: torch.Tensor, keep: torch.Tensor | int | None = None) -> torch.Tensor:
+    def decode(
+        self,
+        u: torch.Tensor,
+        v: torch.Tensor,
+        parse_mask: torch.Tensor,
+        tgt_ids: torch.Tensor,
+        tgt_mask: torch.Tensor,
+        keep: torch.Tensor | int | None = None,
+    ) -> torch.Tensor:
         """Next-token logits of the target; cross-attention over [ū; V] only (ū alone without syntax guidance).
         ``keep`` (B, T) bool: project only those positions onto the vocabulary, flattened to (kept, V); an int n:
         only the last n positions, (B, n, V)."""
         memory = torch.cat([u.unsqueeze(1), v.to(u.dtype)], dim=1)
-        memory_mask = torch.cat([torch.ones_like(parse_mask[:, :1]), parse_mask[:, :v.size(1)]], dim=1)
-        return self.decoder(input_ids=tgt_ids, attention_mask=tgt_mask, encoder_hidden_states=memory,
-                            encoder_attention_mask=memory_mask, use_cache=False,
-                            logits_to_keep=0 if keep is None else keep).logits
+        memory_mask = torch.cat([torch.ones_like(parse_mask[:, :1]), parse_mask[:, : v.size(1)]], dim=1)
+        return self.decoder(
+            input_ids=tgt_ids,
+            attention_mask=tgt_mask,
+            encoder_hidden_states=memory,
+            encoder_attention_mask=memory_mask,
+            use_cache=False,
+            logits_to_keep=0 if keep is None else keep,
+        ).logits
 
     def forward(self, src_ids, src_mask, parse_ids, parse_mask, tgt_ids, tgt_mask):
         """(logits of the target's real tokens 1.., flattened to (tokens, V); ū). Padding is never projected
         onto the vocabulary: the output projection is the largest matmul of a step, and it carries no loss."""
         u = self.embed(src_ids, src_mask)
-        logits = self.decode(u, self.syntax(parse_ids, parse_mask), parse_mask, tgt_ids[:, :-1], tgt_mask[:, :-1],
-                             keep=tgt_mask[:, 1:].bool())
+        logits = self.decode(
+            u,
+            self.syntax(parse_ids, parse_mask),
+            parse_mask,
+            tgt_ids[:, :-1],
+            tgt_mask[:, :-1],
+            keep=tgt_mask[:, 1:].bool(),
+        )
         return logits, u
 
 
@@ -225,11 +273,23 @@ def build_model(cfg: ParaBARTConfig, syntax: Vocab, tags: Vocab, skeleton: str |
     E_sem and the decoder read one word-embedding matrix; the output projection is the decoder's own (from the
     pretrained embeddings) unless ``tie_output``. ``skeleton``: a folder with the backbone's ``config.json`` +
     tokenizer (:func:`export_model`'s): the same architecture, no weights loaded (a state dict follows)."""
-    b = backbones.build(cfg.model.name_or_path, cfg.architecture, decoder_layers=cfg.decoder_layers,
-                        skeleton=skeleton, tie_output=cfg.tie_output)
-    model = ParaBART(b.encoder, b.decoder, syntax, tags, syntax_layers=cfg.syntax_layers,
-                     syntax_heads=cfg.syntax_heads, parse_max_length=cfg.parse_max_length,
-                     syntax_guidance=cfg.syntax_guidance)
+    b = backbones.build(
+        cfg.model.name_or_path,
+        cfg.architecture,
+        decoder_layers=cfg.decoder_layers,
+        skeleton=skeleton,
+        tie_output=cfg.tie_output,
+    )
+    model = ParaBART(
+        b.encoder,
+        b.decoder,
+        syntax,
+        tags,
+        syntax_layers=cfg.syntax_layers,
+        syntax_heads=cfg.syntax_heads,
+        parse_max_length=cfg.parse_max_length,
+        syntax_guidance=cfg.syntax_guidance,
+    )
     model.pretrained = b.pretrained
     return model, b.tokenizer
 
@@ -242,8 +302,9 @@ def parameter_groups(model: ParaBART, cfg: ParaBARTConfig) -> list[dict]:
     sem.add_module("sem", model.sem)
     rest = [(n, p) for n, p in model.named_parameters() if not n.startswith("sem.")]
     wd = cfg.train.weight_decay
-    return [{**g, "lr": cfg.train.lr, "part": "sem"} for g in common.param_groups(sem, wd)] + \
-        [{**g, "lr": cfg.lr_syntax_decoder, "part": "new"} for g in common.named_param_groups(rest, wd)]
+    return [{**g, "lr": cfg.train.lr, "part": "sem"} for g in common.param_groups(sem, wd)] + [
+        {**g, "lr": cfg.lr_syntax_decoder, "part": "new"} for g in common.named_param_groups(rest, wd)
+    ]
 
 
 def hold_encoder(optimizer: torch.optim.Optimizer, frozen: bool) -> None:
@@ -257,13 +318,22 @@ def para_loss(logits: torch.Tensor, tgt_ids: torch.Tensor, tgt_mask: torch.Tenso
     return F.cross_entropy(logits, tgt_ids[:, 1:][tgt_mask[:, 1:].bool()])
 
 
-def main_loss(model: nn.Module, dis: Discriminator, b: dict, cfg: ParaBARTConfig, adversary_on: bool, opt_dis=None,
-              fit_discriminator: bool | None = None):
+def main_loss(
+    model: nn.Module,
+    dis: Discriminator,
+    b: dict,
+    cfg: ParaBARTConfig,
+    adversary_on: bool,
+    opt_dis=None,
+    fit_discriminator: bool | None = None,
+):
     """One step's loss for the encoders and decoder: L_para + λ·:func:`encoder_adv_term` (−L_adv, the paper's)
     once ``adversary_on``, L_para alone before. D is updated first (given ``opt_dis``) when ``fit_discriminator``
     (default: ``adversary_on``), on ū.detach() - so before the start no gradient of L_adv reaches E_sem.
     ``model``: the ParaBART module or its DDP / DeepSpeed wrapper (one forward and one backward a step)."""
-    logits, u = model(b["src_ids"], b["src_mask"], b["parse_ids"], b["parse_mask"], b["tgt_ids"], b["tgt_mask"])
+    logits, u = model(
+        b["src_ids"], b["src_mask"], b["parse_ids"], b["parse_mask"], b["tgt_ids"], b["tgt_mask"]
+    )
     l_para = para_loss(logits, b["tgt_ids"], b["tgt_mask"])
     logs = {"loss_para": float(l_para.detach())}
     if opt_dis is not None and (adversary_on if fit_discriminator is None else fit_discriminator):
@@ -278,13 +348,24 @@ def main_loss(model: nn.Module, dis: Discriminator, b: dict, cfg: ParaBARTConfig
 
 
 def dev_score(encoder, tokenizer, cfg: ParaBARTConfig) -> float:
-    enc = HFEncoder(encoder, tokenizer, pooling="mean", batch_size=cfg.eval.batch_size, max_length=cfg.eval.max_length)
+    enc = HFEncoder(
+        encoder, tokenizer, pooling="mean", batch_size=cfg.eval.batch_size, max_length=cfg.eval.max_length
+    )
     return sts.evaluate_data(enc, sts.load_task("stsb_dev"))["spearman"]["all"]
 
 
 @torch.inference_mode()
-def validation_loss(model: ParaBART, dis: Discriminator, batcher: Batch, rows: dict, cfg: ParaBARTConfig, *,
-                    adversary_on: bool, device="cpu", batch_size: int = 64) -> dict[str, float]:
+def validation_loss(
+    model: ParaBART,
+    dis: Discriminator,
+    batcher: Batch,
+    rows: dict,
+    cfg: ParaBARTConfig,
+    *,
+    adversary_on: bool,
+    device="cpu",
+    batch_size: int = 64,
+) -> dict[str, float]:
     """On the held-out pairs: the paraphrase loss L_para (``valid_loss_para``; ``neg_valid_loss_para`` is what
     the checkpoint choice maximises), D's loss beside the average bag's (``valid_loss_adv``,
     ``valid_loss_adv_average_bag``), the reference code's printed L_para − λ·L_adv (``valid_loss``, λ counted
@@ -297,8 +378,10 @@ def validation_loss(model: ParaBART, dis: Discriminator, batcher: Batch, rows: d
     para, adv, n = 0.0, 0.0, len(rows["src"])
     us, bags = [], []
     for k in range(0, n, batch_size):
-        b = batcher({c: v[k:k + batch_size] for c, v in rows.items()}, train=False, device=device)
-        logits, u = model(b["src_ids"], b["src_mask"], b["parse_ids"], b["parse_mask"], b["tgt_ids"], b["tgt_mask"])
+        b = batcher({c: v[k : k + batch_size] for c, v in rows.items()}, train=False, device=device)
+        logits, u = model(
+            b["src_ids"], b["src_mask"], b["parse_ids"], b["parse_mask"], b["tgt_ids"], b["tgt_mask"]
+        )
         w = len(b["src_ids"]) / n
         para += w * float(para_loss(logits, b["tgt_ids"], b["tgt_mask"]))
         adv += w * float(adv_loss(dis(u), b["bags"], dis.form))
@@ -311,6 +394,12 @@ def validation_loss(model: ParaBART, dis: Discriminator, batcher: Batch, rows: d
     m = len(u)
     cosine = float((cos.sum() - cos.diagonal().sum()) / max(m * (m - 1), 1))
     loss = para - (cfg.lambda_adv * adv if adversary_on else 0.0)
-    return {"valid_loss_para": para, "neg_valid_loss_para": -para, "valid_loss": loss, "valid_loss_adv": adv,
-            "valid_loss_adv_average_bag": average_bag_loss(torch.cat(bags), dis.form),
-            "u_norm_mean": float(u.norm(dim=-1).mean()), "u_cosine_mean": cosine}
+    return {
+        "valid_loss_para": para,
+        "neg_valid_loss_para": -para,
+        "valid_loss": loss,
+        "valid_loss_adv": adv,
+        "valid_loss_adv_average_bag": average_bag_loss(torch.cat(bags), dis.form),
+        "u_norm_mean": float(u.norm(dim=-1).mean()),
+        "u_cosine_mean": cosine,
+    }

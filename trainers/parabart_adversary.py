@@ -27,7 +27,9 @@ class Discriminator(nn.Module):
     def __init__(self, hidden_size: int, n_tags: int, form: str = "reference"):
         super().__init__()
         self.form = form
-        self.norm = nn.LayerNorm(hidden_size, elementwise_affine=False) if form == "reference" else nn.Identity()
+        self.norm = (
+            nn.LayerNorm(hidden_size, elementwise_affine=False) if form == "reference" else nn.Identity()
+        )
         self.linear = nn.Linear(hidden_size, n_tags)
 
     @property
@@ -65,8 +67,9 @@ def adv_loss(dis_logits: torch.Tensor, bags: torch.Tensor, form: str = "referenc
     return -(bags * F.log_softmax(dis_logits, dim=-1)).sum(-1).mean()
 
 
-def encoder_adv_term(dis_logits: torch.Tensor, bags: torch.Tensor, form: str = "reference",
-                     objective: str = "reverse") -> torch.Tensor:
+def encoder_adv_term(
+    dis_logits: torch.Tensor, bags: torch.Tensor, form: str = "reference", objective: str = "reverse"
+) -> torch.Tensor:
     """What the encoder adds to L_para, times λ_adv. ``reverse`` (the paper and its reference code): −L_adv,
     D's own loss maximised - unbounded above, so an encoder can win by driving every ū to where D is most
     wrong (the collapse of ``bench/results/parabart_smoke.md``). ``confusion`` (ours, Tzeng et al. 2015's
@@ -102,7 +105,9 @@ def set_prior_bias(dis: Discriminator, bags: torch.Tensor) -> None:
     dis.linear.bias.copy_((mean / (1 - mean)).log() if dis.form == "reference" else mean.log())
 
 
-def adversary_step(dis: Discriminator, opt_dis: torch.optim.Optimizer, u: torch.Tensor, bags: torch.Tensor) -> float:
+def adversary_step(
+    dis: Discriminator, opt_dis: torch.optim.Optimizer, u: torch.Tensor, bags: torch.Tensor
+) -> float:
     """(1) D alone minimises L_adv on ū.detach(): no gradient reaches the encoders."""
     opt_dis.zero_grad(set_to_none=True)
     loss = adv_loss(dis(u.detach()), bags, dis.form)
@@ -114,4 +119,6 @@ def adversary_step(dis: Discriminator, opt_dis: torch.optim.Optimizer, u: torch.
 
 def discriminator_optimizer(dis: nn.Module, cfg) -> torch.optim.Optimizer:
     """D's own AdamW at E_sem's learning rate (the paper's 2e-5) unless ``lr_discriminator``; the main decay."""
-    return torch.optim.AdamW(common.param_groups(dis, cfg.train.weight_decay), lr=cfg.lr_discriminator or cfg.train.lr)
+    return torch.optim.AdamW(
+        common.param_groups(dis, cfg.train.weight_decay), lr=cfg.lr_discriminator or cfg.train.lr
+    )

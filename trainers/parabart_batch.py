@@ -10,8 +10,14 @@ from orchestrator.data.paraphrase import Vocab, parse_tokens
 from trainers.parabart_adversary import bag_targets
 
 
-def word_dropout(ids: torch.Tensor, mask: torch.Tensor, p: float, mask_id: int, keep_ids: set[int],
-                 generator: torch.Generator | None = None) -> torch.Tensor:
+def word_dropout(
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    p: float,
+    mask_id: int,
+    keep_ids: set[int],
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
     """Replace each real, non-special token by ``mask_id`` with probability ``p``."""
     if p <= 0:
         return ids
@@ -31,21 +37,41 @@ class Batch:
         self.keep = {tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id}
 
     def __call__(self, rows: dict, *, train: bool, generator: torch.Generator | None = None, device="cpu"):
-        kw = dict(padding=True, truncation=True, max_length=self.cfg.model.max_length, return_tensors="pt",
-                  return_token_type_ids=False)
+        kw = dict(
+            padding=True,
+            truncation=True,
+            max_length=self.cfg.model.max_length,
+            return_tensors="pt",
+            return_token_type_ids=False,
+        )
         src = self.tok([str(s) for s in rows["src"]], **kw)
         tgt = self.tok([str(s) for s in rows["tgt"]], **kw)
         src_ids = src["input_ids"]
         if train:
-            src_ids = word_dropout(src_ids, src["attention_mask"], self.cfg.word_dropout, self.tok.mask_token_id,
-                                   self.keep, generator)
-        parses = [self.syntax.ids(parse_tokens(str(p)))[: self.cfg.parse_max_length] or [1] for p in rows["tgt_parse"]]
+            src_ids = word_dropout(
+                src_ids,
+                src["attention_mask"],
+                self.cfg.word_dropout,
+                self.tok.mask_token_id,
+                self.keep,
+                generator,
+            )
+        parses = [
+            self.syntax.ids(parse_tokens(str(p)))[: self.cfg.parse_max_length] or [1]
+            for p in rows["tgt_parse"]
+        ]
         width = max(len(p) for p in parses)
         parse_ids = torch.zeros(len(parses), width, dtype=torch.long)
         for i, p in enumerate(parses):
             parse_ids[i, : len(p)] = torch.tensor(p)
         bags = bag_targets([str(b) for b in rows["src_bag"]], self.tags, self.cfg.discriminator)
-        out = {"src_ids": src_ids, "src_mask": src["attention_mask"], "parse_ids": parse_ids,
-               "parse_mask": (parse_ids != 0).long(), "tgt_ids": tgt["input_ids"], "tgt_mask": tgt["attention_mask"],
-               "bags": bags}
+        out = {
+            "src_ids": src_ids,
+            "src_mask": src["attention_mask"],
+            "parse_ids": parse_ids,
+            "parse_mask": (parse_ids != 0).long(),
+            "tgt_ids": tgt["input_ids"],
+            "tgt_mask": tgt["attention_mask"],
+            "bags": bags,
+        }
         return {k: v.to(device) for k, v in out.items()}

@@ -12,7 +12,9 @@ from trainers.parabart_batch import Batch
 
 
 @torch.inference_mode()
-def generate(model: ParaBART, batcher: Batch, sources: list[str], parses: list[str], max_new_tokens: int = 40) -> list[str]:
+def generate(
+    model: ParaBART, batcher: Batch, sources: list[str], parses: list[str], max_new_tokens: int = 40
+) -> list[str]:
     """Greedy decoding of paraphrases of ``sources`` shaped like the linearized ``parses``."""
     model.eval()
     tok = batcher.tok

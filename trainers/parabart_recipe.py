@@ -35,7 +35,9 @@ def export_model(cfg: ParaBARTConfig, checkpoint_dir, out_dir):
     ``parabart.pt`` (the whole model and its two vocabularies) + ``generator/`` (the backbone's
     config and tokenizer) + ``parabart_config.json``, for generation (``trainers.parabart_generate``)."""
     state = common.load_module_state(checkpoint_dir)
-    model, tokenizer = build_model(cfg, Vocab(state["_extra_state"]["syntax"]), Vocab(state["_extra_state"]["tags"]))
+    model, tokenizer = build_model(
+        cfg, Vocab(state["_extra_state"]["syntax"]), Vocab(state["_extra_state"]["tags"])
+    )
     model.load_state_dict(state)
 
     def generator_files(folder: Path) -> None:
@@ -43,10 +45,15 @@ def export_model(cfg: ParaBARTConfig, checkpoint_dir, out_dir):
         tokenizer.save_pretrained(folder / "generator")
         torch.save(model.state_dict(), folder / "parabart.pt")
 
-    return export_encoder(standalone_encoder(model.sem), tokenizer, out_dir, pooling="mean",
-                          max_seq_length=cfg.eval.max_length,
-                          extra_files={"parabart_config.json": cfg.model_dump_json(indent=2)},
-                          write_more=generator_files)
+    return export_encoder(
+        standalone_encoder(model.sem),
+        tokenizer,
+        out_dir,
+        pooling="mean",
+        max_seq_length=cfg.eval.max_length,
+        extra_files={"parabart_config.json": cfg.model_dump_json(indent=2)},
+        write_more=generator_files,
+    )
 
 
 def evaluate(cfg: ParaBARTConfig, model_dir, tasks: list[str] | None = None):
@@ -55,9 +62,13 @@ def evaluate(cfg: ParaBARTConfig, model_dir, tasks: list[str] | None = None):
     (SentEval's "mean"), then over the tasks."""
     report = evaluate_encoder(cfg, Path(model_dir), tasks)
     sts_tasks = report.detail["sts"]["tasks"]
-    report.metrics["sts_senteval_avg_pearson"] = sum(t["pearson"]["mean"] for t in sts_tasks.values()) / len(sts_tasks)
-    report.table += (f"\n\nSentEval aggregation (Pearson averaged over each task's subsets, then tasks): "
-                     f"{report.metrics['sts_senteval_avg_pearson'] * 100:.2f}")
+    report.metrics["sts_senteval_avg_pearson"] = sum(t["pearson"]["mean"] for t in sts_tasks.values()) / len(
+        sts_tasks
+    )
+    report.table += (
+        f"\n\nSentEval aggregation (Pearson averaged over each task's subsets, then tasks): "
+        f"{report.metrics['sts_senteval_avg_pearson'] * 100:.2f}"
+    )
     report.headline = "sts_avg_pearson_all"
     return report
 
@@ -83,8 +94,11 @@ class ParaBARTRecipe(Recipe):
         # D trains outside DDP / ZeRO with its own optimiser; its gradients are averaged by hand
         self.dis = discriminator(module, self.cfg.discriminator).to(self.device)
         self.opt_dis = discriminator_optimizer(self.dis, self.cfg)
-        return {"groups": parameter_groups(module, self.cfg), "extra_modules": {"discriminator": self.dis},
-                "extra_optimizers": {"discriminator": self.opt_dis}}
+        return {
+            "groups": parameter_groups(module, self.cfg),
+            "extra_modules": {"discriminator": self.dis},
+            "extra_optimizers": {"discriminator": self.opt_dis},
+        }
 
     def loss(self, model, batch, state):
         cfg, b = self.cfg, self.batcher(batch, train=True, device=self.device)
@@ -92,13 +106,29 @@ class ParaBARTRecipe(Recipe):
         if state["step"] == 0 and cfg.discriminator_bias == "prior":  # a fresh run (a resumed one loads D)
             set_prior_bias(self.dis, b["bags"])
         hold_encoder(self.stepper.optimizer, frozen=state["step"] < cfg.freeze_encoder_steps)
-        return main_loss(model, self.dis, b, cfg, adversary_on=self.adversary_on, opt_dis=self.opt_dis,
-                         fit_discriminator=self.adversary_on or cfg.discriminator_warmup == "fit")
+        return main_loss(
+            model,
+            self.dis,
+            b,
+            cfg,
+            adversary_on=self.adversary_on,
+            opt_dis=self.opt_dis,
+            fit_discriminator=self.adversary_on or cfg.discriminator_warmup == "fit",
+        )
 
     def dev(self, module):
-        return {"stsb_dev_spearman": dev_score(module.sem, self.tokenizer, self.cfg),
-                **validation_loss(module, self.dis, self.batcher, self.valid, self.cfg,
-                                  adversary_on=self.adversary_on, device=self.device)}
+        return {
+            "stsb_dev_spearman": dev_score(module.sem, self.tokenizer, self.cfg),
+            **validation_loss(
+                module,
+                self.dis,
+                self.batcher,
+                self.valid,
+                self.cfg,
+                adversary_on=self.adversary_on,
+                device=self.device,
+            ),
+        }
 
     @staticmethod
     def prepare_data(cfg: ParaBARTConfig, progress: bool = True) -> str:

@@ -104,9 +104,15 @@ class Recipe(ABC):
         rows = int(config["rows_per_worker"])
         recipe.stepper = stepper = common.make_stepper(module, cfg, rows, **recipe.optimizer_extras(module))
         return loop.train_loop(
-            cfg, stepper, rows_per_worker=rows, batches=batches, metric=cls.metric,
-            loss_fn=lambda batch, state: recipe.loss(stepper.model, batch, state), dev_fn=recipe.dev,
-            build_plain=lambda: recipe.build().to(recipe.device))
+            cfg,
+            stepper,
+            rows_per_worker=rows,
+            batches=batches,
+            metric=cls.metric,
+            loss_fn=lambda batch, state: recipe.loss(stepper.model, batch, state),
+            dev_fn=recipe.dev,
+            build_plain=lambda: recipe.build().to(recipe.device),
+        )
 
     # ------------------------------------------------------------ on the driver
     @staticmethod
@@ -128,8 +134,10 @@ class Recipe(ABC):
     def evaluate_base(cfg: MethodConfig) -> BaseResult:
         """The untouched starting model on the dev metric and the test report. A recipe with ``has_base`` writes
         it; one without (its baseline is a point of its own grid) has nothing to measure, and drivers never ask."""
-        raise TypeError("this recipe has no untouched base model of its own (has_base is False): its baseline is "
-                        "a point of its sweep grid (baseline_params)")
+        raise TypeError(
+            "this recipe has no untouched base model of its own (has_base is False): its baseline is "
+            "a point of its sweep grid (baseline_params)"
+        )
 
     @staticmethod
     def log_model(model_dir: str, name: str = "model") -> Any:
@@ -169,11 +177,13 @@ class Recipe(ABC):
     @classmethod
     def comparable(cls, cfg: MethodConfig) -> dict[str, object]:
         """What arms of one comparison must share (``jobs/compare.py`` refuses a difference, naming it)."""
-        return {"the base model (model.name_or_path)": cls.base_model(cfg),
-                STEP_BUDGET: cfg.train.max_steps,
-                GLOBAL_BATCH: cfg.train.batch_size * cfg.scaling.num_workers,
-                "the test tasks (eval.tasks)": cfg.eval.tasks,
-                "the domain tasks (eval.domain)": (cfg.eval.domain, cfg.eval.domain_paths),
-                "the test's max_length (eval.max_length)": cfg.eval.max_length,
-                "the test (the method's evaluation)": f"{cls.evaluate.__module__}.{cls.evaluate.__qualname__}",
-                "the run storage (run.storage)": cfg.run.storage}
+        return {
+            "the base model (model.name_or_path)": cls.base_model(cfg),
+            STEP_BUDGET: cfg.train.max_steps,
+            GLOBAL_BATCH: cfg.train.batch_size * cfg.scaling.num_workers,
+            "the test tasks (eval.tasks)": cfg.eval.tasks,
+            "the domain tasks (eval.domain)": (cfg.eval.domain, cfg.eval.domain_paths),
+            "the test's max_length (eval.max_length)": cfg.eval.max_length,
+            "the test (the method's evaluation)": f"{cls.evaluate.__module__}.{cls.evaluate.__qualname__}",
+            "the run storage (run.storage)": cfg.run.storage,
+        }

@@ -70,15 +70,20 @@ class SiameseConfig(EncoderMethodConfig):
     n_pairs: int = Field(2000, gt=0, description="training pairs per train set")
     dev_fraction: float = Field(0.1, gt=0, lt=1, description="texts of each train set held out for the dev Δ")
     eval_pairs: int = Field(5000, gt=0, description="test pairs of each kind (same / different)")
-    select: Literal["last", "dev_delta"] = Field("last", description="the run's checkpoint: the last (the paper "
-                                                 "trains a fixed number of epochs) or the best dev Δ (ours, optional)")
+    select: Literal["last", "dev_delta"] = Field(
+        "last",
+        description="the run's checkpoint: the last (the paper "
+        "trains a fixed number of epochs) or the best dev Δ (ours, optional)",
+    )
     eval: EvalConfig = EvalConfig(batch_size=128, max_length=64, tasks=[])
     train: TrainLoopConfig = TrainLoopConfig(lr=2e-5, batch_size=16, eval_steps=100)
     tracking: TrackingConfig = TrackingConfig(registry_model_name="siamese")
 
     def data_sources(self) -> list[tuple[str, str]]:
-        return [*((f"train_sets[{i}].path", s.path) for i, s in enumerate(self.train_sets)),
-                *((f"test_sets[{i}].path", s.path) for i, s in enumerate(self.test_sets))]
+        return [
+            *((f"train_sets[{i}].path", s.path) for i, s in enumerate(self.train_sets)),
+            *((f"test_sets[{i}].path", s.path) for i, s in enumerate(self.test_sets)),
+        ]
 
     @model_validator(mode="after")
     def _naive_one_set(self):
@@ -96,10 +101,15 @@ class SiameseEncoder(nn.Module):
         self.encoder = encoder
         self.pooling = test_time_pooling(pooling)
         size = encoder.config.hidden_size
-        self.head = (nn.Sequential(nn.Linear(size, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
-                     if num_classes else None)
+        self.head = (
+            nn.Sequential(nn.Linear(size, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
+            if num_classes
+            else None
+        )
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, classify: bool = False) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, classify: bool = False
+    ) -> torch.Tensor:
         """Pooled sentence vectors, or (NAIVE, ``classify``) the head's class logits."""
         states = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         pooled = mean_pool(states, attention_mask) if self.pooling == "mean" else states[:, 0]
@@ -107,7 +117,9 @@ class SiameseEncoder(nn.Module):
 
 
 def build_model(cfg: SiameseConfig, num_classes: int = 0):
-    encoder, tokenizer = load_encoder(cfg.model.name_or_path, add_pooling_layer=False, attention=cfg.perf.attention)
+    encoder, tokenizer = load_encoder(
+        cfg.model.name_or_path, add_pooling_layer=False, attention=cfg.perf.attention
+    )
     n = num_classes if cfg.mode == "naive" else 0
     return SiameseEncoder(encoder, pooling_for(cfg), n, cfg.naive_hidden), tokenizer
 
@@ -122,13 +134,25 @@ def pair_loss(u: torch.Tensor, v: torch.Tensor, y: torch.Tensor, cfg: SiameseCon
 
 
 def _tok(tokenizer, texts, cfg, device):
-    enc = tokenizer([str(t) for t in texts], padding=True, truncation=True, max_length=cfg.model.max_length,
-                    return_tensors="pt", return_token_type_ids=False)
+    enc = tokenizer(
+        [str(t) for t in texts],
+        padding=True,
+        truncation=True,
+        max_length=cfg.model.max_length,
+        return_tensors="pt",
+        return_token_type_ids=False,
+    )
     return enc["input_ids"].to(device), enc["attention_mask"].to(device)
 
 
-def compute_loss(model, tokenizer, batch: dict, cfg: SiameseConfig, classes: list[str] | None = None,
-                 device: torch.device | str = "cpu") -> tuple[torch.Tensor, dict[str, float]]:
+def compute_loss(
+    model,
+    tokenizer,
+    batch: dict,
+    cfg: SiameseConfig,
+    classes: list[str] | None = None,
+    device: torch.device | str = "cpu",
+) -> tuple[torch.Tensor, dict[str, float]]:
     if cfg.mode == "naive":
         logits = model(*_tok(tokenizer, batch["text"], cfg, device), classify=True)
         index = {c: i for i, c in enumerate(classes or [])}
@@ -151,14 +175,25 @@ def classes_of(cfg: SiameseConfig) -> list[str]:
 def prepare_data(cfg: SiameseConfig, progress: bool = True) -> str:
     """SIAMESE: pair episodes from the train part of every train set (Ray Data). NAIVE: the
     train part as (text, label) shards."""
-    return prepare_siamese_data(cfg.train_sets, pairs=cfg.mode == "siamese", n_pairs=cfg.n_pairs,
-                                dev_fraction=cfg.dev_fraction, seed=cfg.train.seed, storage_root=cfg.run.storage)
+    return prepare_siamese_data(
+        cfg.train_sets,
+        pairs=cfg.mode == "siamese",
+        n_pairs=cfg.n_pairs,
+        dev_fraction=cfg.dev_fraction,
+        seed=cfg.train.seed,
+        storage_root=cfg.run.storage,
+    )
 
 
 # ---------------------------------------------------------------- evaluation: Δ cosine distance, MAP
 def sentence_encoder(encoder: nn.Module, tokenizer, cfg: SiameseConfig) -> HFEncoder:
-    return HFEncoder(encoder, tokenizer, pooling=test_time_pooling(pooling_for(cfg)), batch_size=cfg.eval.batch_size,
-                     max_length=cfg.model.max_length)
+    return HFEncoder(
+        encoder,
+        tokenizer,
+        pooling=test_time_pooling(pooling_for(cfg)),
+        batch_size=cfg.eval.batch_size,
+        max_length=cfg.model.max_length,
+    )
 
 
 def dev_sets(cfg: SiameseConfig) -> dict[str, list[tuple[str, str]]]:
@@ -168,8 +203,12 @@ def dev_sets(cfg: SiameseConfig) -> dict[str, list[tuple[str, str]]]:
 
 def dev_delta(encoder, tokenizer, cfg: SiameseConfig, sets: dict | None = None) -> float:
     enc = sentence_encoder(encoder, tokenizer, cfg)
-    deltas = [delta_cosine_distance(enc.encode([t for t, _ in dev]), [y for _, y in dev], min(1000, cfg.eval_pairs),
-                                    name=name)["delta"] for name, dev in (sets or dev_sets(cfg)).items()]
+    deltas = [
+        delta_cosine_distance(
+            enc.encode([t for t, _ in dev]), [y for _, y in dev], min(1000, cfg.eval_pairs), name=name
+        )["delta"]
+        for name, dev in (sets or dev_sets(cfg)).items()
+    ]
     return float(np.mean(deltas))
 
 
@@ -179,10 +218,13 @@ def test_report(encoder, tokenizer, cfg: SiameseConfig) -> TestReport:
     deltas = [v for k, v in metrics.items() if k.endswith("_delta")]
     metrics["delta_mean"] = float(np.mean(deltas)) if deltas else float("nan")
     rows = ["| test set | Δ cos distance ×100 | same-class MAP ×100 |", "|---|---:|---:|"]
-    rows += [f"| {s.name} | {metrics[f'{s.name}_delta'] * 100:.2f} | {metrics[f'{s.name}_map'] * 100:.2f} |"
-             for s in cfg.test_sets]
-    return TestReport("Δ cosine distance and same-class MAP", metrics, "delta_mean", "\n".join(rows),
-                      {"siamese": metrics})
+    rows += [
+        f"| {s.name} | {metrics[f'{s.name}_delta'] * 100:.2f} | {metrics[f'{s.name}_map'] * 100:.2f} |"
+        for s in cfg.test_sets
+    ]
+    return TestReport(
+        "Δ cosine distance and same-class MAP", metrics, "delta_mean", "\n".join(rows), {"siamese": metrics}
+    )
 
 
 test_report.__test__ = False  # not a pytest test
@@ -204,8 +246,9 @@ def export_model(cfg: SiameseConfig, checkpoint_dir, out_dir):
     classes = classes_of(cfg) if cfg.mode == "naive" else []
     module, tokenizer = build_model(cfg, len(classes))
     module.load_state_dict(common.load_module_state(checkpoint_dir))
-    return export_encoder(module.encoder, tokenizer, out_dir, pooling=pooling_for(cfg),
-                          max_seq_length=cfg.model.max_length)
+    return export_encoder(
+        module.encoder, tokenizer, out_dir, pooling=pooling_for(cfg), max_seq_length=cfg.model.max_length
+    )
 
 
 # ---------------------------------------------------------------- the recipe

@@ -71,7 +71,10 @@ from trainers.recipe import GLOBAL_BATCH, STEP_BUDGET, Recipe
 # ---------------------------------------------------------------- config
 class WordSetBlock(StrictModel):
     source: Literal["lexicon", "train_data", "random_matched", "none"] = "lexicon"
-    lexicon: list[str] = ["data/lexicon/opinion_lexicon_positive.txt", "data/lexicon/opinion_lexicon_negative.txt"]
+    lexicon: list[str] = [
+        "data/lexicon/opinion_lexicon_positive.txt",
+        "data/lexicon/opinion_lexicon_negative.txt",
+    ]
     top_k: int = Field(2000, gt=0, description="train_data: this many words by |log-odds|")
     min_count: int = Field(5, ge=1, description="train_data: ignore rarer words")
 
@@ -88,7 +91,9 @@ class LabelledDataBlock(StrictModel):
 class SifterLSTMConfig(MethodConfig):
     method: Literal["sifter_lstm"] = "sifter_lstm"
     short_circuit: bool = True
-    embeddings_from: str = Field("default", description="model folder whose WordPiece embeddings + vocab we use")
+    embeddings_from: str = Field(
+        "default", description="model folder whose WordPiece embeddings + vocab we use"
+    )
     hidden_size: int = Field(384, gt=0)
     dropout: float = Field(0.2, ge=0, lt=1)
     l2: float = Field(1e-7, ge=0)
@@ -103,8 +108,11 @@ class SifterLSTMConfig(MethodConfig):
         return [self.embeddings_from]
 
     def data_sources(self) -> list[tuple[str, str]]:
-        lexicon = ([(f"word_set.lexicon[{i}]", p) for i, p in enumerate(self.word_set.lexicon)]
-                   if self.word_set.source in ("lexicon", "random_matched") else [])
+        lexicon = (
+            [(f"word_set.lexicon[{i}]", p) for i, p in enumerate(self.word_set.lexicon)]
+            if self.word_set.source in ("lexicon", "random_matched")
+            else []
+        )
         return [(f"data.{k}", getattr(self.data, k)) for k in ("train", "dev", "test")] + lexicon
 
 
@@ -130,8 +138,8 @@ class SifterLSTM(nn.Module):
         gates = torch.addmm(xw_t, h, self.weight_hh.t())
         s = torch.sigmoid(gates)  # one kernel for i, f, o (g's sigmoid is unused)
         i = torch.where(short_t, 1.0, s[:, :n])  # the short-circuit: i_t = 1 for words in 𝕏
-        c = s[:, n:2 * n] * c + i * torch.tanh(gates[:, 2 * n:3 * n])
-        h = s[:, 3 * n:] * torch.tanh(c)
+        c = s[:, n : 2 * n] * c + i * torch.tanh(gates[:, 2 * n : 3 * n])
+        h = s[:, 3 * n :] * torch.tanh(c)
         return h, c, i
 
     def forward(self, x: torch.Tensor, short: torch.Tensor | None = None, valid: torch.Tensor | None = None):
@@ -141,7 +149,9 @@ class SifterLSTM(nn.Module):
         xw = F.linear(x, self.weight_ih, self.bias_ih + self.bias_hh)  # every step's W x_t + b at once
         h = x.new_zeros(b, self.hidden_size)
         c = x.new_zeros(b, self.hidden_size)
-        short = (torch.zeros(b, t, dtype=torch.bool, device=x.device) if short is None else short).unsqueeze(-1)
+        short = (torch.zeros(b, t, dtype=torch.bool, device=x.device) if short is None else short).unsqueeze(
+            -1
+        )
         keep = None if valid is None or bool(valid.all()) else valid.unsqueeze(-1)  # no padding: no masking
         outputs = []
         for step in range(t):
@@ -175,10 +185,16 @@ def build_word_set(cfg: SifterLSTMConfig) -> set[str]:
         return set()
     if cfg.word_set.source == "lexicon":
         return lexicon_words(cfg.word_set.lexicon)
-    rows = read_labelled(cfg.data.train, text_column=cfg.data.text_column, label_column=cfg.data.label_column,
-                         limit=cfg.data.limit)
+    rows = read_labelled(
+        cfg.data.train,
+        text_column=cfg.data.text_column,
+        label_column=cfg.data.label_column,
+        limit=cfg.data.limit,
+    )
     if cfg.word_set.source == "random_matched":  # the control: is it the lexicon or the gate?
-        return frequency_matched(lexicon_words(cfg.word_set.lexicon), [t for t, _ in rows], seed=cfg.train.seed)
+        return frequency_matched(
+            lexicon_words(cfg.word_set.lexicon), [t for t, _ in rows], seed=cfg.train.seed
+        )
     return train_data_words(rows, cfg.word_set.top_k, cfg.word_set.min_count)
 
 
@@ -227,8 +243,14 @@ def build_model(cfg: SifterLSTMConfig, word_set: set[str] | None = None):
 
 
 # ---------------------------------------------------------------- loss
-def compute_loss(model: nn.Module, batcher: Batcher, texts, labels, cfg: SifterLSTMConfig,
-                 device: torch.device | str = "cpu") -> tuple[torch.Tensor, dict[str, float]]:
+def compute_loss(
+    model: nn.Module,
+    batcher: Batcher,
+    texts,
+    labels,
+    cfg: SifterLSTMConfig,
+    device: torch.device | str = "cpu",
+) -> tuple[torch.Tensor, dict[str, float]]:
     """Cross-entropy + λ·‖θ‖² (every parameter, as the paper's L2 term)."""
     ids, short, valid = (t.to(device) for t in batcher(texts))
     logits = model(ids, short, valid)
@@ -236,8 +258,11 @@ def compute_loss(model: nn.Module, batcher: Batcher, texts, labels, cfg: SifterL
     ce = F.cross_entropy(logits, y)
     l2 = sum(p.pow(2).sum() for p in model.parameters()) if cfg.l2 > 0 else torch.zeros((), device=device)
     loss = ce + cfg.l2 * l2
-    return loss, {"loss": float(loss.detach()), "ce": float(ce.detach()),
-                  "train_accuracy": float((logits.argmax(-1) == y).float().mean())}
+    return loss, {
+        "loss": float(loss.detach()),
+        "ce": float(ce.detach()),
+        "train_accuracy": float((logits.argmax(-1) == y).float().mean()),
+    }
 
 
 # ---------------------------------------------------------------- evaluation
@@ -248,7 +273,7 @@ def accuracy(model: nn.Module, batcher: Batcher, rows: list[tuple[str, int]], ba
     device = next(model.parameters()).device
     correct = 0
     for k in range(0, len(rows), batch_size):
-        chunk = rows[k:k + batch_size]
+        chunk = rows[k : k + batch_size]
         ids, short, valid = (t.to(device) for t in batcher([t for t, _ in chunk]))
         pred = model(ids, short, valid).argmax(-1).cpu()
         correct += int((pred == torch.tensor([y for _, y in chunk])).sum())
@@ -257,13 +282,19 @@ def accuracy(model: nn.Module, batcher: Batcher, rows: list[tuple[str, int]], ba
 
 
 def _rows(cfg: SifterLSTMConfig, split: str) -> list[tuple[str, int]]:
-    return read_labelled(getattr(cfg.data, split), text_column=cfg.data.text_column,
-                         label_column=cfg.data.label_column)
+    return read_labelled(
+        getattr(cfg.data, split), text_column=cfg.data.text_column, label_column=cfg.data.label_column
+    )
 
 
 def prepare_data(cfg: SifterLSTMConfig, progress: bool = True) -> str:
-    return labelled_shards(cfg.data.train, cfg.run.storage, text_column=cfg.data.text_column,
-                           label_column=cfg.data.label_column, limit=cfg.data.limit)
+    return labelled_shards(
+        cfg.data.train,
+        cfg.run.storage,
+        text_column=cfg.data.text_column,
+        label_column=cfg.data.label_column,
+        limit=cfg.data.limit,
+    )
 
 
 # ---------------------------------------------------------------- export, load, test
@@ -287,16 +318,27 @@ def load_exported(model_dir) -> tuple[SentimentLSTM, Batcher, SifterLSTMConfig]:
     model = SentimentLSTM(state["embed.weight"], cfg.hidden_size, cfg.num_classes, cfg.dropout)
     model.load_state_dict(state)
     model.eval()
-    return model, Batcher(AutoTokenizer.from_pretrained(d, local_files_only=True), word_set if cfg.short_circuit else set(), cfg.max_length), cfg
+    return (
+        model,
+        Batcher(
+            AutoTokenizer.from_pretrained(d, local_files_only=True),
+            word_set if cfg.short_circuit else set(),
+            cfg.max_length,
+        ),
+        cfg,
+    )
 
 
 def evaluate(cfg: SifterLSTMConfig, model_dir, tasks: list[str] | None = None):
     """Dev and test accuracy of the exported model (``tasks`` is unused: STS does not apply)."""
     model, batcher, _ = load_exported(model_dir)
-    metrics = {"test_accuracy": accuracy(model, batcher, _rows(cfg, "test")),
-               "dev_accuracy": accuracy(model, batcher, _rows(cfg, "dev"))}
+    metrics = {
+        "test_accuracy": accuracy(model, batcher, _rows(cfg, "test")),
+        "dev_accuracy": accuracy(model, batcher, _rows(cfg, "dev")),
+    }
     table = "| split | accuracy ×100 |\n|---|---:|\n" + "\n".join(
-        f"| {k.split('_')[0]} | {v * 100:.2f} |" for k, v in metrics.items())
+        f"| {k.split('_')[0]} | {v * 100:.2f} |" for k, v in metrics.items()
+    )
     return TestReport("SST-2 accuracy", metrics, "test_accuracy", table, {"accuracy": metrics})
 
 
@@ -318,14 +360,19 @@ class SentimentPyfunc:
 def log_model(model_dir, name: str = "model"):
     """An MLflow pyfunc that carries its code (``trainers/`` + ``orchestrator/``): it loads where Sieve
     is not installed."""
+
     class _Model(SentimentPyfunc, mlflow.pyfunc.PythonModel):
         pass
 
     root = Path(__file__).resolve().parents[1]
-    return mlflow.pyfunc.log_model(name=name, python_model=_Model(), artifacts={"model_dir": str(model_dir)},
-                                   input_example=["a charming and often affecting journey ."],
-                                   code_paths=[str(root / "trainers"), str(root / "orchestrator")],
-                                   pip_requirements=["torch==2.13.0", "transformers==5.23.0", "pydantic>=2.7,<3"])
+    return mlflow.pyfunc.log_model(
+        name=name,
+        python_model=_Model(),
+        artifacts={"model_dir": str(model_dir)},
+        input_example=["a charming and often affecting journey ."],
+        code_paths=[str(root / "trainers"), str(root / "orchestrator")],
+        pip_requirements=["torch==2.13.0", "transformers==5.23.0", "pydantic>=2.7,<3"],
+    )
 
 
 # ---------------------------------------------------------------- the recipe
@@ -367,6 +414,10 @@ class SifterLSTMRecipe(Recipe):
 
     @classmethod
     def comparable(cls, cfg):
-        return {"the embeddings (embeddings_from)": cfg.embeddings_from, STEP_BUDGET: cfg.train.max_steps,
-                GLOBAL_BATCH: cfg.train.batch_size * cfg.scaling.num_workers, "the data (data)": cfg.data.model_dump(mode="json"),
-                "the run storage (run.storage)": cfg.run.storage}
+        return {
+            "the embeddings (embeddings_from)": cfg.embeddings_from,
+            STEP_BUDGET: cfg.train.max_steps,
+            GLOBAL_BATCH: cfg.train.batch_size * cfg.scaling.num_workers,
+            "the data (data)": cfg.data.model_dump(mode="json"),
+            "the run storage (run.storage)": cfg.run.storage,
+        }

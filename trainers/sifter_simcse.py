@@ -146,8 +146,9 @@ class ContrastiveEncoder(nn.Module):
 def build_model(cfg: ContrastiveConfig):
     """(ContrastiveEncoder, tokenizer) with the configured dropout and pooling; no BERT pooler (DDP
     would see it as unused parameters)."""
-    encoder, tokenizer = load_encoder(cfg.model.name_or_path, dropout=cfg.dropout, add_pooling_layer=False,
-                                      attention=cfg.perf.attention)
+    encoder, tokenizer = load_encoder(
+        cfg.model.name_or_path, dropout=cfg.dropout, add_pooling_layer=False, attention=cfg.perf.attention
+    )
     return ContrastiveEncoder(encoder, pooling_for(cfg)), tokenizer
 
 
@@ -163,10 +164,16 @@ def info_nce(a: torch.Tensor, b: torch.Tensor, temperature: float) -> torch.Tens
     return F.cross_entropy(logits, labels)
 
 
-def sifter_loss(emb: dict[str, torch.Tensor], cfg: ContrastiveConfig) -> tuple[torch.Tensor, dict[str, float]]:
+def sifter_loss(
+    emb: dict[str, torch.Tensor], cfg: ContrastiveConfig
+) -> tuple[torch.Tensor, dict[str, float]]:
     """λ-weighted sum of the four InfoNCE terms over (already gathered) view embeddings."""
-    pairs = {"xx": ("x", "x2", cfg.lambda_xx), "xy": ("x", "y", cfg.lambda_xy), "xz": ("x", "z", cfg.lambda_xz),
-             "yz": ("y", "z", cfg.lambda_yz)}
+    pairs = {
+        "xx": ("x", "x2", cfg.lambda_xx),
+        "xy": ("x", "y", cfg.lambda_xy),
+        "xz": ("x", "z", cfg.lambda_xz),
+        "yz": ("y", "z", cfg.lambda_yz),
+    }
     terms = {k: w * info_nce(emb[a], emb[b], cfg.temperature) for k, (a, b, w) in pairs.items() if w > 0}
     loss = sum(terms.values())
     return loss, {f"loss_{k}": float(v.detach()) for k, v in terms.items()}
@@ -177,14 +184,14 @@ def special_frame(tokenizer) -> tuple[list[int], list[int]]:
     """The ids a tokenizer puts before and after one sequence (BERT: [CLS] … [SEP])."""
     inner = tokenizer("a", add_special_tokens=False)["input_ids"]
     full = tokenizer("a")["input_ids"]
-    i = next(k for k in range(len(full)) if full[k:k + len(inner)] == inner)
-    return full[:i], full[i + len(inner):]
+    i = next(k for k in range(len(full)) if full[k : k + len(inner)] == inner)
+    return full[:i], full[i + len(inner) :]
 
 
 def backbone_view_ids(tokenizer, sentence: str, view: str, max_length: int) -> list[int]:
     """Y's token ids: the appended backbone (``view`` = ``sentence`` + " " + backbone) is kept whole;
     when both do not fit, the sentence part is cut."""
-    backbone = view[len(sentence):].strip() if view.startswith(sentence) else ""
+    backbone = view[len(sentence) :].strip() if view.startswith(sentence) else ""
     if not backbone:
         return tokenizer(view, truncation=True, max_length=max_length)["input_ids"]
     head, tail = special_frame(tokenizer)
@@ -206,21 +213,28 @@ def tokenize_views(tokenizer, batch: dict, cfg: ContrastiveConfig) -> tuple[dict
             ids += x_ids
             continue
         texts = [str(t) for t in batch[VIEW_COLUMNS[v]]]
-        got = ([backbone_view_ids(tokenizer, x, y, max_len) for x, y in zip(x_text, texts)] if v == "y" else
-               tokenizer(texts, truncation=True, max_length=max_len)["input_ids"])
+        got = (
+            [backbone_view_ids(tokenizer, x, y, max_len) for x, y in zip(x_text, texts)]
+            if v == "y"
+            else tokenizer(texts, truncation=True, max_length=max_len)["input_ids"]
+        )
         identical[v] = sum(t != x and g == xi for t, x, g, xi in zip(texts, x_text, got, x_ids))
         ids += got
     enc = tokenizer.pad({"input_ids": ids}, padding=True, return_tensors="pt")
     return enc, views, identical
 
 
-def compute_loss(model: nn.Module, tokenizer, batch: dict, cfg: ContrastiveConfig,
-                 device: torch.device | str = "cpu") -> tuple[torch.Tensor | CachedLoss, dict[str, float]]:
+def compute_loss(
+    model: nn.Module, tokenizer, batch: dict, cfg: ContrastiveConfig, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor | CachedLoss, dict[str, float]]:
     """Forward every view once, gather across workers (differentiably), return (loss, logged terms):
     the loss over the global batch, whose gradient DDP's average then is. Under ``train.grad_cache`` the
     loss is a :class:`CachedLoss`, whose backward :class:`trainers.common.Stepper` runs."""
     enc, views, identical = tokenize_views(tokenizer, batch, cfg)
-    ids, mask = common.to_device(enc["input_ids"], device, cfg), common.to_device(enc["attention_mask"], device, cfg)
+    ids, mask = (
+        common.to_device(enc["input_ids"], device, cfg),
+        common.to_device(enc["attention_mask"], device, cfg),
+    )
     cache = None
     if cfg.train.grad_cache:  # embeddings without a graph; the backward re-encodes (trainers/grad_cache.py)
         cache = CachedEmbeddings(model, ids, mask, cfg.train.grad_cache.mini_batch)
@@ -228,8 +242,10 @@ def compute_loss(model: nn.Module, tokenizer, batch: dict, cfg: ContrastiveConfi
     else:
         out = model(ids, mask)
     per_view = out.view(len(views), -1, out.size(-1))
-    emb = {v: common.gather_with_grad(per_view[i]) if cfg.gather_negatives else per_view[i]
-           for i, v in enumerate(views)}
+    emb = {
+        v: common.gather_with_grad(per_view[i]) if cfg.gather_negatives else per_view[i]
+        for i, v in enumerate(views)
+    }
     loss, logs = sifter_loss(emb, cfg)
     logs["loss"] = float(loss.detach())
     logs.update({f"identical_{v}": n for v, n in identical.items()})
@@ -239,8 +255,13 @@ def compute_loss(model: nn.Module, tokenizer, batch: dict, cfg: ContrastiveConfi
 # ---------------------------------------------------------------- evaluation
 def dev_score(encoder: nn.Module, tokenizer, cfg: ContrastiveConfig) -> float:
     """STS-B dev Spearman with the test-time pooling (what the exported folder computes)."""
-    enc = HFEncoder(encoder, tokenizer, pooling=test_time_pooling(pooling_for(cfg)), batch_size=cfg.eval.batch_size,
-                    max_length=cfg.eval.max_length)
+    enc = HFEncoder(
+        encoder,
+        tokenizer,
+        pooling=test_time_pooling(pooling_for(cfg)),
+        batch_size=cfg.eval.batch_size,
+        max_length=cfg.eval.max_length,
+    )
     return sts.evaluate_data(enc, sts.load_task("stsb_dev"))["spearman"]["all"]
 
 
@@ -256,8 +277,9 @@ def export_model(cfg: ContrastiveConfig, checkpoint_dir, out_dir):
     test-time pooling (``cls`` → the raw ``[CLS]`` state)."""
     module, tokenizer = build_model(cfg)
     module.load_state_dict(common.load_module_state(checkpoint_dir))
-    return export_encoder(module.encoder, tokenizer, out_dir, pooling=pooling_for(cfg),
-                          max_seq_length=cfg.eval.max_length)
+    return export_encoder(
+        module.encoder, tokenizer, out_dir, pooling=pooling_for(cfg), max_seq_length=cfg.eval.max_length
+    )
 
 
 # ---------------------------------------------------------------- the recipes

@@ -80,10 +80,14 @@ from trainers.recipe import Recipe
 class TSDAEEval(EvalConfig):
     """The STS tasks (``tasks``) plus the domain tasks; optionally a labelled dev set for tuning."""
 
-    dev: str | None = Field(None, description="empty: no labelled data before the final test (the paper); "
-                            "else a domain evaluator name (twitterpara_pit_dev: in-domain) or 'stsb_dev'")
-    select: Literal["last", "best"] = Field("last", description="the run's checkpoint: the last (the paper) or "
-                                            "the best on eval.dev")
+    dev: str | None = Field(
+        None,
+        description="empty: no labelled data before the final test (the paper); "
+        "else a domain evaluator name (twitterpara_pit_dev: in-domain) or 'stsb_dev'",
+    )
+    select: Literal["last", "best"] = Field(
+        "last", description="the run's checkpoint: the last (the paper) or the best on eval.dev"
+    )
     dev_path: str | None = None
     domain: list[str] = ["twitterpara"]
     batch_size: int = Field(128, gt=0)
@@ -96,9 +100,15 @@ class TSDAEConfig(EncoderMethodConfig):
     default_pooling: ClassVar[str] = "cls"  # the paper's
     deletion_ratio: float = Field(0.6, ge=0, le=1)
     tie_encoder_decoder: bool = True
-    decoder_name_or_path: str | None = Field(None, description="untied decoder's start (default: the encoder)")
-    freeze_encoder_steps: int = Field(0, ge=0, description="the encoder (and the decoder weights tied to it) not "
-                                      "updated for this many first steps, while the decoder's own parts learn")
+    decoder_name_or_path: str | None = Field(
+        None, description="untied decoder's start (default: the encoder)"
+    )
+    freeze_encoder_steps: int = Field(
+        0,
+        ge=0,
+        description="the encoder (and the decoder weights tied to it) not "
+        "updated for this many first steps, while the decoder's own parts learn",
+    )
     train: TrainLoopConfig = TrainLoopConfig(lr=3e-5, batch_size=8, lr_schedule="constant", eval_steps=1000)
     data: CorpusBlock = CorpusBlock()
     eval: TSDAEEval = TSDAEEval()
@@ -114,13 +124,17 @@ class TSDAEConfig(EncoderMethodConfig):
     @model_validator(mode="after")
     def _freeze_without_zero(self):
         if self.freeze_encoder_steps and self.deepspeed.stage > 0:
-            raise ValueError("freeze_encoder_steps works with the plain / DDP optimiser only, not under DeepSpeed ZeRO")
+            raise ValueError(
+                "freeze_encoder_steps works with the plain / DDP optimiser only, not under DeepSpeed ZeRO"
+            )
         return self
 
     @model_validator(mode="after")
     def _best_needs_a_dev_set(self):
         if self.eval.select == "best" and self.eval.dev is None:
-            raise ValueError("eval.select 'best' needs a labelled dev set (eval.dev); the paper's protocol is 'last'")
+            raise ValueError(
+                "eval.select 'best' needs a labelled dev set (eval.dev); the paper's protocol is 'last'"
+            )
         return self
 
 
@@ -135,7 +149,9 @@ def tie_encoder_decoder(encoder: nn.Module, decoder: nn.Module) -> int:
         module_name, _, attr = name.rpartition(".")
         target = enc_modules.get(module_name)
         if target is not None and isinstance(getattr(target, attr, None), nn.Parameter):
-            setattr(decoder.get_submodule(module_name) if module_name else decoder, attr, getattr(target, attr))
+            setattr(
+                decoder.get_submodule(module_name) if module_name else decoder, attr, getattr(target, attr)
+            )
             tied += 1
     return tied
 
@@ -154,32 +170,48 @@ class TSDAE(nn.Module):
         states = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         return mean_pool(states, attention_mask) if self.pooling == "mean" else states[:, 0]
 
-    def decode(self, sentence: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-               keep: torch.Tensor | None = None) -> torch.Tensor:
+    def decode(
+        self,
+        sentence: torch.Tensor,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        keep: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Next-token logits; the only memory the decoder sees is ``sentence`` (B, H) as a length-1 sequence.
         ``keep`` (B, T) bool: project only those positions onto the vocabulary, flattened to (kept, V)."""
         memory = sentence.unsqueeze(1)
         memory_mask = torch.ones(memory.shape[:2], dtype=attention_mask.dtype, device=memory.device)
-        return self.decoder(input_ids=input_ids, attention_mask=attention_mask, encoder_hidden_states=memory,
-                            encoder_attention_mask=memory_mask, use_cache=False,
-                            logits_to_keep=0 if keep is None else keep).logits
+        return self.decoder(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            encoder_hidden_states=memory,
+            encoder_attention_mask=memory_mask,
+            use_cache=False,
+            logits_to_keep=0 if keep is None else keep,
+        ).logits
 
     def forward(self, noisy_ids, noisy_mask, target_ids, target_mask) -> torch.Tensor:
         """Reconstruction loss: predict target token t+1 from tokens ≤ t and the noisy sentence's vector; mean
         cross-entropy over the real tokens. Padding carries no loss, so it is never projected onto the
         vocabulary (the largest matmul of the decoder)."""
         real = target_mask[:, 1:].bool()
-        logits = self.decode(self.encode(noisy_ids, noisy_mask), target_ids[:, :-1], target_mask[:, :-1], keep=real)
+        logits = self.decode(
+            self.encode(noisy_ids, noisy_mask), target_ids[:, :-1], target_mask[:, :-1], keep=real
+        )
         return F.cross_entropy(logits, target_ids[:, 1:][real])
 
 
 def build_model(cfg: TSDAEConfig):
     """(TSDAE, tokenizer): the encoder without pooler, a causal-LM decoder with cross-attention
     initialised from the encoder's folder (or ``decoder_name_or_path``), tied unless disabled."""
-    encoder, tokenizer = load_encoder(cfg.model.name_or_path, add_pooling_layer=False, attention=cfg.perf.attention)
+    encoder, tokenizer = load_encoder(
+        cfg.model.name_or_path, add_pooling_layer=False, attention=cfg.perf.attention
+    )
     decoder, _ = causal_decoder(resolve_model_source(cfg.decoder_name_or_path or cfg.model.name_or_path))
     if decoder.config.hidden_size != encoder.config.hidden_size:
-        raise ValueError(f"decoder hidden size {decoder.config.hidden_size} != encoder's {encoder.config.hidden_size}")
+        raise ValueError(
+            f"decoder hidden size {decoder.config.hidden_size} != encoder's {encoder.config.hidden_size}"
+        )
     if cfg.tie_encoder_decoder:
         if cfg.decoder_name_or_path:
             raise ValueError("decoder_name_or_path is only for tie_encoder_decoder: false")
@@ -193,10 +225,16 @@ def parameter_groups(model: TSDAE, weight_decay: float) -> list[dict]:
     yielded once, by its first name, the encoder's) and the decoder's own (cross-attention, the LM-head
     transform), so ``freeze_encoder_steps`` can hold the first still while the second learns."""
     named = list(model.named_parameters())
-    parts = {"encoder": [(n, p) for n, p in named if n.startswith("encoder.")],
-             "decoder": [(n, p) for n, p in named if not n.startswith("encoder.")]}
-    return [{**g, "part": part} for part, ps in parts.items() for g in common.named_param_groups(ps, weight_decay)
-            if g["params"]]
+    parts = {
+        "encoder": [(n, p) for n, p in named if n.startswith("encoder.")],
+        "decoder": [(n, p) for n, p in named if not n.startswith("encoder.")],
+    }
+    return [
+        {**g, "part": part}
+        for part, ps in parts.items()
+        for g in common.named_param_groups(ps, weight_decay)
+        if g["params"]
+    ]
 
 
 # ---------------------------------------------------------------- noise + loss
@@ -205,15 +243,30 @@ def noisy_batch(texts, ratio: float, rng: random.Random) -> list[str]:
     return [" ".join(tsdae_noise(t.split(), ratio, rng)) for t in texts]
 
 
-def compute_loss(model: nn.Module, tokenizer, texts, cfg: TSDAEConfig, rng: random.Random,
-                 device: torch.device | str = "cpu") -> tuple[torch.Tensor, dict[str, float]]:
+def compute_loss(
+    model: nn.Module,
+    tokenizer,
+    texts,
+    cfg: TSDAEConfig,
+    rng: random.Random,
+    device: torch.device | str = "cpu",
+) -> tuple[torch.Tensor, dict[str, float]]:
     texts = [str(t) for t in texts]
-    tok = dict(padding=True, truncation=True, max_length=cfg.model.max_length, return_tensors="pt",
-               return_token_type_ids=False)
+    tok = dict(
+        padding=True,
+        truncation=True,
+        max_length=cfg.model.max_length,
+        return_tensors="pt",
+        return_token_type_ids=False,
+    )
     noisy = tokenizer(noisy_batch(texts, cfg.deletion_ratio, rng), **tok)
     target = tokenizer(texts, **tok)
-    loss = model(noisy["input_ids"].to(device), noisy["attention_mask"].to(device),
-                 target["input_ids"].to(device), target["attention_mask"].to(device))
+    loss = model(
+        noisy["input_ids"].to(device),
+        noisy["attention_mask"].to(device),
+        target["input_ids"].to(device),
+        target["attention_mask"].to(device),
+    )
     return loss, {"loss": float(loss.detach())}
 
 
@@ -224,8 +277,13 @@ def batch_rng(seed: int, epoch: int, step: int) -> random.Random:
 
 # ---------------------------------------------------------------- evaluation
 def encoder_for_eval(encoder: nn.Module, tokenizer, cfg: TSDAEConfig) -> HFEncoder:
-    return HFEncoder(encoder, tokenizer, pooling=test_time_pooling(pooling_for(cfg)), batch_size=cfg.eval.batch_size,
-                     max_length=cfg.eval.max_length)
+    return HFEncoder(
+        encoder,
+        tokenizer,
+        pooling=test_time_pooling(pooling_for(cfg)),
+        batch_size=cfg.eval.batch_size,
+        max_length=cfg.eval.max_length,
+    )
 
 
 def dev_score(encoder: nn.Module, tokenizer, cfg: TSDAEConfig) -> float:
@@ -253,8 +311,9 @@ def export_model(cfg: TSDAEConfig, checkpoint_dir, out_dir):
     """Checkpoint → the encoder alone (the decoder is discarded), with the training pooling."""
     module, tokenizer = build_model(cfg)
     module.load_state_dict(common.load_module_state(checkpoint_dir))
-    return export_encoder(module.encoder, tokenizer, out_dir, pooling=pooling_for(cfg),
-                          max_seq_length=cfg.eval.max_length)
+    return export_encoder(
+        module.encoder, tokenizer, out_dir, pooling=pooling_for(cfg), max_seq_length=cfg.eval.max_length
+    )
 
 
 # ---------------------------------------------------------------- the recipe
@@ -272,7 +331,9 @@ class TSDAERecipe(Recipe):
         return {"groups": parameter_groups(module, self.cfg.train.weight_decay)}
 
     def loss(self, model, batch, state):
-        common.hold_part(self.stepper.optimizer, "encoder", frozen=state["step"] < self.cfg.freeze_encoder_steps)
+        common.hold_part(
+            self.stepper.optimizer, "encoder", frozen=state["step"] < self.cfg.freeze_encoder_steps
+        )
         rng = batch_rng(self.cfg.train.seed, state["epoch"], state["step"])
         return compute_loss(model, self.tokenizer, batch["text"], self.cfg, rng, self.device)
 

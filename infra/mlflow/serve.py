@@ -57,13 +57,17 @@ def write_auth_config(backend_uri: str, directory: Path) -> Path:
     path = directory / "basic_auth.ini"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
-        fh.write("[mlflow]\ndefault_permission = READ\n"
-                 f"database_uri = {backend_uri.replace('%', '%%')}\n"
-                 "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+        fh.write(
+            "[mlflow]\ndefault_permission = READ\n"
+            f"database_uri = {backend_uri.replace('%', '%%')}\n"
+            "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+        )
     return path
 
 
-def call(base: str, path: str, *, method: str, auth: tuple[str, str], body: dict, host: str) -> tuple[int, dict]:
+def call(
+    base: str, path: str, *, method: str, auth: tuple[str, str], body: dict, host: str
+) -> tuple[int, dict]:
     req = urllib.request.Request(base + path, data=json.dumps(body).encode(), method=method)
     req.add_header("Content-Type", "application/json")
     req.add_header("Host", host)
@@ -90,16 +94,32 @@ def wait_healthy(base: str, proc: subprocess.Popen, timeout_s: float) -> None:
 
 def ensure_jobs_user(base: str, host: str, admin: tuple[str, str], jobs: tuple[str, str]) -> str:
     """Create the jobs user, or set its password to the secret's (the secret is the truth)."""
-    status, body = call(base, "/api/2.0/mlflow/users/create", method="POST", auth=admin,
-                        body={"username": jobs[0], "password": jobs[1]}, host=host)
+    status, body = call(
+        base,
+        "/api/2.0/mlflow/users/create",
+        method="POST",
+        auth=admin,
+        body={"username": jobs[0], "password": jobs[1]},
+        host=host,
+    )
     if status == 200:
         return "created"
     if body.get("error_code") != "RESOURCE_ALREADY_EXISTS":
-        raise SystemExit(f"creating MLflow user {jobs[0]!r} failed: HTTP {status} {body.get('error_code', '')}")
-    status, body = call(base, "/api/2.0/mlflow/users/update-password", method="PATCH", auth=admin,
-                        body={"username": jobs[0], "password": jobs[1]}, host=host)
+        raise SystemExit(
+            f"creating MLflow user {jobs[0]!r} failed: HTTP {status} {body.get('error_code', '')}"
+        )
+    status, body = call(
+        base,
+        "/api/2.0/mlflow/users/update-password",
+        method="PATCH",
+        auth=admin,
+        body={"username": jobs[0], "password": jobs[1]},
+        host=host,
+    )
     if status != 200:
-        raise SystemExit(f"updating MLflow user {jobs[0]!r} failed: HTTP {status} {body.get('error_code', '')}")
+        raise SystemExit(
+            f"updating MLflow user {jobs[0]!r} failed: HTTP {status} {body.get('error_code', '')}"
+        )
     return "password updated"
 
 
@@ -117,30 +137,55 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     env = dict(os.environ)
-    for name in ("MLFLOW_AUTH_ADMIN_USERNAME", "MLFLOW_AUTH_ADMIN_PASSWORD", "MLFLOW_FLASK_SERVER_SECRET_KEY",
-                 "SIEVE_JOBS_USERNAME", "SIEVE_JOBS_PASSWORD"):
+    for name in (
+        "MLFLOW_AUTH_ADMIN_USERNAME",
+        "MLFLOW_AUTH_ADMIN_PASSWORD",
+        "MLFLOW_FLASK_SERVER_SECRET_KEY",
+        "SIEVE_JOBS_USERNAME",
+        "SIEVE_JOBS_PASSWORD",
+    ):
         if not env.get(name):
             raise SystemExit(f"{name} is not set (the mlflow-admin / mlflow-jobs Kubernetes secrets)")
     backend = args.backend_store_uri or backend_uri_from_secret(args.db_secret_arn)
     private = Path(tempfile.mkdtemp(prefix="mlflow-auth-"))  # 0700, on the in-memory /tmp in the pod
     env["MLFLOW_AUTH_CONFIG_PATH"] = str(write_auth_config(backend, private))
     env["MLFLOW_BACKEND_STORE_URI"] = backend
-    cmd = [sys.executable, "-m", "mlflow", "server", "--app-name", "basic-auth",
-           "--host", args.host, "--port", str(args.port), "--workers", str(args.workers),
-           "--artifacts-destination", args.artifacts_destination, "--serve-artifacts",
-           "--allowed-hosts", args.allowed_hosts,
-           # uvicorn kills a worker that misses a 5 s health ping; importing MLflow on a busy node takes
-           # longer, and the workers were killed and restarted in a loop (seen on 2 loaded cores)
-           "--uvicorn-opts", "--timeout-worker-healthcheck 120"]
-    log(f"starting MLflow (basic-auth) on {args.host}:{args.port}, artifacts {args.artifacts_destination}, "
-        f"allowed hosts {args.allowed_hosts}")
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--app-name",
+        "basic-auth",
+        "--host",
+        args.host,
+        "--port",
+        str(args.port),
+        "--workers",
+        str(args.workers),
+        "--artifacts-destination",
+        args.artifacts_destination,
+        "--serve-artifacts",
+        "--allowed-hosts",
+        args.allowed_hosts,
+        # uvicorn kills a worker that misses a 5 s health ping; importing MLflow on a busy node takes
+        # longer, and the workers were killed and restarted in a loop (seen on 2 loaded cores)
+        "--uvicorn-opts",
+        "--timeout-worker-healthcheck 120",
+    ]
+    log(
+        f"starting MLflow (basic-auth) on {args.host}:{args.port}, artifacts {args.artifacts_destination}, "
+        f"allowed hosts {args.allowed_hosts}"
+    )
     proc = subprocess.Popen(cmd, env=env)  # noqa: S603 - fixed argv
     signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
     try:
         base = f"http://127.0.0.1:{args.port}"
         wait_healthy(base, proc, args.startup_timeout)
         # Host as a port-forwarding person sends it: one of the rendered allowed hosts.
-        host = next((h for h in args.allowed_hosts.split(",") if h.startswith("127.0.0.1:")), f"127.0.0.1:{args.port}")
+        host = next(
+            (h for h in args.allowed_hosts.split(",") if h.startswith("127.0.0.1:")), f"127.0.0.1:{args.port}"
+        )
         admin = (env["MLFLOW_AUTH_ADMIN_USERNAME"], env["MLFLOW_AUTH_ADMIN_PASSWORD"])
         jobs = (env["SIEVE_JOBS_USERNAME"], env["SIEVE_JOBS_PASSWORD"])
         log(f"jobs user {jobs[0]!r}: {ensure_jobs_user(base, host, admin, jobs)}")

@@ -50,8 +50,21 @@ def backbone(parse: Parse, *, keep_punct: bool = False) -> list[int]:
 
 # the root's dependents that are not the main clause's backbone: a dependent clause or a coordinated one (its
 # head word alone is no argument: "looks" of "because it looks so fresh"), and the words that join them
-NOT_BACKBONE = ("advcl", "ccomp", "xcomp", "conj", "parataxis", "relcl", "acl", "acl:relcl", "cc", "mark",
-                "discourse", "dep", "punct")
+NOT_BACKBONE = (
+    "advcl",
+    "ccomp",
+    "xcomp",
+    "conj",
+    "parataxis",
+    "relcl",
+    "acl",
+    "acl:relcl",
+    "cc",
+    "mark",
+    "discourse",
+    "dep",
+    "punct",
+)
 
 
 def core_backbone(parse: Parse) -> list[int]:
@@ -62,9 +75,12 @@ def core_backbone(parse: Parse) -> list[int]:
     if not roots:
         return []
     root = roots[0]
-    return [i for i, t in enumerate(parse.tokens)
-            if i == root or (t.head == root and t.deprel not in NOT_BACKBONE and t.upos != "PUNCT"
-                             and not is_useless(t))]
+    return [
+        i
+        for i, t in enumerate(parse.tokens)
+        if i == root
+        or (t.head == root and t.deprel not in NOT_BACKBONE and t.upos != "PUNCT" and not is_useless(t))
+    ]
 
 
 def triples(parse: Parse) -> list[tuple[int, int, int]]:
@@ -83,8 +99,22 @@ def triples(parse: Parse) -> list[tuple[int, int, int]]:
 
 # the dependents that stay with a phrase's head (an OpenIE-style argument: "the new [red] car of mine" →
 # "new red car"); articles, clauses and punctuation do not
-PHRASE_DEPS = ("compound", "amod", "nummod", "poss", "nmod:poss", "flat", "flat:name", "fixed", "case", "nn", "quantmod",
-               "advmod", "npadvmod", "det:poss")
+PHRASE_DEPS = (
+    "compound",
+    "amod",
+    "nummod",
+    "poss",
+    "nmod:poss",
+    "flat",
+    "flat:name",
+    "fixed",
+    "case",
+    "nn",
+    "quantmod",
+    "advmod",
+    "npadvmod",
+    "det:poss",
+)
 RELATION_DEPS = ("aux", "auxpass", "aux:pass", "neg", "prt", "compound:prt")
 WH_TAGS = ("WDT", "WP", "WP$")
 
@@ -122,7 +152,9 @@ def triple_phrases(parse: Parse) -> list[tuple[list[int], list[int], list[int]]]
         if not objects:  # "sat on the mat": the preposition joins the relation
             for prep in (c for c in kids[v] if parse.tokens[c].deprel in ("prep", "obl", "agent")):
                 pobj = [g for g in kids[prep] if parse.tokens[g].deprel in ("pobj", "obj")]
-                if parse.tokens[prep].deprel == "obl":  # UD: the noun is the dependent, its "case" the preposition
+                if (
+                    parse.tokens[prep].deprel == "obl"
+                ):  # UD: the noun is the dependent, its "case" the preposition
                     case = [g for g in kids[prep] if parse.tokens[g].deprel == "case"]
                     objects += [(prep, sorted(relation + case))]
                 else:
@@ -143,8 +175,14 @@ def main_triples(parse: Parse) -> list[tuple[list[int], list[int], list[int]]]:
     return main or found
 
 
-def backbone_view(parse: Parse, rng: random.Random, *, source: str = "backbone", fallback: str = "backbone",
-                  rule_max_words: int = 20) -> str | None:
+def backbone_view(
+    parse: Parse,
+    rng: random.Random,
+    *,
+    source: str = "backbone",
+    fallback: str = "backbone",
+    rule_max_words: int = 20,
+) -> str | None:
     """Y = X + " " + the backbone words: the tree's first two layers (``backbone``), a seeded
     choice among the subject-relation-object phrase triples (``triple``), or SIFTER's rule
     (``rule``): the tree layers for a sentence of at most ``rule_max_words`` words, a triple otherwise.

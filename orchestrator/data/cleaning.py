@@ -29,7 +29,9 @@ def decode_lines(path: str, data: bytes, fmt: str, column: str) -> list[tuple[st
             table = pq.read_table(io.BytesIO(data), columns=[column])
         except Exception as exc:  # noqa: BLE001
             raise DataError(f"{path}: cannot read column {column!r} from parquet ({exc})") from None
-        return [(v, None) if isinstance(v, str) else (None, "empty") for v in table.column(column).to_pylist()]
+        return [
+            (v, None) if isinstance(v, str) else (None, "empty") for v in table.column(column).to_pylist()
+        ]
     raw_lines = data.split(b"\n")
     if raw_lines and raw_lines[-1] == b"":
         raw_lines.pop()

@@ -80,8 +80,13 @@ def dep_to_tree(parse: Parse) -> Tree:
                 final = [k for k in kids[c] if toks[k].upos == "PUNCT" and k > end]
                 kids[c] = [k for k in kids[c] if k not in final]
                 deps = deps + final
-            coord = [d for d in deps if d in conj or (d > h and d < max(conj) and toks[d].deprel in ("cc", "punct"))
-                     or (d > first and toks[d].deprel == "punct")]
+            coord = [
+                d
+                for d in deps
+                if d in conj
+                or (d > h and d < max(conj) and toks[d].deprel in ("cc", "punct"))
+                or (d > first and toks[d].deprel == "punct")
+            ]
             main = clause(h, [d for d in deps if d not in coord], parent_cat)
             parts = [(h, main)] + [(d, build(d, "C") if d in conj else leaf(d)) for d in coord]
             return ("S", [node for _, node in sorted(parts, key=lambda x: x[0])])
@@ -96,8 +101,14 @@ def dep_to_tree(parse: Parse) -> Tree:
         for d in deps:
             if d in mark:
                 continue
-            at_s = d in subj or (subj and d < vp_start) or (toks[d].deprel == "punct" and (d > last_word or d < min(
-                [h] + [k for k in deps if toks[k].upos != "PUNCT"])))
+            at_s = (
+                d in subj
+                or (subj and d < vp_start)
+                or (
+                    toks[d].deprel == "punct"
+                    and (d > last_word or d < min([h] + [k for k in deps if toks[k].upos != "PUNCT"]))
+                )
+            )
             (s_level if at_s else vp_level).append(d)
         # punctuation between the subject and the VP (an appositive's closing comma) belongs to
         # the subject NP, as in PTB
@@ -187,6 +198,7 @@ def linearize(tree: Tree, max_depth: int | None = None) -> str:
 
     ``(S (NP (DT) (NN)) (VP (VBZ) (ADJP)) (.))`` is a sentence at ``max_depth=3``.
     """
+
     def lin(node: Tree, depth: int) -> str:
         label, kids = node
         if is_preterminal(node) or (max_depth is not None and depth >= max_depth):

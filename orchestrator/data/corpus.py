@@ -57,12 +57,23 @@ class ParserConfig(StrictModel):
 
 
 class AugmentConfig(StrictModel):
-    backbone_source: str = Field("rule", pattern="^(rule|backbone|triple)$",
-                                 description="rule: tree layers for short sentences, a triple otherwise (SIFTER)")
-    rule_max_words: int = Field(20, ge=1, description="rule: sentences of at most this many tokens use the tree layers")
+    backbone_source: str = Field(
+        "rule",
+        pattern="^(rule|backbone|triple)$",
+        description="rule: tree layers for short sentences, a triple otherwise (SIFTER)",
+    )
+    rule_max_words: int = Field(
+        20, ge=1, description="rule: sentences of at most this many tokens use the tree layers"
+    )
     backbone_fallback: str = Field("backbone", pattern="^(backbone|copy|none)$")
-    deletion_classes: list[Literal["article", "cconj", "sconj", "pron"]] = ["article", "cconj", "sconj"]  # the paper's
-    parse_max_depth: int | None = Field(None, ge=1, description="linearized parse: cut the tree here (None: whole)")
+    deletion_classes: list[Literal["article", "cconj", "sconj", "pron"]] = [
+        "article",
+        "cconj",
+        "sconj",
+    ]  # the paper's
+    parse_max_depth: int | None = Field(
+        None, ge=1, description="linearized parse: cut the tree here (None: whole)"
+    )
 
 
 class CorpusConfig(StrictModel):
@@ -77,7 +88,9 @@ class CorpusConfig(StrictModel):
     limit: int | None = Field(None, gt=0, description="keep at most this many sentences after shuffling")
     shard_rows: int = Field(5000, gt=0)
     seed: int = 42
-    max_parse_failures: float = Field(0.05, ge=0, le=1, description="stop when more than this share fails to parse")
+    max_parse_failures: float = Field(
+        0.05, ge=0, le=1, description="stop when more than this share fails to parse"
+    )
     parser: ParserConfig = ParserConfig()
     augment: AugmentConfig = AugmentConfig()
 
@@ -97,8 +110,11 @@ def read_and_clean(paths: list[str], cfg: CorpusConfig):
         rows = clean_records(decode_lines(row["path"], row["bytes"], cfg.format, cfg.column), cfg)
         counts = Counter(r["skip"] or "kept" for r in rows)
         counts["truncated"] = sum(r["truncated"] for r in rows)
-        kept = [{"key": shuffle_key(r["text"], cfg.seed), "text": r["text"], "skip": "", "n": 1, "error": ""}
-                for r in rows if not r["skip"]]
+        kept = [
+            {"key": shuffle_key(r["text"], cfg.seed), "text": r["text"], "skip": "", "n": 1, "error": ""}
+            for r in rows
+            if not r["skip"]
+        ]
         return kept + tallies(counts)
 
     return ds.flat_map(explode)
@@ -142,7 +158,9 @@ class ParseAugment:
         p = self.cfg.parser
         if p.kind == "spacy":  # the actor's own process, torch not needed in it: start without loading it
             import_spacy_without_torch(p.spacy_model)
-        self.parser = make_parser(p.kind, spacy_model=p.spacy_model, stanza_dir=p.stanza_dir, batch_size=p.batch_size)
+        self.parser = make_parser(
+            p.kind, spacy_model=p.spacy_model, stanza_dir=p.stanza_dir, batch_size=p.batch_size
+        )
 
     def __call__(self, batch: dict) -> dict:
         """Real rows are parsed; those that fail leave as tallies (the first of each reason as its
@@ -150,8 +168,11 @@ class ParseAugment:
         clock), so the manifest reports the parse window without actor start-up."""
         t0 = time.time()
         real = batch["skip"] == ""
-        out = augment_rows(list(batch["text"][real]), list(batch["key"][real]), self.parser, self.cfg) if real.any() \
+        out = (
+            augment_rows(list(batch["text"][real]), list(batch["key"][real]), self.parser, self.cfg)
+            if real.any()
             else {c: np.array([], dtype=object) for c in COLUMNS}
+        )
         good = out["skip"] == ""
         failed: Counter = Counter()
         examples: dict[str, tuple[str, str]] = {}
@@ -160,16 +181,28 @@ class ParseAugment:
             examples.setdefault(out["skip"][i], (out["text"][i], out["error"][i]))
         extra = [{c: batch[c][i] for c in ("text", "skip", "n", "error")} for i in np.flatnonzero(~real)]
         extra += tallies(failed, examples)
-        result = {c: np.concatenate([out[c][good], _objects([r.get(c, [] if c == "words" else "") for r in extra])])
-                  for c in COLUMNS}
-        result["n"] = np.concatenate([np.ones(int(good.sum()), dtype=np.int64),
-                                      np.array([r["n"] for r in extra], dtype=np.int64)])
+        result = {
+            c: np.concatenate([out[c][good], _objects([r.get(c, [] if c == "words" else "") for r in extra])])
+            for c in COLUMNS
+        }
+        result["n"] = np.concatenate(
+            [np.ones(int(good.sum()), dtype=np.int64), np.array([r["n"] for r in extra], dtype=np.int64)]
+        )
         n = len(result["n"])
         result["_t0"], result["_t1"] = np.full(n, t0), np.full(n, time.time())
         return result
 
 
-COLUMNS = ("text", "words", "backbone_view", "deletion_view", "linearized_parse", "constituent_bag", "skip", "error")
+COLUMNS = (
+    "text",
+    "words",
+    "backbone_view",
+    "deletion_view",
+    "linearized_parse",
+    "constituent_bag",
+    "skip",
+    "error",
+)
 
 
 def augment_rows(texts: list[str], keys: list[str], parser, cfg: CorpusConfig) -> dict:
@@ -193,14 +226,21 @@ def augment_rows(texts: list[str], keys: list[str], parser, cfg: CorpusConfig) -
             row["skip"], row["error"] = "parse_error", errors.get(i, "the parser returned no tokens")
         else:
             rng = random.Random(f"{cfg.seed}:{key}")
-            y = A.backbone_view(parse, rng, source=a.backbone_source, fallback=a.backbone_fallback,
-                                rule_max_words=a.rule_max_words)
+            y = A.backbone_view(
+                parse,
+                rng,
+                source=a.backbone_source,
+                fallback=a.backbone_fallback,
+                rule_max_words=a.rule_max_words,
+            )
             if y is None:
                 row["skip"] = "no_triple"
             else:
                 tree = C.constituency(parse)
                 row.update(
-                    words=parse.words, backbone_view=y, deletion_view=A.deletion_view(parse, a.deletion_classes),
+                    words=parse.words,
+                    backbone_view=y,
+                    deletion_view=A.deletion_view(parse, a.deletion_classes),
                     linearized_parse=C.linearize(tree, a.parse_max_depth),
                     constituent_bag=json.dumps(C.constituent_bag(tree), sort_keys=True),
                 )
@@ -221,8 +261,10 @@ def too_many_failures(failures: int, total: int, limit: float) -> bool:
 
 
 def parse_failure_message(source: str, failures: int, total: int, limit: float, first: dict) -> str:
-    return (f"{source}: {failures} of {total} sentences failed to parse (over max_parse_failures {limit:.0%}); "
-            f"first: {first['text'][:80]!r}: {first['error']}")
+    return (
+        f"{source}: {failures} of {total} sentences failed to parse (over max_parse_failures {limit:.0%}); "
+        f"first: {first['text'][:80]!r}: {first['error']}"
+    )
 
 
 # ---------------------------------------------------------------- stage 4: write, and count
@@ -246,29 +288,51 @@ def run_pipeline(cfg: CorpusConfig, output: str, *, progress: bool = True) -> di
     logging.getLogger("ray.data").setLevel(logging.INFO if ctx.enable_progress_bars else logging.WARNING)
     ctx.execution_options.preserve_order = True
     if storage.exists(storage.join(output, "manifest.json")):
-        raise DataError(f"{output}: already holds a corpus; a new build goes to a new folder (jobs commit each "
-                        "build to a fresh attempt folder and switch a pointer to it)")
+        raise DataError(
+            f"{output}: already holds a corpus; a new build goes to a new folder (jobs commit each "
+            "build to a fresh attempt folder and switch a pointer to it)"
+        )
 
     p = cfg.parser
     free = free_cpus()
     cpus = parser_cpus(p.workers, p.cpus_per_worker, free)  # see orchestrator.data.resources
     if cpus != p.cpus_per_worker:
-        print(f"corpus: {free:g} CPUs free on the cluster: each of the {p.workers} parser actors reserves {cpus:g} CPU "
-              f"(parser.cpus_per_worker {p.cpus_per_worker:g}), so that the read and sort tasks get theirs", flush=True,
-              file=sys.stderr)
+        print(
+            f"corpus: {free:g} CPUs free on the cluster: each of the {p.workers} parser actors reserves {cpus:g} CPU "
+            f"(parser.cpus_per_worker {p.cpus_per_worker:g}), so that the read and sort tasks get theirs",
+            flush=True,
+            file=sys.stderr,
+        )
     start = time.time()
     sink = ShardSink(output, cfg.shard_rows, SHARD_COLUMNS)
-    (read_and_clean(files, cfg).sort("key")
-     .repartition(target_num_rows_per_block=p.batch_size)  # streamed: one parse call per block, spread
-     .map_batches(DedupAndLimit, fn_constructor_args=(cfg.limit,), batch_format="numpy", batch_size=None,
-                  compute=ray.data.ActorPoolStrategy(size=1), num_cpus=DEDUP_CPUS)
-     .map_batches(ParseAugment, fn_constructor_args=(cfg.model_dump(),), batch_size=p.batch_size,
-                  batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=p.workers), num_cpus=cpus)
-     .write_datasink(sink))
+    (
+        read_and_clean(files, cfg)
+        .sort("key")
+        .repartition(target_num_rows_per_block=p.batch_size)  # streamed: one parse call per block, spread
+        .map_batches(
+            DedupAndLimit,
+            fn_constructor_args=(cfg.limit,),
+            batch_format="numpy",
+            batch_size=None,
+            compute=ray.data.ActorPoolStrategy(size=1),
+            num_cpus=DEDUP_CPUS,
+        )
+        .map_batches(
+            ParseAugment,
+            fn_constructor_args=(cfg.model_dump(),),
+            batch_size=p.batch_size,
+            batch_format="numpy",
+            compute=ray.data.ActorPoolStrategy(size=p.workers),
+            num_cpus=cpus,
+        )
+        .write_datasink(sink)
+    )
     end = time.time()
     counts, examples = sink.report["counts"], sink.report["examples"]
     truncated, kept, written = counts.pop("truncated", 0), counts.pop("kept", 0), counts.pop("written", 0)
-    read = kept + sum(v for k, v in counts.items() if k not in ("duplicate", "over_limit", "parse_error", "no_triple"))
+    read = kept + sum(
+        v for k, v in counts.items() if k not in ("duplicate", "over_limit", "parse_error", "no_triple")
+    )
     unique = kept - counts["duplicate"] - counts["over_limit"]
     skipped = {k: v for k, v in sorted(counts.items()) if v}
     if unique == 0:
@@ -277,21 +341,37 @@ def run_pipeline(cfg: CorpusConfig, output: str, *, progress: bool = True) -> di
     failures = counts["parse_error"]
     if too_many_failures(failures, unique, cfg.max_parse_failures):
         text, error = examples["parse_error"]
-        raise DataError(parse_failure_message(cfg.input, failures, unique, cfg.max_parse_failures,
-                                              {"text": text, "error": error}))
+        raise DataError(
+            parse_failure_message(
+                cfg.input, failures, unique, cfg.max_parse_failures, {"text": text, "error": error}
+            )
+        )
     t_first, t_last = sink.report["t0"], sink.report["t1"]
-    timings = {"pipeline_s": end - start, "until_first_parse_s": t_first - start,
-               "parse_window_s": t_last - t_first, "after_last_parse_s": end - t_last}
+    timings = {
+        "pipeline_s": end - start,
+        "until_first_parse_s": t_first - start,
+        "parse_window_s": t_last - t_first,
+        "after_last_parse_s": end - t_last,
+    }
     say = print if progress else (lambda *a, **k: None)
-    say(f"corpus: read {read} lines, {unique} unique sentences kept, parsed + augmented by {p.workers} {p.kind} "
+    say(
+        f"corpus: read {read} lines, {unique} unique sentences kept, parsed + augmented by {p.workers} {p.kind} "
         f"actors: {written} rows written ({failures + counts['no_triple']} unparsed) in {timings['pipeline_s']:.1f} s",
-        flush=True)
+        flush=True,
+    )
     manifest = {
-        "read": read, "written": written, "skipped": skipped, "truncated": truncated, "parser": p.kind,
-        "seed": cfg.seed, "input": cfg.input, "input_files": len(files), "columns": SHARD_COLUMNS,
+        "read": read,
+        "written": written,
+        "skipped": skipped,
+        "truncated": truncated,
+        "parser": p.kind,
+        "seed": cfg.seed,
+        "input": cfg.input,
+        "input_files": len(files),
+        "columns": SHARD_COLUMNS,
         "parser_cpus_reserved": cpus,
-        "config": cfg.model_dump(mode="json"), "timings_s": timings,
+        "config": cfg.model_dump(mode="json"),
+        "timings_s": timings,
     }
     storage.write_bytes(storage.join(output, "manifest.json"), json.dumps(manifest, indent=2).encode())
     return manifest
-

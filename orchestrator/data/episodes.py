@@ -86,8 +86,9 @@ def make_pairs(index: ClassIndex, n_pairs: int, seed: int, start: int = 0) -> li
     return out
 
 
-def write_episodes(sets: dict[str, list[tuple[str, object]]], n_pairs: int, output: str, *, seed: int = 0,
-                   blocks: int = 4) -> dict:
+def write_episodes(
+    sets: dict[str, list[tuple[str, object]]], n_pairs: int, output: str, *, seed: int = 0, blocks: int = 4
+) -> dict:
     """Generate ``n_pairs`` pairs per data set on Ray Data and write shards + manifest to ``output``.
 
     ``sets``: data set name → (text, label) rows (several names = ALL mode)."""
@@ -111,9 +112,17 @@ def write_episodes(sets: dict[str, list[tuple[str, object]]], n_pairs: int, outp
     ds.write_parquet(path, filesystem=fs)
     labels = ds.groupby("dataset").sum("label").take_all()
     manifest = {
-        "pairs_per_set": n_pairs, "seed": seed,
-        "sets": {name: {"texts": len(ix.texts), "classes": len(ix.classes), "skipped_empty": ix.skipped_empty,
-                        "singleton_classes": ix.singletons} for name, ix in indexes.items()},
+        "pairs_per_set": n_pairs,
+        "seed": seed,
+        "sets": {
+            name: {
+                "texts": len(ix.texts),
+                "classes": len(ix.classes),
+                "skipped_empty": ix.skipped_empty,
+                "singleton_classes": ix.singletons,
+            }
+            for name, ix in indexes.items()
+        },
         "same_class_pairs": {str(r["dataset"]): int(r["sum(label)"]) for r in labels},
         "rows": n_pairs * len(indexes),
     }
@@ -132,8 +141,15 @@ def prepare_episodes(sets: dict[str, list], n_pairs: int, storage_root: str, *, 
     return storage.build_committed(out, lambda folder: write_episodes(sets, n_pairs, folder, seed=seed))
 
 
-def prepare_siamese_data(train_sets: list[LabelledSet], *, pairs: bool, n_pairs: int, dev_fraction: float,
-                         seed: int, storage_root: str) -> str:
+def prepare_siamese_data(
+    train_sets: list[LabelledSet],
+    *,
+    pairs: bool,
+    n_pairs: int,
+    dev_fraction: float,
+    seed: int,
+    storage_root: str,
+) -> str:
     """The train part of every set (``split_rows``): as pair episodes (SIAMESE / ALL), or as
     (text, label) shards of the one set (NAIVE's classifier)."""
     parts = {s.name: split_rows(s.rows(), dev_fraction, seed)[0] for s in train_sets}

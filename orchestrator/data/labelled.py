@@ -37,8 +37,14 @@ class LabelledSet(StrictModel):
     limit: int | None = Field(None, gt=0)
 
     def rows(self) -> list[tuple[str, str]]:
-        return read_labelled(self.path, text_column=self.text_column, label_column=self.label_column,
-                             limit=self.limit, integer_labels=False, where=self.where or None)
+        return read_labelled(
+            self.path,
+            text_column=self.text_column,
+            label_column=self.label_column,
+            limit=self.limit,
+            integer_labels=False,
+            where=self.where or None,
+        )
 
 
 def split_rows(rows: list[tuple[str, object]], dev_fraction: float, seed: int):
@@ -50,9 +56,15 @@ def split_rows(rows: list[tuple[str, object]], dev_fraction: float, seed: int):
     return train, dev
 
 
-def read_labelled(path: str, *, text_column: str = "text", label_column: str = "label",
-                  limit: int | None = None, integer_labels: bool = True,
-                  where: dict[str, list[str]] | None = None) -> list[tuple[str, int | str]]:
+def read_labelled(
+    path: str,
+    *,
+    text_column: str = "text",
+    label_column: str = "label",
+    limit: int | None = None,
+    integer_labels: bool = True,
+    where: dict[str, list[str]] | None = None,
+) -> list[tuple[str, int | str]]:
     """(text, label) pairs of a tab-separated file with a header (local path or s3:// URI).
 
     ``integer_labels=False`` keeps labels as strings (class names); ``where`` keeps only the rows
@@ -76,8 +88,9 @@ def read_labelled(path: str, *, text_column: str = "text", label_column: str = "
         raise DataError(f"{path}:1: missing column(s) {', '.join(missing)} (header: {', '.join(header)})")
     ti, li = header.index(text_column), header.index(label_column)
     rows = []
-    for lineno, row in enumerate(csv.reader(io.StringIO("\n".join(lines[1:])), delimiter="\t",
-                                            quoting=csv.QUOTE_NONE), start=2):
+    for lineno, row in enumerate(
+        csv.reader(io.StringIO("\n".join(lines[1:])), delimiter="\t", quoting=csv.QUOTE_NONE), start=2
+    ):
         if not row or all(not f.strip() for f in row):
             continue
         if len(row) < len(header):
@@ -105,8 +118,14 @@ def read_labelled(path: str, *, text_column: str = "text", label_column: str = "
     return rows
 
 
-def labelled_shards(path: str, storage_root: str, *, text_column: str = "text", label_column: str = "label",
-                    limit: int | None = None) -> str:
+def labelled_shards(
+    path: str,
+    storage_root: str,
+    *,
+    text_column: str = "text",
+    label_column: str = "label",
+    limit: int | None = None,
+) -> str:
     """The labelled TSV as shards under ``<storage_root>/datasets/<hash>`` (see :func:`rows_to_shards`)."""
     rows = read_labelled(path, text_column=text_column, label_column=label_column, limit=limit)
     return rows_to_shards(rows, storage_root, source=str(path))

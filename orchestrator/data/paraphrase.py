@@ -41,16 +41,24 @@ class ParaphraseData(StrictModel):
     every paraphrase set shipped in ``data/``: MRPC train, PAWS-X en dev, TwitterPara PIT-2015 dev
     and QQP duplicates that share no question with the QQP-Easy/Hard evaluation pool."""
 
-    pairs: list[PairFile] = [PairFile(path="data/paraphrase/mrpc-train.tsv"),
-                             PairFile(path="data/paraphrase/pawsx-en-dev.tsv"),
-                             PairFile(path="data/twitterpara/pit2015-dev.tsv"),
-                             PairFile(path="data/paraphrase/qqp-train-duplicates.tsv")]
+    pairs: list[PairFile] = [
+        PairFile(path="data/paraphrase/mrpc-train.tsv"),
+        PairFile(path="data/paraphrase/pawsx-en-dev.tsv"),
+        PairFile(path="data/twitterpara/pit2015-dev.tsv"),
+        PairFile(path="data/paraphrase/qqp-train-duplicates.tsv"),
+    ]
     both_directions: bool = True
     seed: int = 0
     limit: int | None = Field(None, gt=0, description="at most this many pairs (after both directions)")
-    valid_pairs: int = Field(500, ge=0, description="paraphrase pairs held out for the validation loss "
-                             "(both directions of a pair stay on one side)")
-    parse_max_depth: int | None = Field(None, ge=1, description="cut the target parse here (None: the whole tree)")
+    valid_pairs: int = Field(
+        500,
+        ge=0,
+        description="paraphrase pairs held out for the validation loss "
+        "(both directions of a pair stay on one side)",
+    )
+    parse_max_depth: int | None = Field(
+        None, ge=1, description="cut the target parse here (None: the whole tree)"
+    )
     parser_workers: int = Field(2, ge=1)
 
 
@@ -95,7 +103,9 @@ def read_pairs(data: ParaphraseData) -> list[tuple[str, str]]:
 
 def held_out(pairs: list[tuple[str, str]], n: int) -> set[frozenset]:
     """The ``n`` pairs (unordered, so both directions together) whose hash is smallest: the validation set."""
-    unordered = sorted({frozenset(p) for p in pairs}, key=lambda p: hashlib.sha256("\t".join(sorted(p)).encode()).digest())
+    unordered = sorted(
+        {frozenset(p) for p in pairs}, key=lambda p: hashlib.sha256("\t".join(sorted(p)).encode()).digest()
+    )
     return set(unordered[:n])
 
 
@@ -107,9 +117,13 @@ def prepare_paraphrase_data(data: ParaphraseData, storage_root: str, *, progress
     unique = len({frozenset(p) for p in pairs})
     if data.valid_pairs * 2 > unique:
         files = ", ".join(f.path for f in data.pairs)
-        raise ConfigError(f"data.valid_pairs={data.valid_pairs} would hold out more than half of the {unique} "
-                         f"paraphrase pairs read from {files}; lower it (at most {unique // 2})")
-    key = hashlib.sha256(json.dumps([pairs, data.valid_pairs, data.parse_max_depth, ROW_FORMAT]).encode()).hexdigest()[:16]
+        raise ConfigError(
+            f"data.valid_pairs={data.valid_pairs} would hold out more than half of the {unique} "
+            f"paraphrase pairs read from {files}; lower it (at most {unique // 2})"
+        )
+    key = hashlib.sha256(
+        json.dumps([pairs, data.valid_pairs, data.parse_max_depth, ROW_FORMAT]).encode()
+    ).hexdigest()[:16]
     out = storage.join(storage.absolute(storage_root), "parabart", key)
     return storage.build_committed(out, lambda folder: _build(pairs, data, folder, progress))
 
@@ -118,12 +132,24 @@ def _build(pairs: list[tuple[str, str]], data: ParaphraseData, out: str, progres
     sentences = sorted({s for pair in pairs for s in pair})
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "s.txt").write_text("\n".join(sentences) + "\n")
-        run_pipeline(CorpusConfig(input=str(Path(tmp) / "s.txt"), min_words=1, max_words=200,
-                                  drop_capitalised_splits=False, augment={"parse_max_depth": data.parse_max_depth},
-                                  parser={"workers": data.parser_workers, "cpus_per_worker": 0.5}),
-                     str(Path(tmp) / "parsed"), progress=progress)
-        table = pq.read_table(str(Path(tmp) / "parsed" / "shards"), columns=["text", "linearized_parse", "constituent_bag"])
-    parsed = {t: (p, b) for t, p, b in zip(*(table.column(c).to_pylist() for c in table.column_names), strict=True)}
+        run_pipeline(
+            CorpusConfig(
+                input=str(Path(tmp) / "s.txt"),
+                min_words=1,
+                max_words=200,
+                drop_capitalised_splits=False,
+                augment={"parse_max_depth": data.parse_max_depth},
+                parser={"workers": data.parser_workers, "cpus_per_worker": 0.5},
+            ),
+            str(Path(tmp) / "parsed"),
+            progress=progress,
+        )
+        table = pq.read_table(
+            str(Path(tmp) / "parsed" / "shards"), columns=["text", "linearized_parse", "constituent_bag"]
+        )
+    parsed = {
+        t: (p, b) for t, p, b in zip(*(table.column(c).to_pylist() for c in table.column_names), strict=True)
+    }
     norm = {s: " ".join(s.split()) for s in sentences}
     valid_set = held_out(pairs, data.valid_pairs)
     rows = {"src": [], "tgt": [], "tgt_parse": [], "src_bag": []}
@@ -143,10 +169,18 @@ def _build(pairs: list[tuple[str, str]], data: ParaphraseData, out: str, progres
         buf = io.BytesIO()
         pq.write_table(pa.table(table), buf)
         storage.write_bytes(storage.join(out, name), buf.getvalue())
-    storage.write_bytes(storage.join(out, "vocab.json"), json.dumps({"syntax": syntax.items, "tags": tags.items}).encode())
-    manifest = {"pairs": len(pairs), "rows": len(rows["src"]), "valid_rows": len(valid["src"]),
-                "dropped_unparsed": len(pairs) - len(rows["src"]) - len(valid["src"]),
-                "syntax_vocab": len(syntax), "tags": len(tags), "parse_max_depth": data.parse_max_depth}
+    storage.write_bytes(
+        storage.join(out, "vocab.json"), json.dumps({"syntax": syntax.items, "tags": tags.items}).encode()
+    )
+    manifest = {
+        "pairs": len(pairs),
+        "rows": len(rows["src"]),
+        "valid_rows": len(valid["src"]),
+        "dropped_unparsed": len(pairs) - len(rows["src"]) - len(valid["src"]),
+        "syntax_vocab": len(syntax),
+        "tags": len(tags),
+        "parse_max_depth": data.parse_max_depth,
+    }
     storage.write_bytes(storage.join(out, "manifest.json"), json.dumps(manifest, indent=2).encode())
 
 

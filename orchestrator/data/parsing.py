@@ -133,8 +133,12 @@ class StanzaParser:
 
     name = "stanza"
 
-    def __init__(self, model_dir: str, processors: str = "tokenize,pos,lemma,depparse,constituency",
-                 cache_dir: str | Path | None = None):
+    def __init__(
+        self,
+        model_dir: str,
+        processors: str = "tokenize,pos,lemma,depparse,constituency",
+        cache_dir: str | Path | None = None,
+    ):
         import stanza  # lazy: heavy (~3 s), and only a configured stanza backend needs it
 
         local = self._local_dir(model_dir, cache_dir)
@@ -147,18 +151,31 @@ class StanzaParser:
         wanted = [p for p in processors.split(",") if p]
         missing = [p for p in wanted if p != "constituency" and p not in available]
         if missing:
-            raise ConfigError(f"parser.stanza_dir {model_dir!r}: no model for processor(s) {', '.join(missing)}")
+            raise ConfigError(
+                f"parser.stanza_dir {model_dir!r}: no model for processor(s) {', '.join(missing)}"
+            )
         if "constituency" in wanted and "constituency" not in available:
             wanted.remove("constituency")  # optional: the dep→phrase conversion stands in
-        self.nlp = stanza.Pipeline("en", dir=str(local), processors=",".join(wanted),
-                                   download_method=None, verbose=False, use_gpu=False)
+        self.nlp = stanza.Pipeline(
+            "en",
+            dir=str(local),
+            processors=",".join(wanted),
+            download_method=None,
+            verbose=False,
+            use_gpu=False,
+        )
 
     @staticmethod
     def _local_dir(model_dir: str, cache_dir) -> Path:
-        if storage.is_s3(model_dir):  # a cached copy, fetched again when interrupted or when the bucket changed
-            return storage.cached_copy(model_dir, storage.listing_signature(model_dir),
-                                       lambda dest: storage.get_dir(model_dir, dest),
-                                       Path(cache_dir or Path.home() / ".cache" / "sieve" / "stanza"))
+        if storage.is_s3(
+            model_dir
+        ):  # a cached copy, fetched again when interrupted or when the bucket changed
+            return storage.cached_copy(
+                model_dir,
+                storage.listing_signature(model_dir),
+                lambda dest: storage.get_dir(model_dir, dest),
+                Path(cache_dir or Path.home() / ".cache" / "sieve" / "stanza"),
+            )
         local = Path(model_dir)
         if not local.is_dir():
             raise ConfigError(f"parser.stanza_dir {model_dir!r}: no such directory")
@@ -167,7 +184,9 @@ class StanzaParser:
     @staticmethod
     def _available_processors(local: Path) -> set[str]:
         lang = local / "en"
-        return {p.name for p in lang.iterdir() if p.is_dir() and any(p.glob("*.pt"))} if lang.is_dir() else set()
+        return (
+            {p.name for p in lang.iterdir() if p.is_dir() and any(p.glob("*.pt"))} if lang.is_dir() else set()
+        )
 
     def parse_batch(self, texts: list[str]) -> list[Parse]:
         import stanza  # lazy: see __init__
@@ -189,8 +208,17 @@ def from_stanza_document(doc) -> Parse:
         for w in sent.words:
             head = -1 if w.head in (0, None) else offset + w.head - 1
             ws = "" if "SpaceAfter=No" in (getattr(w, "misc", None) or "") else " "
-            tokens.append(Token(w.text, w.lemma or w.text.lower(), w.upos or "X", w.xpos or w.upos or "X",
-                                head, (w.deprel or "dep").lower(), ws))
+            tokens.append(
+                Token(
+                    w.text,
+                    w.lemma or w.text.lower(),
+                    w.upos or "X",
+                    w.xpos or w.upos or "X",
+                    head,
+                    (w.deprel or "dep").lower(),
+                    ws,
+                )
+            )
         tree = getattr(sent, "constituency", None)
         if tree is not None:
             trees.append(str(tree))
@@ -201,8 +229,9 @@ def from_stanza_document(doc) -> Parse:
     return Parse(text, tokens, tree)
 
 
-def make_parser(kind: str, *, spacy_model: str = SPACY_MODEL, stanza_dir: str | None = None,
-                batch_size: int = 256):
+def make_parser(
+    kind: str, *, spacy_model: str = SPACY_MODEL, stanza_dir: str | None = None, batch_size: int = 256
+):
     if kind == "spacy":
         return SpacyParser(spacy_model, batch_size=batch_size)
     if kind == "stanza":

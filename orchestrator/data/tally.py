@@ -24,8 +24,17 @@ TALLY_KEY = "~"  # sorts after every (hex) shuffle key: tallies ride at the end 
 
 def tallies(counts: dict[str, int], examples: dict[str, tuple[str, str]] | None = None) -> list[dict]:
     examples = examples or {}
-    return [{"key": TALLY_KEY, "text": examples.get(k, ("", ""))[0], "skip": k, "n": int(n),
-             "error": examples.get(k, ("", ""))[1]} for k, n in counts.items() if n]
+    return [
+        {
+            "key": TALLY_KEY,
+            "text": examples.get(k, ("", ""))[0],
+            "skip": k,
+            "n": int(n),
+            "error": examples.get(k, ("", ""))[1],
+        }
+        for k, n in counts.items()
+        if n
+    ]
 
 
 def with_tallies(batch: dict, keep: np.ndarray, counts: dict[str, int]) -> dict:
@@ -34,7 +43,11 @@ def with_tallies(batch: dict, keep: np.ndarray, counts: dict[str, int]) -> dict:
     out = {}
     for c, v in batch.items():
         add = [r.get(c, "") for r in extra]
-        out[c] = np.concatenate([v[keep], np.array(add, dtype=v.dtype if c == "n" else object)]) if add else v[keep]
+        out[c] = (
+            np.concatenate([v[keep], np.array(add, dtype=v.dtype if c == "n" else object)])
+            if add
+            else v[keep]
+        )
     return out
 
 
@@ -72,8 +85,11 @@ class ShardSink(Datasink):
         rows = pa.concat_tables(good) if good else None
         counts["written"] = rows.num_rows if rows is not None else 0
         for j, start in enumerate(range(0, counts["written"], self.shard_rows)):
-            pq.write_table(rows.slice(start, self.shard_rows), f"{self.dir}/{ctx.task_idx:06d}-{j:04d}.parquet",
-                           filesystem=self.fs)
+            pq.write_table(
+                rows.slice(start, self.shard_rows),
+                f"{self.dir}/{ctx.task_idx:06d}-{j:04d}.parquet",
+                filesystem=self.fs,
+            )
         return {"counts": dict(counts), "examples": examples, "t0": t0, "t1": t1}
 
     def on_write_complete(self, write_result) -> None:

@@ -53,13 +53,25 @@ def prepare_corpus(cfg, progress: bool = True) -> str:
     if data.shards:
         built = storage.resolve_build(data.shards)
         if built is None:
-            raise DataError(f"{data.shards}: no committed build (not an augmented corpus from augment_corpus)")
+            raise DataError(
+                f"{data.shards}: no committed build (not an augmented corpus from augment_corpus)"
+            )
         return built
-    cfg = CorpusConfig(input=repo_path(data.corpus), limit=data.limit, seed=seed, min_words=data.min_words,
-                       max_words=data.max_words, drop_capitalised_splits=data.drop_capitalised_splits,
-                       augment=data.augment, parser={"workers": data.parser_workers, "cpus_per_worker": 0.5})
-    out = storage.join(storage.absolute(storage_root), "corpora",
-                       corpus_key(cfg.input, cfg.model_dump_json(exclude={"input"})))
+    cfg = CorpusConfig(
+        input=repo_path(data.corpus),
+        limit=data.limit,
+        seed=seed,
+        min_words=data.min_words,
+        max_words=data.max_words,
+        drop_capitalised_splits=data.drop_capitalised_splits,
+        augment=data.augment,
+        parser={"workers": data.parser_workers, "cpus_per_worker": 0.5},
+    )
+    out = storage.join(
+        storage.absolute(storage_root),
+        "corpora",
+        corpus_key(cfg.input, cfg.model_dump_json(exclude={"input"})),
+    )
     if (done := storage.resolve_build(out)) is not None:
         print(f"augmented corpus: reusing {done}")
         return done

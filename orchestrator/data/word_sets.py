@@ -34,8 +34,11 @@ def lexicon_words(paths: list[str]) -> set[str]:
         path = Path(repo_path(p))
         if not path.is_file():
             raise DataError(f"{p}: lexicon file not found")
-        out |= {w.strip().lower() for w in path.read_text(encoding="utf-8").splitlines()
-                if w.strip() and not w.startswith(";")}
+        out |= {
+            w.strip().lower()
+            for w in path.read_text(encoding="utf-8").splitlines()
+            if w.strip() and not w.startswith(";")
+        }
     return out
 
 

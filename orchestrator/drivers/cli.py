@@ -1,14 +1,14 @@
 """The flags every job shares, so that they mean the same thing everywhere.
 
-    --preset NAME | --config FILE   the YAML to run (configs/<dir>/<preset>.yaml by default)
-    --name NAME                     run / sweep name
-    --tracking-uri URI              MLflow (default: MLFLOW_TRACKING_URI, else the embedded ./mlruns)
-    --storage DIR|s3://...          corpora, checkpoints, sweeps ($SIEVE_STORAGE/runs when set)
-    --no-progress                   no progress bars
-    --verbose                       Ray's worker logs and Tune's status table too (quiet by default)
-    --print-config                  print the resolved, validated config as YAML and exit; fed back
-                                    with --config it runs the same job
-    key.sub=value ...               overrides of any config key (YAML values)
+--preset NAME | --config FILE   the YAML to run (configs/<dir>/<preset>.yaml by default)
+--name NAME                     run / sweep name
+--tracking-uri URI              MLflow (default: MLFLOW_TRACKING_URI, else the embedded ./mlruns)
+--storage DIR|s3://...          corpora, checkpoints, sweeps ($SIEVE_STORAGE/runs when set)
+--no-progress                   no progress bars
+--verbose                       Ray's worker logs and Tune's status table too (quiet by default)
+--print-config                  print the resolved, validated config as YAML and exit; fed back
+                                with --config it runs the same job
+key.sub=value ...               overrides of any config key (YAML values)
 """
 
 from __future__ import annotations
@@ -37,9 +37,14 @@ def job_parser(doc: str, preset_dir: str | None) -> argparse.ArgumentParser:
     src.add_argument("--preset", default="smoke", help=f"configs/{preset_dir or '<method>'}/<preset>.yaml")
     src.add_argument("--config", help="a YAML config file (e.g. one written by --print-config)")
     ap.add_argument("--name", help="run name (default: <kind>-<time>)")
-    ap.add_argument("--tracking-uri", help="MLflow tracking URI (default: env MLFLOW_TRACKING_URI, else ./mlruns)")
-    ap.add_argument("--storage", help="local path or s3:// URI for corpora, checkpoints and sweeps "
-                    "(default: $SIEVE_STORAGE/runs when SIEVE_STORAGE is set, else the config's run.storage)")
+    ap.add_argument(
+        "--tracking-uri", help="MLflow tracking URI (default: env MLFLOW_TRACKING_URI, else ./mlruns)"
+    )
+    ap.add_argument(
+        "--storage",
+        help="local path or s3:// URI for corpora, checkpoints and sweeps "
+        "(default: $SIEVE_STORAGE/runs when SIEVE_STORAGE is set, else the config's run.storage)",
+    )
     ap.add_argument("--no-progress", action="store_true", help="no progress bars")
     ap.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     ap.add_argument("--verbose", action="store_true", help="Ray's worker logs and Tune's status table too")

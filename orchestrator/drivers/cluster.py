@@ -58,9 +58,13 @@ def watch_cluster(gcs_address: str, *, every_s: float = 2.0, grace_s: float = 10
             except OSError:
                 lost_since = lost_since or time.monotonic()
                 if time.monotonic() - lost_since >= grace_s and not _WATCH_STOP.is_set():
-                    print(f"error: the Ray cluster at {gcs_address} went away mid-job (its GCS refused connections "
-                          f"for {grace_s:.0f} s); the job stops here - a sweep, comparison or experiments job "
-                          "continues from its storage with --resume", file=sys.stderr, flush=True)
+                    print(
+                        f"error: the Ray cluster at {gcs_address} went away mid-job (its GCS refused connections "
+                        f"for {grace_s:.0f} s); the job stops here - a sweep, comparison or experiments job "
+                        "continues from its storage with --resume",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     os._exit(2)
 
     _WATCH_STOP.clear()

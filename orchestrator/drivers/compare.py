@@ -79,10 +79,18 @@ from trainers.recipe import Recipe
 
 def parse_args(doc: str) -> argparse.Namespace:
     ap = job_parser(doc, "compare")
-    ap.add_argument("--resume", action="store_true", help="continue the comparison NAME after a crash (needs --name)")
-    ap.add_argument("--out", help="also write the leaderboard here (FILE.md, with FILE.json and FILE.png beside it)")
-    ap.add_argument("--status", action="store_true", help="the interim leaderboard of the comparison NAME's finished "
-                    "trials, read from its storage while it runs (no Ray, nothing trained)")
+    ap.add_argument(
+        "--resume", action="store_true", help="continue the comparison NAME after a crash (needs --name)"
+    )
+    ap.add_argument(
+        "--out", help="also write the leaderboard here (FILE.md, with FILE.json and FILE.png beside it)"
+    )
+    ap.add_argument(
+        "--status",
+        action="store_true",
+        help="the interim leaderboard of the comparison NAME's finished "
+        "trials, read from its storage while it runs (no Ray, nothing trained)",
+    )
     return ap.parse_args()
 
 
@@ -91,8 +99,14 @@ def tests_uri(where: str, trial: str) -> str:  # a trial's test, kept: never mea
     return storage.join(where, "tests", f"{trial}.json")
 
 
-def compare_trial(tune_config: dict, *, arms: dict[str, tuple[str, MethodConfig]], shards: dict[str, str],
-                  sweep_dir: str, tracking: dict | None = None) -> None:
+def compare_trial(
+    tune_config: dict,
+    *,
+    arms: dict[str, tuple[str, MethodConfig]],
+    shards: dict[str, str],
+    sweep_dir: str,
+    tracking: dict | None = None,
+) -> None:
     """One Tune trial: arm ``params.arm`` trained with ``params.seed`` (or its reports replayed), then its
     selected checkpoint tested here, on the cores its workers held; the test kept in the storage."""
     params = tune_config["params"]
@@ -105,23 +119,38 @@ def compare_trial(tune_config: dict, *, arms: dict[str, tuple[str, MethodConfig]
         return
     row = arm_row(recipe, cfg, trial, params, sweep_dir)
     threads = torch.get_num_threads()
-    torch.set_num_threads(max(threads, min(os.cpu_count() or 1, worker_cores(cfg) + 1)))  # the workers are gone
+    torch.set_num_threads(
+        max(threads, min(os.cpu_count() or 1, worker_cores(cfg) + 1))
+    )  # the workers are gone
     try:
         with tempfile.TemporaryDirectory() as tmp:
             outcome = Outcome(checkpoint_at(row["checkpoint_path"]), row["best"], row["history"])
             _, report = export_and_test(recipe, cfg, outcome, Path(tmp) / "model")
     finally:
         torch.set_num_threads(threads)
-    storage.write_bytes(tests_uri(sweep_dir, trial), json.dumps(
-        {"checkpoint_path": row["checkpoint_path"], "metrics": report.metrics, "headline": report.headline}).encode())
+    storage.write_bytes(
+        tests_uri(sweep_dir, trial),
+        json.dumps(
+            {
+                "checkpoint_path": row["checkpoint_path"],
+                "metrics": report.metrics,
+                "headline": report.headline,
+            }
+        ).encode(),
+    )
 
 
 def arm_row(recipe: type[Recipe], cfg: MethodConfig, trial: str, params: dict, where: str) -> dict:
     """The trial's row from its recorded reports: a config without a dev score keeps its last checkpoint."""
     records = json.loads(storage.read_bytes(reports_uri(where, trial)))
     has_dev = recipe.has_dev(cfg)
-    return trial_row(trial, params, records, recipe.metric if has_dev else "step",
-                     recipe.selection_metric(cfg) if has_dev else None)
+    return trial_row(
+        trial,
+        params,
+        records,
+        recipe.metric if has_dev else "step",
+        recipe.selection_metric(cfg) if has_dev else None,
+    )
 
 
 def measure_bases(plan: ComparePlan, where: str) -> dict[str, dict]:
@@ -130,7 +159,9 @@ def measure_bases(plan: ComparePlan, where: str) -> dict[str, dict]:
     out = {}
     variants = [*plan.arms.values()]
     spec0, cfg0 = variants[0]
-    if isinstance(cfg0, EncoderMethodConfig) and (saved := saved_pooling(resolve_model_source(cfg0.model.name_or_path))):
+    if isinstance(cfg0, EncoderMethodConfig) and (
+        saved := saved_pooling(resolve_model_source(cfg0.model.name_or_path))
+    ):
         variants.append((spec0, with_params(cfg0, {"model.pooling": saved}, "the base's own pooling")))
     for recipe, cfg in variants:
         pooling = test_pooling(cfg)
@@ -139,7 +170,9 @@ def measure_bases(plan: ComparePlan, where: str) -> dict[str, dict]:
         uri = storage.join(where, "base", f"{pooling}.json")
         if not storage.exists(uri):
             b = recipe.evaluate_base(cfg)
-            storage.write_bytes(uri, json.dumps({"label": b.label, "dev": b.dev, "test": b.test.metrics}).encode())
+            storage.write_bytes(
+                uri, json.dumps({"label": b.label, "dev": b.dev, "test": b.test.metrics}).encode()
+            )
         out[pooling] = json.loads(storage.read_bytes(uri))
     return out
 
@@ -148,30 +181,62 @@ def run(plan: ComparePlan, parent_id: str | None = None) -> CompareResult:
     init_ray(quiet=not plan.verbose)
     t0 = time.time()
     root, where = sweeps_root(plan.first.run.storage), sweep_dir(plan.first.run.storage, plan.name)
-    shards = {name: recipe.prepare_data(cfg, progress=plan.progress) for name, (recipe, cfg) in plan.arms.items()}
+    shards = {
+        name: recipe.prepare_data(cfg, progress=plan.progress) for name, (recipe, cfg) in plan.arms.items()
+    }
     bases = measure_bases(plan, where)
     if parent_id:
-        tracking.log_metrics({f"base_{p}_test_{k}": v for p, b in bases.items() for k, v in b["test"].items()})
-    live = {"uri": tracking.resolve_tracking_uri(plan.first.tracking.tracking_uri), "experiment_id": plan.exp_id,
-            "parent_run_id": parent_id, "sweep": plan.name} if parent_id else None
-    trainable = tune.with_resources(tune.with_parameters(
-        compare_trial, arms={n: (recipe.name, cfg) for n, (recipe, cfg) in plan.arms.items()}, shards=shards,
-        sweep_dir=where, tracking=live), {"CPU": 1})
-    concurrent = min(concurrent_trials(cfg, plan.job.max_concurrent_trials, streams=not materializes(cfg, shards[n]))
-                     for n, (_, cfg) in plan.arms.items())
+        tracking.log_metrics(
+            {f"base_{p}_test_{k}": v for p, b in bases.items() for k, v in b["test"].items()}
+        )
+    live = (
+        {
+            "uri": tracking.resolve_tracking_uri(plan.first.tracking.tracking_uri),
+            "experiment_id": plan.exp_id,
+            "parent_run_id": parent_id,
+            "sweep": plan.name,
+        }
+        if parent_id
+        else None
+    )
+    trainable = tune.with_resources(
+        tune.with_parameters(
+            compare_trial,
+            arms={n: (recipe.name, cfg) for n, (recipe, cfg) in plan.arms.items()},
+            shards=shards,
+            sweep_dir=where,
+            tracking=live,
+        ),
+        {"CPU": 1},
+    )
+    concurrent = min(
+        concurrent_trials(cfg, plan.job.max_concurrent_trials, streams=not materializes(cfg, shards[n]))
+        for n, (_, cfg) in plan.arms.items()
+    )
     first_recipe = next(iter(plan.arms.values()))[0]
     if plan.resume and tune.Tuner.can_restore(where):
         tuner = tune.Tuner.restore(where, trainable=trainable, resume_unfinished=True, resume_errored=True)
     else:  # new (resolve() refused a name in use), or killed before any trial started: the base is kept
         space = {"arm": tune.grid_search(list(plan.arms)), "seed": tune.grid_search(plan.job.seeds)}
         tuner = tune.Tuner(
-            trainable, param_space={"params": space},
-            tune_config=tune.TuneConfig(num_samples=1, search_alg=BasicVariantGenerator(max_concurrent=concurrent),
-                                        trial_name_creator=trial_name, trial_dirname_creator=trial_name),
-            run_config=tune.RunConfig(name=plan.name, storage_path=root, verbose=1 if plan.verbose else 0,
-                                      callbacks=[] if plan.verbose else [ProgressLines(first_recipe.metric,
-                                                                                        first_recipe.metric_label)],
-                                      failure_config=tune.FailureConfig(max_failures=0)))
+            trainable,
+            param_space={"params": space},
+            tune_config=tune.TuneConfig(
+                num_samples=1,
+                search_alg=BasicVariantGenerator(max_concurrent=concurrent),
+                trial_name_creator=trial_name,
+                trial_dirname_creator=trial_name,
+            ),
+            run_config=tune.RunConfig(
+                name=plan.name,
+                storage_path=root,
+                verbose=1 if plan.verbose else 0,
+                callbacks=[]
+                if plan.verbose
+                else [ProgressLines(first_recipe.metric, first_recipe.metric_label)],
+                failure_config=tune.FailureConfig(max_failures=0),
+            ),
+        )
     grid = tuner.fit()
     rows = collect(plan, grid, where)
     board = leaderboard(plan, rows, bases)
@@ -195,12 +260,22 @@ def trial_record(plan: ComparePlan, trial: str, params: dict, where: str) -> dic
     """A trial's row from the storage: its reports (none yet: empty), its arm and seed, its test ({} until kept)."""
     recipe, base = plan.arms[params["arm"]]
     cfg = with_params(base, {"train.seed": params["seed"]}, f"arm {params['arm']}")
-    row = (arm_row(recipe, cfg, trial, params, where) if storage.exists(reports_uri(where, trial))
-           else trial_row(trial, params, [], recipe.metric))
+    row = (
+        arm_row(recipe, cfg, trial, params, where)
+        if storage.exists(reports_uri(where, trial))
+        else trial_row(trial, params, [], recipe.metric)
+    )
     test_file = tests_uri(where, trial)
     test = json.loads(storage.read_bytes(test_file)) if storage.exists(test_file) else None
-    row.update(arm=params["arm"], seed=params["seed"], method=recipe.name, error=None, stopped_early=False,
-               test=test["metrics"] if test else {}, headline=test["headline"] if test else None)
+    row.update(
+        arm=params["arm"],
+        seed=params["seed"],
+        method=recipe.name,
+        error=None,
+        stopped_early=False,
+        test=test["metrics"] if test else {},
+        headline=test["headline"] if test else None,
+    )
     return row
 
 
@@ -210,30 +285,54 @@ def interim(plan: ComparePlan, where: str) -> str:
     for f in storage.list_files(storage.join(where, "invocations")):
         rec = json.loads(storage.read_bytes(storage.join(where, "invocations", f)))
         seen[rec["trial"]] = rec["params"]
-    rows = [trial_record(plan, trial, params, where) for trial, params in seen.items()
-            if storage.exists(tests_uri(where, trial))]
-    bases = {f.removesuffix(".json"): json.loads(storage.read_bytes(storage.join(where, "base", f)))
-             for f in storage.list_files(storage.join(where, "base"))}
+    rows = [
+        trial_record(plan, trial, params, where)
+        for trial, params in seen.items()
+        if storage.exists(tests_uri(where, trial))
+    ]
+    bases = {
+        f.removesuffix(".json"): json.loads(storage.read_bytes(storage.join(where, "base", f)))
+        for f in storage.list_files(storage.join(where, "base"))
+    }
     total = len(plan.arms) * len(plan.job.seeds)
     head = f"comparison {plan.name!r}, interim: {len(rows)} of {total} trials tested (its figures move as the rest end)"
     return head + "\n\n" + (lb.markdown(leaderboard(plan, rows, bases)) if rows else "no trial tested yet")
 
 
 def leaderboard(plan: ComparePlan, rows: list[dict], bases: dict[str, dict]) -> dict:
-    arms = {n: lb.ArmRuns(n, recipe.name, test_pooling(cfg),
-                          budget=f"{cfg.train.max_steps} × {cfg.train.batch_size * cfg.scaling.num_workers}")
-            for n, (recipe, cfg) in plan.arms.items()}
+    arms = {
+        n: lb.ArmRuns(
+            n,
+            recipe.name,
+            test_pooling(cfg),
+            budget=f"{cfg.train.max_steps} × {cfg.train.batch_size * cfg.scaling.num_workers}",
+        )
+        for n, (recipe, cfg) in plan.arms.items()
+    }
     for r in rows:
         if not r["test"]:
             continue
         losses = [h["loss"] for h in r["history"] if isinstance(h.get("loss"), int | float)]
-        recipe, cfg = plan.arms[r["arm"]]  # without a dev score best_dev is the last step (arm_row): no dev shown
-        arms[r["arm"]].runs[r["seed"]] = {"test": r["test"], "dev": r["best_dev"] if recipe.has_dev(cfg) else None,
-                                          "loss_first": losses[0] if losses else None,
-                                          "loss_last": losses[-1] if losses else None}
-    headline = plan.job.headline or next((r["headline"] for r in rows if r.get("headline")), "sts_avg_spearman_all")
-    return lb.build(list(arms.values()), bases, reference=plan.job.reference, headline=headline,
-                    confidence=plan.job.confidence, interval=plan.job.interval)
+        recipe, cfg = plan.arms[
+            r["arm"]
+        ]  # without a dev score best_dev is the last step (arm_row): no dev shown
+        arms[r["arm"]].runs[r["seed"]] = {
+            "test": r["test"],
+            "dev": r["best_dev"] if recipe.has_dev(cfg) else None,
+            "loss_first": losses[0] if losses else None,
+            "loss_last": losses[-1] if losses else None,
+        }
+    headline = plan.job.headline or next(
+        (r["headline"] for r in rows if r.get("headline")), "sts_avg_spearman_all"
+    )
+    return lb.build(
+        list(arms.values()),
+        bases,
+        reference=plan.job.reference,
+        headline=headline,
+        confidence=plan.job.confidence,
+        interval=plan.job.interval,
+    )
 
 
 def main(doc: str) -> int:
@@ -248,20 +347,37 @@ def main(doc: str) -> int:
     where = sweep_dir(plan.first.run.storage, plan.name)
     if plan.resume and pub.answer_published(where, f"comparison {plan.name!r}", t0):
         return 0
-    parent = (tracking.find_run(plan.exp_id, {"sieve.sweep": plan.name, "sieve.role": "compare"})
-              if plan.resume else None)
-    with mlflow.start_run(run_id=parent.info.run_id if parent else None, experiment_id=plan.exp_id,
-                          run_name=None if parent else plan.name) as parent_run:
+    parent = (
+        tracking.find_run(plan.exp_id, {"sieve.sweep": plan.name, "sieve.role": "compare"})
+        if plan.resume
+        else None
+    )
+    with mlflow.start_run(
+        run_id=parent.info.run_id if parent else None,
+        experiment_id=plan.exp_id,
+        run_name=None if parent else plan.name,
+    ) as parent_run:
         if parent is None:
-            mlflow.set_tags({"sieve.sweep": plan.name, "sieve.role": "compare",
-                             "sieve.arms": ", ".join(plan.arms)})
-            tracking.log_params({"seeds": plan.job.seeds, "reference": plan.job.reference,
-                                 **{f"arm.{n}": cfg.model_dump(mode="json") for n, (_, cfg) in plan.arms.items()}})
+            mlflow.set_tags(
+                {"sieve.sweep": plan.name, "sieve.role": "compare", "sieve.arms": ", ".join(plan.arms)}
+            )
+            tracking.log_params(
+                {
+                    "seeds": plan.job.seeds,
+                    "reference": plan.job.reference,
+                    **{f"arm.{n}": cfg.model_dump(mode="json") for n, (_, cfg) in plan.arms.items()},
+                }
+            )
         result = run(plan, parent_run.info.run_id)
         summary = publish(plan, result, parent_run.info.run_id, out=args.out)
     shutdown_ray()
-    console = "\n".join([json.dumps({k: v for k, v in summary.items() if k not in ("gate", "leaderboard")}, indent=2),
-                         summary["leaderboard"], *([summary["gate"]] if summary["gate"] else [])])
+    console = "\n".join(
+        [
+            json.dumps({k: v for k, v in summary.items() if k not in ("gate", "leaderboard")}, indent=2),
+            summary["leaderboard"],
+            *([summary["gate"]] if summary["gate"] else []),
+        ]
+    )
     pub.write_published(where, summary, console)
     print(console)
     return 0

@@ -36,15 +36,19 @@ from trainers.recipe import GLOBAL_BATCH, SENTENCES, STEP_BUDGET, Recipe
 
 class ArmConfig(StrictModel):
     method: str
-    config: str | dict[str, Any] = Field(..., description="the method's preset file (relative to the repo root), "
-                                         "or the whole config inline")
+    config: str | dict[str, Any] = Field(
+        ..., description="the method's preset file (relative to the repo root), or the whole config inline"
+    )
     overrides: dict[str, Any] = Field({}, description="dotted keys set on this arm's config")
 
 
 class RegisterBlock(StrictModel):
     arm: str = Field("best", description="the arm to register (`best`: the one ranked first)")
-    name: str | None = Field(None, description="registered model name (default: the arm's tracking."
-                             "registry_model_name, else its method)")
+    name: str | None = Field(
+        None,
+        description="registered model name (default: the arm's tracking."
+        "registry_model_name, else its method)",
+    )
     alias: str = "candidate"
 
 
@@ -53,13 +57,23 @@ class CompareJobConfig(StrictModel):
 
     seeds: list[int] = Field(..., min_length=1)
     arms: dict[str, ArmConfig] = Field(..., min_length=1)
-    reference: str | None = Field(None, description="the arm every other one is set against (default: the first)")
-    common_overrides: dict[str, Any] = Field({}, description="dotted keys set on every arm (steps, batch, eval)")
-    headline: str | None = Field(None, description="the test figure arms are ranked and gated on (default: the "
-                                 "method's headline, e.g. sts_avg_spearman_all)")
-    budget: Literal["steps", "sentences"] = Field("steps", description="what arms share: equal steps at one "
-                                                 "global batch, or equal training sentences (steps × global "
-                                                 "batch: batch sizes compared at equal epochs)")
+    reference: str | None = Field(
+        None, description="the arm every other one is set against (default: the first)"
+    )
+    common_overrides: dict[str, Any] = Field(
+        {}, description="dotted keys set on every arm (steps, batch, eval)"
+    )
+    headline: str | None = Field(
+        None,
+        description="the test figure arms are ranked and gated on (default: the "
+        "method's headline, e.g. sts_avg_spearman_all)",
+    )
+    budget: Literal["steps", "sentences"] = Field(
+        "steps",
+        description="what arms share: equal steps at one "
+        "global batch, or equal training sentences (steps × global "
+        "batch: batch sizes compared at equal epochs)",
+    )
     confidence: float = Field(0.95, gt=0, lt=1)
     interval: Literal["t", "bootstrap"] = "t"
     max_concurrent_trials: int | None = Field(None, ge=1)
@@ -78,7 +92,9 @@ class CompareJobConfig(StrictModel):
 class ComparePlan:
     name: str
     job: CompareJobConfig
-    arms: dict[str, tuple[type[Recipe], MethodConfig]]  # every arm's validated config (train.seed set per trial)
+    arms: dict[
+        str, tuple[type[Recipe], MethodConfig]
+    ]  # every arm's validated config (train.seed set per trial)
     exp_id: str
     resume: bool = False
     progress: bool = True
@@ -89,7 +105,9 @@ class ComparePlan:
         return next(iter(self.arms.values()))[1]
 
 
-def arm_config(job: CompareJobConfig, name: str, source: str, cli: list[str]) -> tuple[type[Recipe], MethodConfig]:
+def arm_config(
+    job: CompareJobConfig, name: str, source: str, cli: list[str]
+) -> tuple[type[Recipe], MethodConfig]:
     arm = job.arms[name]
     recipe = get_method(arm.method)
     if isinstance(arm.config, dict):
@@ -100,7 +118,9 @@ def arm_config(job: CompareJobConfig, name: str, source: str, cli: list[str]) ->
     data["method"] = arm.method  # one preset serves simcse and sifter_simcse
     for key, value in {**job.common_overrides, **arm.overrides}.items():
         set_path(data, key.split("."), value, f"{source}: arms.{name}: {key}")
-    return recipe, validate(recipe.config_cls, apply_overrides(data, cli), f"{where} (arm {name!r} of {source})")
+    return recipe, validate(
+        recipe.config_cls, apply_overrides(data, cli), f"{where} (arm {name!r} of {source})"
+    )
 
 
 def shared(recipe: type[Recipe], cfg: MethodConfig, budget: str) -> dict[str, object]:
@@ -112,7 +132,9 @@ def shared(recipe: type[Recipe], cfg: MethodConfig, budget: str) -> dict[str, ob
     return out
 
 
-def check_comparable(arms: dict[str, tuple[type[Recipe], MethodConfig]], source: str, budget: str = "steps") -> None:
+def check_comparable(
+    arms: dict[str, tuple[type[Recipe], MethodConfig]], source: str, budget: str = "steps"
+) -> None:
     """Arms differ in their method and settings, never in what they are measured against: one base model,
     equal steps at one global batch (or, ``budget: sentences``, equal steps × global batch), one test, one
     storage. Each difference is refused with its arm named."""
@@ -120,13 +142,17 @@ def check_comparable(arms: dict[str, tuple[type[Recipe], MethodConfig]], source:
     want = shared(s0, c0, budget)
     for name, (_, cfg) in arms.items():
         if cfg.train.max_steps is None:
-            raise ConfigError(f"{source}: arm {name!r}: a comparison runs every arm for a fixed number of steps; set "
-                              "train.max_steps")
+            raise ConfigError(
+                f"{source}: arm {name!r}: a comparison runs every arm for a fixed number of steps; set "
+                "train.max_steps"
+            )
     for name, (recipe, cfg) in rest:
         for what, value in shared(recipe, cfg, budget).items():
             if value != want[what]:
-                raise ConfigError(f"{source}: arm {name!r} differs from arm {first!r} in {what}: {value!r} vs "
-                                  f"{want[what]!r}; arms are compared on the same base, budget and test")
+                raise ConfigError(
+                    f"{source}: arm {name!r} differs from arm {first!r} in {what}: {value!r} vs "
+                    f"{want[what]!r}; arms are compared on the same base, budget and test"
+                )
 
 
 def resolve(args: argparse.Namespace) -> ComparePlan:
@@ -135,20 +161,29 @@ def resolve(args: argparse.Namespace) -> ComparePlan:
     if getattr(args, "status", False) and not args.name:
         raise ConfigError("--status needs --name (the comparison to read)")
     path = Path(args.config or resolve_config_path(args.preset, "compare"))
-    job = validate(CompareJobConfig, apply_overrides(read_yaml(path), [o.removeprefix("compare.") for o in args.overrides
-                                                                        if o.startswith("compare.")]), str(path))
+    job = validate(
+        CompareJobConfig,
+        apply_overrides(
+            read_yaml(path), [o.removeprefix("compare.") for o in args.overrides if o.startswith("compare.")]
+        ),
+        str(path),
+    )
     cli = [o for o in args.overrides if not o.startswith("compare.")] + location_overrides(args)
     arms = {name: arm_config(job, name, str(path), cli) for name in job.arms}
     reference = job.reference or next(iter(job.arms))
     if reference not in arms:
         raise ConfigError(f"{path}: reference {reference!r} is not one of the arms ({', '.join(arms)})")
     if job.registration is not None and job.registration.arm not in ("best", *arms):
-        raise ConfigError(f"{path}: registration.arm {job.registration.arm!r}: expected best or one of {', '.join(arms)}")
+        raise ConfigError(
+            f"{path}: registration.arm {job.registration.arm!r}: expected best or one of {', '.join(arms)}"
+        )
     job = job.model_copy(update={"reference": reference})
     check_comparable(arms, str(path), job.budget)
     if args.print_config:
-        inline = {n: a.model_copy(update={"config": arms[n][1].model_dump(mode="json"), "overrides": {}})
-                  for n, a in job.arms.items()}
+        inline = {
+            n: a.model_copy(update={"config": arms[n][1].model_dump(mode="json"), "overrides": {}})
+            for n, a in job.arms.items()
+        }
         return ComparePlan("", job.model_copy(update={"arms": inline, "common_overrides": {}}), arms, "")
     exp_ids = {preflight(cfg) for _, cfg in arms.values()}
     arms = {n: (recipe, settled(cfg)) for n, (recipe, cfg) in arms.items()}  # each arm's pooling resolved

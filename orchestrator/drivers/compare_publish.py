@@ -35,7 +35,9 @@ class CompareResult:
 def publish(plan: ComparePlan, result: CompareResult, parent_id: str, out: str | None = None) -> dict:
     board = result.board
     for name, (recipe, _) in plan.arms.items():
-        pub.log_trials(plan.exp_id, parent_id, plan.name, [r for r in result.rows if r["arm"] == name], recipe.metric)
+        pub.log_trials(
+            plan.exp_id, parent_id, plan.name, [r for r in result.rows if r["arm"] == name], recipe.metric
+        )
     h = board["headline"]
     metrics = {}
     for r in board["rows"]:
@@ -56,13 +58,22 @@ def publish(plan: ComparePlan, result: CompareResult, parent_id: str, out: str |
         gate += f" → registered {registered['name']} v{registered['version']} @{registered['alias']}"
     mlflow.log_artifacts(str(report_dir), "leaderboard")
     mlflow.log_metric("wall_s", result.wall_s)
-    mlflow.set_tag("mlflow.note.content", (f"{gate}\n\n" if gate else "") + md)  # the parent run's UI description
+    mlflow.set_tag(
+        "mlflow.note.content", (f"{gate}\n\n" if gate else "") + md
+    )  # the parent run's UI description
     if out:
         write_out(Path(out), plan, board, md, result.wall_s)
-    return {"comparison": plan.name, "trials": len(result.rows),
-            "failed": [r["trial"] for r in result.rows if not r["test"]], "ranked": [r["arm"] for r in board["rows"]],
-            "report": str(report_dir / "leaderboard.md"), "wall_s": round(result.wall_s, 1),
-            "registered": registered, "gate": gate, "leaderboard": md}
+    return {
+        "comparison": plan.name,
+        "trials": len(result.rows),
+        "failed": [r["trial"] for r in result.rows if not r["test"]],
+        "ranked": [r["arm"] for r in board["rows"]],
+        "report": str(report_dir / "leaderboard.md"),
+        "wall_s": round(result.wall_s, 1),
+        "registered": registered,
+        "gate": gate,
+        "leaderboard": md,
+    }
 
 
 def register(plan: ComparePlan, result: CompareResult, parent_id: str) -> dict | None:
@@ -77,29 +88,65 @@ def register(plan: ComparePlan, result: CompareResult, parent_id: str) -> dict |
     rep = min(runs, key=lambda r: abs(r["test"][h] - row["mean"][h]))
     cfg = with_params(base, {"train.seed": rep["seed"]}, "winner")
     reg_name = plan.job.registration.name or cfg.tracking.registry_model_name or recipe.name.replace("_", "-")
-    tags = {"compare": plan.name, "arm": row["arm"], "seed": str(rep["seed"]), "run_id": parent_id,
-            "config_hash": config_hash(cfg), "test_metric": h, "test_score": f"{rep['test'][h]:.6f}",
-            "gate_low": f"{row['vs_base']['low']:.6f}"}
+    tags = {
+        "compare": plan.name,
+        "arm": row["arm"],
+        "seed": str(rep["seed"]),
+        "run_id": parent_id,
+        "config_hash": config_hash(cfg),
+        "test_metric": h,
+        "test_score": f"{rep['test'][h]:.6f}",
+        "gate_low": f"{row['vs_base']['low']:.6f}",
+    }
     version = tracking.find_version(reg_name, {"compare": plan.name})
     if version is None:
         model_dir = export_dir(cfg, plan.name)
         outcome = Outcome(checkpoint_at(rep["checkpoint_path"]), rep["best"], rep["history"])
-        export_and_test(recipe, cfg, outcome, model_dir,  # tested in its trial: not measured again
-                        tested=TestReport("test (measured in its trial)", rep["test"], rep["headline"], "", {}))
-        card = winner_card(recipe, cfg, plan.name, result.board, row, rep, reg_name,
-                           champion=tracking.alias_tags(reg_name, "champion"))
+        export_and_test(
+            recipe,
+            cfg,
+            outcome,
+            model_dir,  # tested in its trial: not measured again
+            tested=TestReport("test (measured in its trial)", rep["test"], rep["headline"], "", {}),
+        )
+        card = winner_card(
+            recipe,
+            cfg,
+            plan.name,
+            result.board,
+            row,
+            rep,
+            reg_name,
+            champion=tracking.alias_tags(reg_name, "champion"),
+        )
         write_model_card(model_dir, card)
         info = recipe.log_model(model_dir, name="winner_model")
-        desc = (f"comparison {plan.name}: {lb.gate_text(row, h)}\n\n{pub.mlflow_description(card)}\n\n"
-                f"## The comparison\n\n{lb.markdown(result.board)}")
-        version = tracking.register(info.model_uri, reg_name, alias=plan.job.registration.alias,
-                                    description=desc[:5000], tags=tags)
-    return {"name": reg_name, "version": version, "alias": plan.job.registration.alias, "arm": row["arm"],
-            "seed": rep["seed"]}
+        desc = (
+            f"comparison {plan.name}: {lb.gate_text(row, h)}\n\n{pub.mlflow_description(card)}\n\n"
+            f"## The comparison\n\n{lb.markdown(result.board)}"
+        )
+        version = tracking.register(
+            info.model_uri, reg_name, alias=plan.job.registration.alias, description=desc[:5000], tags=tags
+        )
+    return {
+        "name": reg_name,
+        "version": version,
+        "alias": plan.job.registration.alias,
+        "arm": row["arm"],
+        "seed": rep["seed"],
+    }
 
 
-def winner_card(recipe: type[Recipe], cfg, name: str, board: dict, row: dict, rep: dict, reg_name: str,
-                champion: dict | None) -> str:
+def winner_card(
+    recipe: type[Recipe],
+    cfg,
+    name: str,
+    board: dict,
+    row: dict,
+    rep: dict,
+    reg_name: str,
+    champion: dict | None,
+) -> str:
     """Sieve's card (:func:`publish.model_card`) for the run of arm ``row`` registered from comparison ``name``:
     its test figures beside the base read the arm's way (this comparison's measure) and the champion's."""
     h = board["headline"]
@@ -108,19 +155,37 @@ def winner_card(recipe: type[Recipe], cfg, name: str, board: dict, row: dict, re
     mean_dev = row.get("dev_mean")  # None: no run of the arm had a dev score (TSDAE's protocol)
     scored = b is not None and mean_dev is not None and b.get("dev") is not None
     return pub.model_card(
-        recipe=recipe, cfg=cfg, origin=f"comparison `{name}`, arm `{row['arm']}`, seed {rep['seed']} (the run "
-        "nearest its arm's mean)", params={"arm": row["arm"], "seed": rep["seed"]},
-        test=TestReport("test (measured in its trial)", rep["test"], h, ""), base=base,
-        choice=pub.Choice(rep, mean_dev if scored else math.nan, b["dev"] if scored else None,
-                          b["label"] if b else "", 0.0),
-        registered_name=reg_name, champion=champion)
+        recipe=recipe,
+        cfg=cfg,
+        origin=f"comparison `{name}`, arm `{row['arm']}`, seed {rep['seed']} (the run "
+        "nearest its arm's mean)",
+        params={"arm": row["arm"], "seed": rep["seed"]},
+        test=TestReport("test (measured in its trial)", rep["test"], h, ""),
+        base=base,
+        choice=pub.Choice(
+            rep, mean_dev if scored else math.nan, b["dev"] if scored else None, b["label"] if b else "", 0.0
+        ),
+        registered_name=reg_name,
+        champion=champion,
+    )
 
 
 def write_out(md_path: Path, plan: ComparePlan, board: dict, md: str, wall_s: float) -> None:
     md_path.parent.mkdir(parents=True, exist_ok=True)
     command = "python " + " ".join(["jobs/compare.py", *sys.argv[1:]])
-    md_path.write_text(f"# Comparison `{plan.name}`\n\nCommand: `{command}`. Wall time {wall_s / 60:.1f} min on "
-                       f"{os.cpu_count()} cores.\n\n{md}\n")
-    md_path.with_suffix(".json").write_text(lb.dumps({**board, "name": plan.name, "command": command, "wall_s": wall_s,
-                                                      "job": plan.job.model_dump(mode="json")}))
+    md_path.write_text(
+        f"# Comparison `{plan.name}`\n\nCommand: `{command}`. Wall time {wall_s / 60:.1f} min on "
+        f"{os.cpu_count()} cores.\n\n{md}\n"
+    )
+    md_path.with_suffix(".json").write_text(
+        lb.dumps(
+            {
+                **board,
+                "name": plan.name,
+                "command": command,
+                "wall_s": wall_s,
+                "job": plan.job.model_dump(mode="json"),
+            }
+        )
+    )
     lb.plot(board, md_path.with_suffix(".png"))

@@ -53,15 +53,22 @@ class EarlyTests:
             self._collect()
         if self.running is not None or not self.waiting or self.base.scaling.use_gpu:
             return
-        still, threads = spare_threads(self.cores, self.per_trial, self.concurrent, self.total, len(self.ended))
+        still, threads = spare_threads(
+            self.cores, self.per_trial, self.concurrent, self.total, len(self.ended)
+        )
         if threads < 1:
             return
         trial, params = self.waiting.pop(0)
         records = reports_uri(self.sweep_dir, trial)
         if not storage.exists(records):
             return
-        row = trial_row(trial, params, json.loads(storage.read_bytes(records)), self.recipe.metric,
-                        self.recipe.selection_metric(self.base))
+        row = trial_row(
+            trial,
+            params,
+            json.loads(storage.read_bytes(records)),
+            self.recipe.metric,
+            self.recipe.selection_metric(self.base),
+        )
         if row["checkpoint_path"] is None:
             return
         beside = f"beside the {still} trial(s) still training" if still else "(every trial has ended)"
@@ -74,8 +81,11 @@ class EarlyTests:
         try:
             self.tested[trial] = (path, beside.result())
         except Exception as exc:  # noqa: BLE001 - tested again after the sweep, where the error surfaces
-            print(f"[{trial}] its test failed beside training ({str(exc).splitlines()[0][:200]}): "
-                  "tested again after the sweep", flush=True)
+            print(
+                f"[{trial}] its test failed beside training ({str(exc).splitlines()[0][:200]}): "
+                "tested again after the sweep",
+                flush=True,
+            )
 
     def finish(self) -> dict[str, tuple[str, TestReport]]:
         """Wait for the test under way; {trial: (checkpoint path, its test report)}."""

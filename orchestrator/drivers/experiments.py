@@ -47,8 +47,14 @@ from orchestrator.spec import BaseResult
 from orchestrator.storage import atomic_dir
 
 
-def run_experiments(cfg: ExperimentsConfig, name: str, *, out_root: str | Path = "outputs", verbose: bool = False,
-                    resume: bool = False) -> dict:
+def run_experiments(
+    cfg: ExperimentsConfig,
+    name: str,
+    *,
+    out_root: str | Path = "outputs",
+    verbose: bool = False,
+    resume: bool = False,
+) -> dict:
     """Two phases. Train and test: ORIG measured, then every model trained, exported and tested, each
     result committed to ``<run.storage>/experiments/<name>/`` as it finishes (no tracking server needed).
     Publish: MLflow runs, registration and the report, every step idempotent. ``resume`` continues a
@@ -82,14 +88,21 @@ def run_experiments(cfg: ExperimentsConfig, name: str, *, out_root: str | Path =
     streams = any(not materializes(_run_config(cfg, probe, *key), shards) for key, shards in pairs.items())
     at_once = concurrent_trials(probe, cfg.models_at_once, streams=streams)
     with ThreadPoolExecutor(max_workers=at_once, thread_name_prefix="model") as pool:
-        futures = {key: pool.submit(_trained, recipe, cfg, probe, *key, name, state, models_dir, pairs.get(key))
-                   for key in runs}
+        futures = {
+            key: pool.submit(_trained, recipe, cfg, probe, *key, name, state, models_dir, pairs.get(key))
+            for key in runs
+        }
         trained = {key: f.result() for key, f in futures.items()}
     try:
         return _publish(cfg, name, exp_id, origs, trained, Path(out_root), time.time() - t0)
     except Exception as exc:
-        line = outbox.outage(exc, probe.tracking.tracking_uri, f"experiments {name!r}", state,
-                          f"python jobs/siamese_experiments.py --name {name} --resume")
+        line = outbox.outage(
+            exc,
+            probe.tracking.tracking_uri,
+            f"experiments {name!r}",
+            state,
+            f"python jobs/siamese_experiments.py --name {name} --resume",
+        )
         raise line or exc  # noqa: B904 - the outage line replaces MLflow's retries' traceback
 
 
@@ -108,7 +121,9 @@ def _measured_orig(recipe, cfg: ExperimentsConfig, probe, exp: str, state: str) 
     t0 = time.perf_counter()
     base = max(measure_bases(recipe, run_cfg), key=lambda b: b.dev)  # the run's pooling and the folder's own
     print(f"[orig-{exp}] measured in {time.perf_counter() - t0:.0f} s", flush=True)
-    storage.write_bytes(uri, json.dumps({"dev": base.dev, "label": base.label, "test": asdict(base.test)}).encode())
+    storage.write_bytes(
+        uri, json.dumps({"dev": base.dev, "label": base.label, "test": asdict(base.test)}).encode()
+    )
     return base
 
 
@@ -120,7 +135,9 @@ def _run_config(cfg: ExperimentsConfig, probe, exp: str | None, mode: str) -> Me
 
 def _committed(state: str, exp: str | None, mode: str) -> bool:
     label = _label(exp, mode)
-    return storage.exists(storage.join(state, f"{label}.json")) and storage.is_complete(storage.join(state, label))
+    return storage.exists(storage.join(state, f"{label}.json")) and storage.is_complete(
+        storage.join(state, label)
+    )
 
 
 def _pairs(recipe, cfg: ExperimentsConfig, probe, exp: str | None, mode: str) -> str:
@@ -130,12 +147,25 @@ def _pairs(recipe, cfg: ExperimentsConfig, probe, exp: str | None, mode: str) ->
     return shards
 
 
-def _trained(recipe, cfg: ExperimentsConfig, probe, exp: str | None, mode: str, name: str, state: str,
-             models_dir: Path, shards: str | None) -> dict:
+def _trained(
+    recipe,
+    cfg: ExperimentsConfig,
+    probe,
+    exp: str | None,
+    mode: str,
+    name: str,
+    state: str,
+    models_dir: Path,
+    shards: str | None,
+) -> dict:
     """Train, export and test one model on its pairs (``shards``) - or, when the job's state holds it
     committed, fetch it back. Returns {"model_dir", "metrics", "headline", "history", "best_dev", "config"}."""
     label = _label(exp, mode)
-    uri, result_uri, local = storage.join(state, label), storage.join(state, f"{label}.json"), models_dir / label
+    uri, result_uri, local = (
+        storage.join(state, label),
+        storage.join(state, f"{label}.json"),
+        models_dir / label,
+    )
     if _committed(state, exp, mode):
         if local.exists():
             shutil.rmtree(local)
@@ -146,19 +176,28 @@ def _trained(recipe, cfg: ExperimentsConfig, probe, exp: str | None, mode: str, 
     outcome = fit(build_trainer(recipe, run_cfg, shards, name=f"{name}-{label}"), recipe, run_cfg)
     t2 = time.perf_counter()
     model_dir, report = export_and_test(recipe, run_cfg, outcome, local)
-    print(f"[{label}] training (Ray Train, start to end) {t2 - t1:.0f} s, export + test "
-          f"{time.perf_counter() - t2:.0f} s", flush=True)  # where a smoke run's minutes go (#22.4)
-    done = {"metrics": _sets_only(report.metrics), "headline": report.headline_value,
-            "history": [{k: v for k, v in h.items() if isinstance(v, int | float)} for h in outcome.history],
-            "best_dev": outcome.best_metrics.get(recipe.metric, float("nan")),
-            "config": run_cfg.model_dump(mode="json")}
+    print(
+        f"[{label}] training (Ray Train, start to end) {t2 - t1:.0f} s, export + test "
+        f"{time.perf_counter() - t2:.0f} s",
+        flush=True,
+    )  # where a smoke run's minutes go (#22.4)
+    done = {
+        "metrics": _sets_only(report.metrics),
+        "headline": report.headline_value,
+        "history": [{k: v for k, v in h.items() if isinstance(v, int | float)} for h in outcome.history],
+        "best_dev": outcome.best_metrics.get(recipe.metric, float("nan")),
+        "config": run_cfg.model_dump(mode="json"),
+    }
     storage.put_dir(model_dir, uri)
-    storage.write_bytes(result_uri, json.dumps(done).encode())  # last: a model cut short is trained again on resume
+    storage.write_bytes(
+        result_uri, json.dumps(done).encode()
+    )  # last: a model cut short is trained again on resume
     return {**done, "model_dir": model_dir}
 
 
-def _publish(cfg: ExperimentsConfig, name: str, exp_id: str, origs: dict, trained: dict, out_root: Path,
-             wall_s: float) -> dict:
+def _publish(
+    cfg: ExperimentsConfig, name: str, exp_id: str, origs: dict, trained: dict, out_root: Path, wall_s: float
+) -> dict:
     """MLflow parent and child runs, registration, the report. Idempotent: runs are found by their tags
     (a child cut short is deleted and made again), versions by their key."""
     recipe = get_method("siamese")
@@ -167,8 +206,9 @@ def _publish(cfg: ExperimentsConfig, name: str, exp_id: str, origs: dict, traine
         results.setdefault("orig", {}).update(_per_set(_sets_only(origs[exp].test.metrics)))
     registered, gates = {}, []
     parent = tracking.find_run(exp_id, {"sieve.sweep": name, "sieve.role": "experiments"})
-    with mlflow.start_run(run_id=parent.info.run_id if parent else None, experiment_id=exp_id,
-                          run_name=None if parent else name) as run:
+    with mlflow.start_run(
+        run_id=parent.info.run_id if parent else None, experiment_id=exp_id, run_name=None if parent else name
+    ) as run:
         if parent is None:
             mlflow.set_tags({"sieve.sweep": name, "sieve.role": "experiments", "sieve.method": "siamese"})
             tracking.log_params({"experiments": cfg.model_dump(mode="json")})
@@ -177,30 +217,69 @@ def _publish(cfg: ExperimentsConfig, name: str, exp_id: str, origs: dict, traine
             label = _label(exp, mode)
             results.setdefault(mode, {}).update(_per_set(done["metrics"]))
             reg_name = "siamese-all" if mode == "all" else f"siamese-{exp}"
-            choice = pub.Choice({"trial": label, "params": {}, "best_dev": done["best_dev"], "checkpoint_path": "-",
-                                 "stopped_early": False}, done["best_dev"], origs[exp].dev, origs[exp].label,
-                                cfg.candidate_margin)
+            choice = pub.Choice(
+                {
+                    "trial": label,
+                    "params": {},
+                    "best_dev": done["best_dev"],
+                    "checkpoint_path": "-",
+                    "stopped_early": False,
+                },
+                done["best_dev"],
+                origs[exp].dev,
+                origs[exp].label,
+                cfg.candidate_margin,
+            )
             card = ""
-            if mode != "naive":  # Sieve's card in the folder before it is logged, and as the version's description
-                test = TestReport("Δ cosine distance and same-class MAP", {**done["metrics"], "delta_mean": done["headline"]},
-                                  "delta_mean", "")
-                card = pub.model_card(recipe=recipe, cfg=recipe.config_cls.model_validate(done["config"]),
-                                      origin=f"experiments `{name}`, {label}", params={"experiment": exp, "mode": mode},
-                                      test=test, base=origs[exp], choice=choice, registered_name=reg_name,
-                                      champion=tracking.alias_tags(reg_name, "champion"))
+            if (
+                mode != "naive"
+            ):  # Sieve's card in the folder before it is logged, and as the version's description
+                test = TestReport(
+                    "Δ cosine distance and same-class MAP",
+                    {**done["metrics"], "delta_mean": done["headline"]},
+                    "delta_mean",
+                    "",
+                )
+                card = pub.model_card(
+                    recipe=recipe,
+                    cfg=recipe.config_cls.model_validate(done["config"]),
+                    origin=f"experiments `{name}`, {label}",
+                    params={"experiment": exp, "mode": mode},
+                    test=test,
+                    base=origs[exp],
+                    choice=choice,
+                    registered_name=reg_name,
+                    champion=tracking.alias_tags(reg_name, "champion"),
+                )
                 write_model_card(done["model_dir"], card)
-            model_uri = _child(exp_id, run.info.run_id, name, label, done["config"], _per_set(done["metrics"]),
-                               history=done["history"], model_dir=done["model_dir"] if mode != "naive" else None)
+            model_uri = _child(
+                exp_id,
+                run.info.run_id,
+                name,
+                label,
+                done["config"],
+                _per_set(done["metrics"]),
+                history=done["history"],
+                model_dir=done["model_dir"] if mode != "naive" else None,
+            )
             if mode == "naive":
                 continue
             test_names = sorted({k.rpartition("_")[0] for k in done["metrics"]})
             reg = pub.register(
-                model_uri, reg_name, choice, key=f"experiments:{name}:{label}",
+                model_uri,
+                reg_name,
+                choice,
+                key=f"experiments:{name}:{label}",
                 description=f"{name} {label}: Δ cos distance {done['headline'] * 100:.2f} (×100) on "
-                            f"{', '.join(test_names)}; ORIG {origs[exp].test.headline_value * 100:.2f}\n\n"
-                            + pub.mlflow_description(card),
-                tags={"experiments": name, "test_metric": "delta_mean", "test_score": f"{done['headline']:.6f}",
-                      "base_test_score": f"{origs[exp].test.headline_value:.6f}"})
+                f"{', '.join(test_names)}; ORIG {origs[exp].test.headline_value * 100:.2f}\n\n"
+                + pub.mlflow_description(card),
+                tags={
+                    "experiments": name,
+                    "test_metric": "delta_mean",
+                    "test_score": f"{done['headline']:.6f}",
+                    "base_test_score": f"{origs[exp].test.headline_value:.6f}",
+                },
+            )
             registered[reg["name"]] = reg["version"]
             line = pub.gate_line(choice, recipe.metric_label, reg)
             gates.append(line + ("" if reg["new"] else f" (published before: v{reg['version']} stands)"))
@@ -208,8 +287,14 @@ def _publish(cfg: ExperimentsConfig, name: str, exp_id: str, origs: dict, traine
         write_results(report_dir, name, cfg, results, registered, wall_s, gates)
         mlflow.log_artifacts(str(report_dir), "report")
         mlflow.log_metric("wall_s", wall_s)
-    return {"name": name, "results": results, "registered": registered, "wall_s": wall_s, "gates": gates,
-            "report": str(report_dir / "results.md")}
+    return {
+        "name": name,
+        "results": results,
+        "registered": registered,
+        "wall_s": wall_s,
+        "gates": gates,
+        "report": str(report_dir / "results.md"),
+    }
 
 
 def _orig_of_all(origs: dict) -> BaseResult:
@@ -250,8 +335,10 @@ def _child(exp_id, parent_id, name, label, params, per_set, *, history=(), model
         if params:
             tracking.log_params(params)
         for h in history:
-            tracking.log_metrics({k: v for k, v in h.items() if k not in ("step", "epoch") and isinstance(v, int | float)},
-                                 step=int(h.get("step", 0)))
+            tracking.log_metrics(
+                {k: v for k, v in h.items() if k not in ("step", "epoch") and isinstance(v, int | float)},
+                step=int(h.get("step", 0)),
+            )
         flat = {f"{s}_{m}": v for s, ms in per_set.items() for m, v in ms.items()}
         tracking.log_metrics(flat)
         if model_dir is not None:
@@ -259,37 +346,68 @@ def _child(exp_id, parent_id, name, label, params, per_set, *, history=(), model
         return None
 
 
-def write_results(out_dir: Path, name: str, cfg: ExperimentsConfig, results: dict, registered: dict,
-                  wall_s: float, gates: list[str] | None = None) -> None:
+def write_results(
+    out_dir: Path,
+    name: str,
+    cfg: ExperimentsConfig,
+    results: dict,
+    registered: dict,
+    wall_s: float,
+    gates: list[str] | None = None,
+) -> None:
     """results.md (table per metric; ORIG, measured in the same run, first), results.json and delta.png
     (grouped bars, like the paper's figures)."""
     models = [m for m in MODELS if m in results]
     rows = [(exp, t.name) for exp, e in cfg.experiments.items() for t in e.test]
     with atomic_dir(out_dir) as tmp:
-        lines = [f"# Siamese adaptation experiments `{name}`", "",
-                 f"Wall time {wall_s / 60:.1f} min. Δ cosine distance ×100 (mean distance of different-class pairs "
-                 f"minus same-class pairs; higher = classes better separated) and same-class MAP ×100.", ""]
+        lines = [
+            f"# Siamese adaptation experiments `{name}`",
+            "",
+            f"Wall time {wall_s / 60:.1f} min. Δ cosine distance ×100 (mean distance of different-class pairs "
+            f"minus same-class pairs; higher = classes better separated) and same-class MAP ×100.",
+            "",
+        ]
         for metric, title in (("delta", "Δ cosine distance ×100"), ("map", "same-class MAP ×100")):
-            lines += [f"## {title}", "", "| experiment | test set | " + " | ".join(m.upper() for m in models) + " |",
-                      "|---|---|" + "---:|" * len(models)]
+            lines += [
+                f"## {title}",
+                "",
+                "| experiment | test set | " + " | ".join(m.upper() for m in models) + " |",
+                "|---|---|" + "---:|" * len(models),
+            ]
             for exp, test in rows:
                 vals = [results[m].get(test, {}).get(metric) for m in models]
                 cells = [f"{v * 100:.2f}" if v is not None else "–" for v in vals]
                 lines.append(f"| {exp} | {test} | " + " | ".join(cells) + " |")
             lines.append("")
-        lines += ["## Registered", ""] + [f"- {g}" for g in gates or []] + \
-                 [f"- `{k}` version {v}" for k, v in registered.items() if not gates]
+        lines += (
+            ["## Registered", ""]
+            + [f"- {g}" for g in gates or []]
+            + [f"- `{k}` version {v}" for k, v in registered.items() if not gates]
+        )
         lines += ["", "![Δ cosine distance per test set](delta.png)", ""]
         (tmp / "results.md").write_text("\n".join(lines))
-        (tmp / "results.json").write_text(json.dumps({"results": results, "registered": registered, "wall_s": wall_s,
-                                                      "config": cfg.model_dump(mode="json")}, indent=2))
+        (tmp / "results.json").write_text(
+            json.dumps(
+                {
+                    "results": results,
+                    "registered": registered,
+                    "wall_s": wall_s,
+                    "config": cfg.model_dump(mode="json"),
+                },
+                indent=2,
+            )
+        )
         fig = Figure(figsize=(1.8 + 1.6 * len(rows), 3.8))
         ax = fig.subplots()
         x = np.arange(len(rows))
         width = 0.8 / max(1, len(models))
         for i, m in enumerate(models):  # ORIG, the untouched model, is the first bar of every group
-            bars = ax.bar(x + i * width, [results[m].get(t, {}).get("delta", np.nan) * 100 for _, t in rows], width,
-                          label=m.upper() + (" (untouched)" if m == "orig" else ""))
+            bars = ax.bar(
+                x + i * width,
+                [results[m].get(t, {}).get("delta", np.nan) * 100 for _, t in rows],
+                width,
+                label=m.upper() + (" (untouched)" if m == "orig" else ""),
+            )
             ax.bar_label(bars, fmt="%.2f", fontsize=6, padding=1)
         ax.set_xticks(x + width * (len(models) - 1) / 2, [f"{e}\n{t}" for e, t in rows], fontsize=8)
         ax.set_ylabel("Δ cosine distance ×100")

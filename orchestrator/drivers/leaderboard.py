@@ -42,13 +42,24 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
 
 def metric_keys(test: dict[str, float], headline: str) -> list[str]:
     """Per-task STS Spearman 'all' and every non-STS figure, the headline last."""
-    keys = [k for k in test if k != headline and (not k.startswith("sts_") or
-                                                  (k.endswith("_spearman_all") and not k.startswith("sts_avg")))]
+    keys = [
+        k
+        for k in test
+        if k != headline
+        and (not k.startswith("sts_") or (k.endswith("_spearman_all") and not k.startswith("sts_avg")))
+    ]
     return [*keys, headline]
 
 
-def build(arms: list[ArmRuns], bases: dict[str, dict], *, reference: str | None, headline: str,
-          confidence: float = 0.95, interval: str = "t") -> dict:
+def build(
+    arms: list[ArmRuns],
+    bases: dict[str, dict],
+    *,
+    reference: str | None,
+    headline: str,
+    confidence: float = 0.95,
+    interval: str = "t",
+) -> dict:
     """The leaderboard as plain JSON-able data. ``bases[pooling] = {"label", "dev", "test": {...}}``.
 
     Every paired difference uses the seeds both sides ran (a failed run drops its pair, and ``n`` says so);
@@ -64,42 +75,85 @@ def build(arms: list[ArmRuns], bases: dict[str, dict], *, reference: str | None,
     for a in arms:
         scores = {s: r["test"][headline] for s, r in a.runs.items() if headline in r.get("test", {})}
         base = bases.get(a.pooling)
-        row = {"arm": a.name, "method": a.method, "pooling": a.pooling, "seeds": sorted(scores), "n": len(scores),
-               "mean": {}, "std": {}, "base": base["label"] if base else None, "budget": a.budget}
+        row = {
+            "arm": a.name,
+            "method": a.method,
+            "pooling": a.pooling,
+            "seeds": sorted(scores),
+            "n": len(scores),
+            "mean": {},
+            "std": {},
+            "base": base["label"] if base else None,
+            "budget": a.budget,
+        }
         for k in keys:
-            row["mean"][k], row["std"][k] = _mean_std([r["test"][k] for r in a.runs.values() if k in r["test"]])
-        row["dev_mean"], row["dev_std"] = _mean_std([r["dev"] for r in a.runs.values()
-                                                     if r.get("dev") is not None and math.isfinite(r["dev"])])
+            row["mean"][k], row["std"][k] = _mean_std(
+                [r["test"][k] for r in a.runs.values() if k in r["test"]]
+            )
+        row["dev_mean"], row["dev_std"] = _mean_std(
+            [r["dev"] for r in a.runs.values() if r.get("dev") is not None and math.isfinite(r["dev"])]
+        )
         losses = [r["loss_last"] for r in a.runs.values() if r.get("loss_last") is not None]
-        row["loss_first"], _ = _mean_std([r["loss_first"] for r in a.runs.values() if r.get("loss_first") is not None])
+        row["loss_first"], _ = _mean_std(
+            [r["loss_first"] for r in a.runs.values() if r.get("loss_first") is not None]
+        )
         row["loss_last"], _ = _mean_std(losses)
         row["saturated"] = bool(losses) and row["loss_last"] < SATURATED_LOSS
-        row["vs_base"] = (_diff(scores, base["test"][headline], confidence, interval)
-                          if base is not None and scores and headline in base["test"] else None)
+        row["vs_base"] = (
+            _diff(scores, base["test"][headline], confidence, interval)
+            if base is not None and scores and headline in base["test"]
+            else None
+        )
         # against the untouched model read its best way (MiniLM's mean when the arm reads [CLS]): never hidden
-        row["vs_strongest_base"] = (_diff(scores, scored[strongest]["test"][headline], confidence, interval)
-                                    if strongest is not None and strongest != a.pooling and scores else None)
+        row["vs_strongest_base"] = (
+            _diff(scores, scored[strongest]["test"][headline], confidence, interval)
+            if strongest is not None and strongest != a.pooling and scores
+            else None
+        )
         row["vs_reference"] = None
         if reference is not None and a.name != reference:
             ref = by_name[reference]
-            ref_scores = {s: r["test"][headline] for s, r in ref.runs.items() if headline in r.get("test", {})}
+            ref_scores = {
+                s: r["test"][headline] for s, r in ref.runs.items() if headline in r.get("test", {})
+            }
             common = sorted(set(scores) & set(ref_scores))
             if common:
-                row["vs_reference"] = _diff({s: scores[s] for s in common}, {s: ref_scores[s] for s in common},
-                                            confidence, interval)
+                row["vs_reference"] = _diff(
+                    {s: scores[s] for s in common}, {s: ref_scores[s] for s in common}, confidence, interval
+                )
         # registered only above the base read the arm's way *and* read its strongest way
-        row["gate"] = bool(row["vs_base"]) and gate(_as_diff(row["vs_base"])) and (
-            row["vs_strongest_base"] is None or gate(_as_diff(row["vs_strongest_base"])))
+        row["gate"] = (
+            bool(row["vs_base"])
+            and gate(_as_diff(row["vs_base"]))
+            and (row["vs_strongest_base"] is None or gate(_as_diff(row["vs_strongest_base"])))
+        )
         rows.append(row)
-    rows.sort(key=lambda r: -r["mean"][headline] if math.isfinite(r["mean"].get(headline, math.nan)) else math.inf)
-    return {"headline": headline, "keys": keys, "reference": reference, "confidence": confidence,
-            "interval": interval, "bases": bases, "strongest_base": strongest, "rows": rows}
+    rows.sort(
+        key=lambda r: -r["mean"][headline] if math.isfinite(r["mean"].get(headline, math.nan)) else math.inf
+    )
+    return {
+        "headline": headline,
+        "keys": keys,
+        "reference": reference,
+        "confidence": confidence,
+        "interval": interval,
+        "bases": bases,
+        "strongest_base": strongest,
+        "rows": rows,
+    }
 
 
 def _diff(a, b, confidence: float, interval: str) -> dict:
     d = paired_difference(a, b, confidence=confidence, method=interval)
-    return {"n": d.n, "mean": d.mean, "low": d.low, "high": d.high, "verdict": d.verdict,
-            "confidence": d.confidence, "method": d.method}
+    return {
+        "n": d.n,
+        "mean": d.mean,
+        "low": d.low,
+        "high": d.high,
+        "verdict": d.verdict,
+        "confidence": d.confidence,
+        "method": d.method,
+    }
 
 
 def _as_diff(d: dict) -> PairedDifference:
@@ -123,8 +177,10 @@ def gate_text(row: dict, headline: str) -> str:
     if d is None:
         return f"{row['arm']}: no base measurement to gate on; not registered"
     ci = _as_diff(d).describe(scale=100)
-    rule = (f"gate: register only when the lower bound of the {d['confidence']:.0%} interval of {row['arm']} − base "
-            f"({row['base']}) on {headline} is above 0, over {d['n']} seed(s): {ci}")
+    rule = (
+        f"gate: register only when the lower bound of the {d['confidence']:.0%} interval of {row['arm']} − base "
+        f"({row['base']}) on {headline} is above 0, over {d['n']} seed(s): {ci}"
+    )
     if (strong := row.get("vs_strongest_base")) is not None:
         rule += f"; and against the base read its strongest way: {_as_diff(strong).describe(scale=100)}"
     return f"{rule} → {'passed' if row['gate'] else 'not passed'}"
@@ -137,7 +193,11 @@ def _x100(v) -> str:
 def _pm(mean, std) -> str:
     if mean is None or not math.isfinite(mean):
         return "–"
-    return f"{mean * 100:.2f} ± {std * 100:.2f}" if std is not None and math.isfinite(std) else f"{mean * 100:.2f}"
+    return (
+        f"{mean * 100:.2f} ± {std * 100:.2f}"
+        if std is not None and math.isfinite(std)
+        else f"{mean * 100:.2f}"
+    )
 
 
 def _ci(d: dict | None) -> str:
@@ -151,7 +211,9 @@ def _ci(d: dict | None) -> str:
 def _loss(row: dict) -> str:
     if row["loss_last"] is None or not math.isfinite(row["loss_last"]):
         return "–"
-    return f"{row['loss_first']:.3g} → {row['loss_last']:.3g}" + (" **saturated**" if row["saturated"] else "")
+    return f"{row['loss_first']:.3g} → {row['loss_last']:.3g}" + (
+        " **saturated**" if row["saturated"] else ""
+    )
 
 
 def short(key: str) -> str:
@@ -162,31 +224,47 @@ def markdown(board: dict) -> str:
     """The leaderboard: the bases first, then the arms ranked; a second table per task."""
     h, ref = board["headline"], board["reference"]
     conf = f"{board['confidence']:.0%} CI, {'t over seed pairs' if board['interval'] == 't' else 'bootstrap'}"
-    lines = [f"Ranked by mean {h} (×100) over seeds. Δ: paired by seed, mean [{conf}]; "
-             "\"indistinguishable\" where the interval contains 0. Loss: the training loss at the first and the last "
-             f"evaluation (mean over seeds); below {SATURATED_LOSS:g} the arm trains on no signal.", "",
-             f"| arm | method | pooling | n | {short(h)} ×100 | Δ vs base | Δ vs {ref or 'reference'} | dev ×100 | loss |",
-             "|---|---|---|---:|---:|---|---|---:|---|"]
+    lines = [
+        f"Ranked by mean {h} (×100) over seeds. Δ: paired by seed, mean [{conf}]; "
+        '"indistinguishable" where the interval contains 0. Loss: the training loss at the first and the last '
+        f"evaluation (mean over seeds); below {SATURATED_LOSS:g} the arm trains on no signal.",
+        "",
+        f"| arm | method | pooling | n | {short(h)} ×100 | Δ vs base | Δ vs {ref or 'reference'} | dev ×100 | loss |",
+        "|---|---|---|---:|---:|---|---|---:|---|",
+    ]
     for pooling, b in board["bases"].items():
-        lines.append(f"| **{b['label']}** (untouched, this run) | – | {pooling} | – | {_x100(b['test'].get(h))} | – | – "
-                     f"| {_x100(b.get('dev'))} | – |")
+        lines.append(
+            f"| **{b['label']}** (untouched, this run) | – | {pooling} | – | {_x100(b['test'].get(h))} | – | – "
+            f"| {_x100(b.get('dev'))} | – |"
+        )
     for r in board["rows"]:
         name = f"**{r['arm']}**" if r["arm"] == ref else r["arm"]
-        lines.append(f"| {name} | {r['method']} | {r['pooling']} | {r['n']} | {_pm(r['mean'][h], r['std'][h])} | "
-                     f"{_ci(r['vs_base'])} | {'(reference)' if r['arm'] == ref else _ci(r['vs_reference'])} | "
-                     f"{_pm(r['dev_mean'], r['dev_std'])} | {_loss(r)} |")
+        lines.append(
+            f"| {name} | {r['method']} | {r['pooling']} | {r['n']} | {_pm(r['mean'][h], r['std'][h])} | "
+            f"{_ci(r['vs_base'])} | {'(reference)' if r['arm'] == ref else _ci(r['vs_reference'])} | "
+            f"{_pm(r['dev_mean'], r['dev_std'])} | {_loss(r)} |"
+        )
     budgets = [f"{r['arm']} {r['budget']}" for r in board["rows"] if r.get("budget")]
     if budgets:
         lines += ["", "Trained for (steps × global batch): " + "; ".join(budgets) + "."]
     others = [r for r in board["rows"] if r.get("vs_strongest_base")]
     if others:
         best = board["bases"][board["strongest_base"]]
-        lines += ["", f"Against the untouched model read its strongest way, **{best['label']}** at "
-                  f"{_x100(best['test'].get(h))} (its user's yardstick), each arm read another way:", ""]
+        lines += [
+            "",
+            f"Against the untouched model read its strongest way, **{best['label']}** at "
+            f"{_x100(best['test'].get(h))} (its user's yardstick), each arm read another way:",
+            "",
+        ]
         lines += [f"- {r['arm']} ({r['pooling']}): {_ci(r['vs_strongest_base'])}" for r in others]
     keys = board["keys"]
-    lines += ["", "Every test figure, mean ± std over seeds (×100):", "",
-              "| arm | " + " | ".join(short(k) for k in keys) + " |", "|---|" + "---:|" * len(keys)]
+    lines += [
+        "",
+        "Every test figure, mean ± std over seeds (×100):",
+        "",
+        "| arm | " + " | ".join(short(k) for k in keys) + " |",
+        "|---|" + "---:|" * len(keys),
+    ]
     for b in board["bases"].values():
         lines.append(f"| {b['label']} | " + " | ".join(_x100(b["test"].get(k)) for k in keys) + " |")
     for r in board["rows"]:
@@ -206,14 +284,22 @@ def plot(board: dict, path) -> None:
         d = r["vs_base"]
         finite = math.isfinite(d["low"]) and math.isfinite(d["high"])
         err = [[(d["mean"] - d["low"]) * 100], [(d["high"] - d["mean"]) * 100]] if finite else None
-        bars = ax.barh(i, d["mean"] * 100, xerr=err, capsize=4,
-                       color="tab:green" if r["gate"] else ("tab:gray" if d["verdict"] == "indistinguishable"
-                                                            else "tab:red"))
+        bars = ax.barh(
+            i,
+            d["mean"] * 100,
+            xerr=err,
+            capsize=4,
+            color="tab:green"
+            if r["gate"]
+            else ("tab:gray" if d["verdict"] == "indistinguishable" else "tab:red"),
+        )
         ci = f" [{d['low'] * 100:+.2f}, {d['high'] * 100:+.2f}]" if finite else ""
         ax.bar_label(bars, [f"{d['mean'] * 100:+.2f}{ci}"], fontsize=7, padding=6)
     # the leaderboard's first arm (ranked on the headline) marked; the base is the line at 0
-    ax.set_yticks(range(len(rows)), [("★ " if r is board["rows"][0] else "") + f"{r['arm']} ({r['pooling']})"
-                                     for r in rows])
+    ax.set_yticks(
+        range(len(rows)),
+        [("★ " if r is board["rows"][0] else "") + f"{r['arm']} ({r['pooling']})" for r in rows],
+    )
     ax.axvline(0, color="black", linewidth=0.8, label="the untouched base")
     ax.legend(fontsize=7, loc="lower right")
     ax.margins(x=0.35)  # room for the labels
@@ -225,6 +311,7 @@ def plot(board: dict, path) -> None:
 
 def dumps(board: dict) -> str:
     """JSON with non-finite numbers as null."""
+
     def clean(x):
         if isinstance(x, float) and not math.isfinite(x):
             return None

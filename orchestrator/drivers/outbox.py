@@ -46,19 +46,48 @@ def pending_dir(storage_root: str) -> str:
     return storage.join(storage_root, "tracking-pending")
 
 
-def run_record(*, experiment: str, run_name: str, method: str, params: dict, history: list[dict],
-               metrics: dict[str, float], texts: dict[str, str] | None = None, model_dir: str | None = None,
-               tags: dict[str, str] | None = None, run_id: str | None = None) -> dict:
+def run_record(
+    *,
+    experiment: str,
+    run_name: str,
+    method: str,
+    params: dict,
+    history: list[dict],
+    metrics: dict[str, float],
+    texts: dict[str, str] | None = None,
+    model_dir: str | None = None,
+    tags: dict[str, str] | None = None,
+    run_id: str | None = None,
+) -> dict:
     """Everything a finished training run logs, as plain JSON (params already redacted). ``run_id``: the
     run the job made when it started (replays go into it); ``record_id`` keys the record either way."""
-    steps = [{"step": int(h.get("step", 0)),
-              "metrics": {k: float(v) for k, v in h.items() if k not in ("step", "epoch") and isinstance(v, int | float)}}
-             for h in history]
-    model = (model_dir if storage.is_s3(str(model_dir)) else str(Path(model_dir).resolve())) if model_dir else None
-    return {"record_id": run_id or uuid.uuid4().hex, "run_id": run_id, "experiment": experiment, "run_name": run_name,
-            "method": method, "params": clean_params(params), "history": steps,
-            "metrics": {k: float(v) for k, v in metrics.items()}, "texts": texts or {}, "model_dir": model,
-            "tags": tags or {}}
+    steps = [
+        {
+            "step": int(h.get("step", 0)),
+            "metrics": {
+                k: float(v) for k, v in h.items() if k not in ("step", "epoch") and isinstance(v, int | float)
+            },
+        }
+        for h in history
+    ]
+    model = (
+        (model_dir if storage.is_s3(str(model_dir)) else str(Path(model_dir).resolve()))
+        if model_dir
+        else None
+    )
+    return {
+        "record_id": run_id or uuid.uuid4().hex,
+        "run_id": run_id,
+        "experiment": experiment,
+        "run_name": run_name,
+        "method": method,
+        "params": clean_params(params),
+        "history": steps,
+        "metrics": {k: float(v) for k, v in metrics.items()},
+        "texts": texts or {},
+        "model_dir": model,
+        "tags": tags or {},
+    }
 
 
 def replay(record: dict, tracking_uri: str | None = None) -> str:
@@ -71,26 +100,42 @@ def replay(record: dict, tracking_uri: str | None = None) -> str:
     exp_id = setup(uri, record["experiment"])
     client = MlflowClient()
     try:
-        run = (client.get_run(record["run_id"]) if record.get("run_id") else
-               find_run(exp_id, {"sieve.record": record["record_id"]}))
-        with mlflow.start_run(run_id=run.info.run_id if run else None, experiment_id=exp_id,
-                              run_name=None if run else record["run_name"]) as active:
+        run = (
+            client.get_run(record["run_id"])
+            if record.get("run_id")
+            else find_run(exp_id, {"sieve.record": record["record_id"]})
+        )
+        with mlflow.start_run(
+            run_id=run.info.run_id if run else None,
+            experiment_id=exp_id,
+            run_name=None if run else record["run_name"],
+        ) as active:
             run_id = active.info.run_id
-            mlflow.set_tags({"sieve.method": record["method"], "sieve.record": record["record_id"], **record["tags"]})
+            mlflow.set_tags(
+                {"sieve.method": record["method"], "sieve.record": record["record_id"], **record["tags"]}
+            )
             have = client.get_run(run_id).data
             missing = {k: v for k, v in record["params"].items() if k not in have.params}
             if missing:
                 mlflow.log_params(missing)
-            logged = {(m.key, m.step) for key in {k for row in record["history"] for k in row["metrics"]}
-                      for m in client.get_metric_history(run_id, key)}
+            logged = {
+                (m.key, m.step)
+                for key in {k for row in record["history"] for k in row["metrics"]}
+                for m in client.get_metric_history(run_id, key)
+            }
             for row in record["history"]:
-                log_metrics({k: v for k, v in row["metrics"].items() if (k, row["step"]) not in logged}, step=row["step"])
+                log_metrics(
+                    {k: v for k, v in row["metrics"].items() if (k, row["step"]) not in logged},
+                    step=row["step"],
+                )
             log_metrics({k: v for k, v in record["metrics"].items() if k not in have.metrics})
             for name, text in record["texts"].items():
                 mlflow.log_text(text, name)
             if record["model_dir"] and not logged_models(run_id, "model"):
                 recipe = get_method(record["method"])
-                if recipe.model_format == "sentence-transformers":  # a transformers encoder folder, checked as one
+                if (
+                    recipe.model_format == "sentence-transformers"
+                ):  # a transformers encoder folder, checked as one
                     log_sentence_encoder(str(resolve_model_source(record["model_dir"])), name="model")
                 else:  # the method's own format (SIFTER-LSTM's folder has no config.json): fetched, not checked
                     with _fetched(record["model_dir"]) as folder:
@@ -103,10 +148,13 @@ def replay(record: dict, tracking_uri: str | None = None) -> str:
     except Exception as exc:  # noqa: BLE001 - sorted below: an outage waits, a refusal does not
         first = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
         if is_outage(exc):
-            raise TrackingError(f"MLflow tracking server {uri}: logging run {record['run_name']!r} failed "
-                                f"({first})") from None
-        raise TrackingRejected(f"MLflow tracking server {uri}: run {record['run_name']!r} was refused "
-                               f"({type(exc).__name__}: {first})") from None
+            raise TrackingError(
+                f"MLflow tracking server {uri}: logging run {record['run_name']!r} failed ({first})"
+            ) from None
+        raise TrackingRejected(
+            f"MLflow tracking server {uri}: run {record['run_name']!r} was refused "
+            f"({type(exc).__name__}: {first})"
+        ) from None
 
 
 @contextmanager
@@ -131,18 +179,32 @@ def log_or_defer(record: dict, tracking_uri: str | None, pending: str) -> str | 
     except TrackingError as exc:
         path = storage.join(pending, name)
         storage.write_bytes(path, json.dumps(record, indent=2).encode())
-        print(f"warning: {exc}; the run's params, metrics and model are kept in {path} - "
-              f"log them later with: python jobs/sync_tracking.py --pending {pending}", file=sys.stderr)
+        print(
+            f"warning: {exc}; the run's params, metrics and model are kept in {path} - "
+            f"log them later with: python jobs/sync_tracking.py --pending {pending}",
+            file=sys.stderr,
+        )
         return None
     except TrackingRejected as exc:
         path = storage.join(pending, REJECTED, name)
         storage.write_bytes(path, json.dumps(record, indent=2).encode())
-        raise TrackingRejected(f"{exc}; the run's params, metrics and model are kept in {path}, which "
-                               "jobs/sync_tracking.py does not retry") from None
+        raise TrackingRejected(
+            f"{exc}; the run's params, metrics and model are kept in {path}, which "
+            "jobs/sync_tracking.py does not retry"
+        ) from None
 
 
-RECORD_SHAPE = {"record_id": str, "experiment": str, "run_name": str, "method": str, "params": dict, "history": list,
-                "metrics": dict, "texts": dict, "tags": dict}
+RECORD_SHAPE = {
+    "record_id": str,
+    "experiment": str,
+    "run_name": str,
+    "method": str,
+    "params": dict,
+    "history": list,
+    "metrics": dict,
+    "texts": dict,
+    "tags": dict,
+}
 
 
 def check_record(record) -> None:
@@ -153,12 +215,16 @@ def check_record(record) -> None:
     wrong = [k for k, t in RECORD_SHAPE.items() if not isinstance(record.get(k), t)]
     if wrong:
         raise ValueError(f"missing or mistyped: {', '.join(wrong)}")
-    if not all(isinstance(h, dict) and isinstance(h.get("metrics"), dict) and isinstance(h.get("step"), int)
-               for h in record["history"]):
+    if not all(
+        isinstance(h, dict) and isinstance(h.get("metrics"), dict) and isinstance(h.get("step"), int)
+        for h in record["history"]
+    ):
         raise ValueError("history: each entry needs a step and its metrics")
 
 
-def sync_pending(tracking_uri: str | None, pending: str) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+def sync_pending(
+    tracking_uri: str | None, pending: str
+) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     """Log every pending record; a logged record's file is removed after it is in MLflow (a crash in
     between is harmless: the replay is idempotent). Returns ((file, run id) per logged record, (file,
     reason) per refused record). An outage stops the sync with one line naming the URI (the rest stay
@@ -172,8 +238,15 @@ def sync_pending(tracking_uri: str | None, pending: str) -> tuple[list[tuple[str
             record = json.loads(data)
             check_record(record)
             run_id = replay(record, tracking_uri)
-        except (json.JSONDecodeError, UnicodeDecodeError, ValueError, TrackingRejected,
-                ModelSourceError, ConfigError, DataError) as exc:  # the record's fault, not the server's
+        except (
+            json.JSONDecodeError,
+            UnicodeDecodeError,
+            ValueError,
+            TrackingRejected,
+            ModelSourceError,
+            ConfigError,
+            DataError,
+        ) as exc:  # the record's fault, not the server's
             aside = storage.join(pending, REJECTED, name)
             storage.write_bytes(aside, data)
             storage.remove(path)
@@ -188,7 +261,9 @@ def sync_pending(tracking_uri: str | None, pending: str) -> tuple[list[tuple[str
     return done, refused
 
 
-def outage(exc: BaseException, tracking_uri: str | None, what: str, kept_in: str, resume: str) -> TrackingError | None:
+def outage(
+    exc: BaseException, tracking_uri: str | None, what: str, kept_in: str, resume: str
+) -> TrackingError | None:
     """The tracking server went away after training (publishing, or ending the parent run): nothing is
     lost - results and checkpoints are in ``kept_in`` and each publish step is idempotent - so the job
     ends with one line saying how to finish it, instead of a traceback. None for any other error."""
@@ -200,7 +275,8 @@ def outage(exc: BaseException, tracking_uri: str | None, what: str, kept_in: str
     if not any(is_unreachable(e) for e in chain):
         return None
     uri = resolve_tracking_uri(tracking_uri)
-    return TrackingError(f"MLflow tracking server {uri} went away while {what} was being published; every "
-                         f"result and checkpoint is kept in {kept_in}. When the server is back: {resume} "
-                         "(publishes without training again)")
-
+    return TrackingError(
+        f"MLflow tracking server {uri} went away while {what} was being published; every "
+        f"result and checkpoint is kept in {kept_in}. When the server is back: {resume} "
+        "(publishes without training again)"
+    )

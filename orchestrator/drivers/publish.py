@@ -63,8 +63,14 @@ class Choice:
         return self.base_dev is None or self.best_dev > self.base_dev + self.margin
 
 
-def choose(rows: list[dict], *, group_out: list[str], base: BaseResult | None, baseline_params: dict,
-           margin: float = 0.0) -> Choice:
+def choose(
+    rows: list[dict],
+    *,
+    group_out: list[str],
+    base: BaseResult | None,
+    baseline_params: dict,
+    margin: float = 0.0,
+) -> Choice:
     """The best setting by mean dev score over its seeds; trials that ran the whole budget are
     preferred to ones ASHA stopped (never set a stopped trial against a full one). The base is the
     untouched model (``base``) or, for a method whose baseline is a point of its grid (SIFTER-LSTM's
@@ -94,8 +100,10 @@ def gate_line(choice: Choice, metric_label: str, registered: dict) -> str:
     scores = f"{metric_label} {choice.best_dev * 100:.2f} vs {choice.base_dev * 100:.2f} for the {choice.base_label}"
     if choice.beats_base:
         return f"candidate: {ref} beats the base model ({scores})"
-    return (f"the sweep found nothing better than the base model ({scores}, margin {choice.margin * 100:.2f}): "
-            f"{ref} is registered with beats_base=false and does not become candidate")
+    return (
+        f"the sweep found nothing better than the base model ({scores}, margin {choice.margin * 100:.2f}): "
+        f"{ref} is registered with beats_base=false and does not become candidate"
+    )
 
 
 def scores_table(base: BaseResult | None, test, champion: dict | None = None) -> str:
@@ -115,8 +123,12 @@ def scores_table(base: BaseResult | None, test, champion: dict | None = None) ->
         key = row.split("|")[1].strip()
         value = champion.get(f"test_{key}")
         out.append(f"{row} {float(value) * 100:.2f} |" if value is not None else f"{row} — |")
-    note = ("" if version else "\n\nNo champion yet: set the alias `champion` on a version (the UI's version list, "
-            "or `jobs/promote.py`) and the next card shows it here.")
+    note = (
+        ""
+        if version
+        else "\n\nNo champion yet: set the alias `champion` on a version (the UI's version list, "
+        "or `jobs/promote.py`) and the next card shows it here."
+    )
     return "\n".join(out) + note
 
 
@@ -124,62 +136,120 @@ def mlflow_description(card: str) -> str:
     """A card as the registry shows it: without the YAML front matter (Hugging Face's metadata, which MLflow
     would print as text above the title)."""
     if card.startswith("---\n") and (end := card.find("\n---\n", 4)) != -1:
-        return card[end + 5:].lstrip("\n")
+        return card[end + 5 :].lstrip("\n")
     return card
 
 
-def model_card(*, recipe, cfg, origin: str, params: dict, test, base: BaseResult | None, choice: Choice,
-               registered_name: str, champion: dict | None = None) -> str:
+def model_card(
+    *,
+    recipe,
+    cfg,
+    origin: str,
+    params: dict,
+    test,
+    base: BaseResult | None,
+    choice: Choice,
+    registered_name: str,
+    champion: dict | None = None,
+) -> str:
     """The exported folder's README.md and the registered version's description, for every job that exports
     (``origin``: "sweep `s`, trial `t`", "train run `r`"): base model, method and its settings, training data,
     the scores beside the base model's (this run) and, for a registered version, the current champion's
     (:func:`scores_table`), licence."""
     pooling, data = recipe.pooling(cfg), recipe.training_data(cfg)
-    library = ["library_name: sentence-transformers"] if recipe.model_format == "sentence-transformers" else []
-    lines = ["---", "language: en", *library, f"tags: [sieve, {recipe.name}]", "---", "",
-             f"# {registered_name}", "",
-             f"Trained by Sieve's `{recipe.name}` recipe (`trainers/`) from `{recipe.base_model(cfg)}`"
-             + (f" with `{pooling}` pooling" if pooling else "") + f"; {origin}.", "",
-             "## Setting", "", "```json", json.dumps(params, indent=1, default=str), "```", "",
-             f"Training: {cfg.train.max_steps or cfg.train.epochs} {'steps' if cfg.train.max_steps else 'epochs'}, "
-             f"batch {cfg.train.batch_size} × {cfg.scaling.num_workers} workers, learning rate {cfg.train.lr:g}.", ""]
+    library = (
+        ["library_name: sentence-transformers"] if recipe.model_format == "sentence-transformers" else []
+    )
+    lines = [
+        "---",
+        "language: en",
+        *library,
+        f"tags: [sieve, {recipe.name}]",
+        "---",
+        "",
+        f"# {registered_name}",
+        "",
+        f"Trained by Sieve's `{recipe.name}` recipe (`trainers/`) from `{recipe.base_model(cfg)}`"
+        + (f" with `{pooling}` pooling" if pooling else "")
+        + f"; {origin}.",
+        "",
+        "## Setting",
+        "",
+        "```json",
+        json.dumps(params, indent=1, default=str),
+        "```",
+        "",
+        f"Training: {cfg.train.max_steps or cfg.train.epochs} {'steps' if cfg.train.max_steps else 'epochs'}, "
+        f"batch {cfg.train.batch_size} × {cfg.scaling.num_workers} workers, learning rate {cfg.train.lr:g}.",
+        "",
+    ]
     if data is not None:
         lines += ["## Training data", "", "```json", json.dumps(data, indent=1)[:1200], "```", ""]
     lines += [f"## Evaluation ({recipe.metric_label} for the choice; test below)", ""]
     if choice.base_dev is not None:
-        lines += [f"Dev: {choice.best_dev * 100:.2f} vs {choice.base_dev * 100:.2f} for the {choice.base_label}"
-                  f" - {'beats' if choice.beats_base else 'does not beat'} it.", ""]
-    lines += [scores_table(base, test, champion), "",
-              "## Licence", "", "The base model's licence applies to these weights (the packaged all-MiniLM-L6-v2: "
-              "Apache-2.0); the training and evaluation data keep theirs (`data/SOURCES.md`).", ""]
+        lines += [
+            f"Dev: {choice.best_dev * 100:.2f} vs {choice.base_dev * 100:.2f} for the {choice.base_label}"
+            f" - {'beats' if choice.beats_base else 'does not beat'} it.",
+            "",
+        ]
+    lines += [
+        scores_table(base, test, champion),
+        "",
+        "## Licence",
+        "",
+        "The base model's licence applies to these weights (the packaged all-MiniLM-L6-v2: "
+        "Apache-2.0); the training and evaluation data keep theirs (`data/SOURCES.md`).",
+        "",
+    ]
     return "\n".join(lines)
 
 
-def register(model_uri: str, name: str, choice: Choice, *, description: str, tags: dict[str, str],
-             key: str | None = None) -> dict:
+def register(
+    model_uri: str,
+    name: str,
+    choice: Choice,
+    *,
+    description: str,
+    tags: dict[str, str],
+    key: str | None = None,
+) -> dict:
     """Register a version with both scores in its tags; ``candidate`` moves only when it beats the base.
     ``key`` (tag ``sieve.publish``) makes it idempotent: a version already registered with that key is
     reused - a resumed job registers nothing new, and finishes what a crash cut (the alias)."""
-    tags = {**tags, "beats_base": str(choice.beats_base).lower(), "dev_score": f"{choice.best_dev:.6f}",
-            **({"base_dev_score": f"{choice.base_dev:.6f}"} if choice.base_dev is not None else {}),
-            **({"sieve.publish": key} if key else {})}
+    tags = {
+        **tags,
+        "beats_base": str(choice.beats_base).lower(),
+        "dev_score": f"{choice.best_dev:.6f}",
+        **({"base_dev_score": f"{choice.base_dev:.6f}"} if choice.base_dev is not None else {}),
+        **({"sieve.publish": key} if key else {}),
+    }
     alias = "candidate" if choice.beats_base else None
     existing = find_version(name, {"sieve.publish": key}) if key else None
     if existing is not None:
         if alias:
             set_alias(name, alias, existing)
-        return {"name": name, "version": existing, "alias": alias, "beats_base": choice.beats_base, "new": False}
+        return {
+            "name": name,
+            "version": existing,
+            "alias": alias,
+            "beats_base": choice.beats_base,
+            "new": False,
+        }
     version = register_version(model_uri, name, alias=alias, description=description[:5000], tags=tags)
     return {"name": name, "version": version, "alias": alias, "beats_base": choice.beats_base, "new": True}
 
 
 # ---------------------------------------------------------------- a finished job's record
-PUBLISHED = "published.json"  # in a sweep's (or comparison's) storage, written last: trained, tested, published
+PUBLISHED = (
+    "published.json"  # in a sweep's (or comparison's) storage, written last: trained, tested, published
+)
 
 
 def write_published(where: str, summary: dict, console: str) -> None:
-    storage.write_bytes(storage.join(where, PUBLISHED), json.dumps({"summary": summary, "console": console},
-                                                                   default=str).encode())
+    storage.write_bytes(
+        storage.join(where, PUBLISHED),
+        json.dumps({"summary": summary, "console": console}, default=str).encode(),
+    )
 
 
 def answer_published(where: str, what: str, t0: float) -> bool:
@@ -189,15 +259,33 @@ def answer_published(where: str, what: str, t0: float) -> bool:
     if not storage.exists(uri):
         return False
     print(json.loads(storage.read_bytes(uri))["console"])
-    print(f"{what} had finished and was published: nothing trained, nothing new registered "
-          f"(its record {uri}, read in {time.time() - t0:.1f} s)")
+    print(
+        f"{what} had finished and was published: nothing trained, nothing new registered "
+        f"(its record {uri}, read in {time.time() - t0:.1f} s)"
+    )
     return True
 
 
 # what Tune adds to every report: bookkeeping, not measurements
-TUNE_KEYS = {"timestamp", "checkpoint_dir_name", "done", "training_iteration", "trial_id", "date", "time_this_iter_s",
-             "time_total_s", "pid", "hostname", "node_ip", "time_since_restore", "iterations_since_restore",
-             "checkpoint_path", "step", "epoch", "should_checkpoint"}
+TUNE_KEYS = {
+    "timestamp",
+    "checkpoint_dir_name",
+    "done",
+    "training_iteration",
+    "trial_id",
+    "date",
+    "time_this_iter_s",
+    "time_total_s",
+    "pid",
+    "hostname",
+    "node_ip",
+    "time_since_restore",
+    "iterations_since_restore",
+    "checkpoint_path",
+    "step",
+    "epoch",
+    "should_checkpoint",
+}
 
 
 def log_trials(exp_id: str, parent_id: str, name: str, rows: list[dict], metric: str) -> None:
@@ -209,20 +297,37 @@ def log_trials(exp_id: str, parent_id: str, name: str, rows: list[dict], metric:
         tags = {"sieve.sweep": name, "sieve.trial": r["trial"], "sieve.role": "trial"}
         run = find_run(exp_id, tags)
         if run is None:
-            run_id = create_child_run(exp_id, parent_id, r["trial"], tags, {"sweep": flat_params(r["params"])},
-                                      mlflow.get_tracking_uri())
+            run_id = create_child_run(
+                exp_id,
+                parent_id,
+                r["trial"],
+                tags,
+                {"sweep": flat_params(r["params"])},
+                mlflow.get_tracking_uri(),
+            )
         else:
             run_id = run.info.run_id
         logged = {m.step for m in client.get_metric_history(run_id, metric)}  # live, while it trained
         for h in r["history"]:  # only the evaluations an outage kept from the run: each step once
             if (step := int(h.get("step", 0))) not in logged:
-                client.log_batch(run_id, metrics=[
-                    Metric(k, float(v), 0, step) for k, v in h.items()
-                    if k not in TUNE_KEYS and isinstance(v, int | float) and math.isfinite(v)])
-        final = {"best_" + metric: r["best_dev"], "evaluations": len(r["history"]),
-                 "stopped_early": float(r["stopped_early"]), **{f"test_{k}": v for k, v in r.get("test", {}).items()}}
-        client.log_batch(run_id, metrics=[Metric(k, float(v), 0, 0) for k, v in final.items()
-                                          if v == v and not math.isinf(v)])
+                client.log_batch(
+                    run_id,
+                    metrics=[
+                        Metric(k, float(v), 0, step)
+                        for k, v in h.items()
+                        if k not in TUNE_KEYS and isinstance(v, int | float) and math.isfinite(v)
+                    ],
+                )
+        final = {
+            "best_" + metric: r["best_dev"],
+            "evaluations": len(r["history"]),
+            "stopped_early": float(r["stopped_early"]),
+            **{f"test_{k}": v for k, v in r.get("test", {}).items()},
+        }
+        client.log_batch(
+            run_id,
+            metrics=[Metric(k, float(v), 0, 0) for k, v in final.items() if v == v and not math.isinf(v)],
+        )
         if r["error"]:
             client.set_tag(run_id, "sieve.error", r["error"])
         client.set_terminated(run_id, "FAILED" if r["error"] else "FINISHED")

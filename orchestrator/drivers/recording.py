@@ -38,8 +38,11 @@ class RecordingTuneReportCallback(TuneReportCallback):
         super().__init__()
         self.reports_uri = reports_uri
         # a trial resumed after a crash keeps the reports made before it
-        self.by_step = ({str(r.get("step")): r for r in json.loads(storage.read_bytes(reports_uri))}
-                        if storage.exists(reports_uri) else {})
+        self.by_step = (
+            {str(r.get("step")): r for r in json.loads(storage.read_bytes(reports_uri))}
+            if storage.exists(reports_uri)
+            else {}
+        )
 
     def after_report(self, run_context, metrics, checkpoint):
         super().after_report(run_context, metrics, checkpoint)

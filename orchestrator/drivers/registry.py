@@ -16,8 +16,15 @@ from trainers.sifter_lstm import SifterLSTMRecipe
 from trainers.sifter_simcse import SIFTERSimCSERecipe, SimCSERecipe
 from trainers.tsdae import TSDAERecipe
 
-RECIPES: tuple[type[Recipe], ...] = (SIFTERSimCSERecipe, SimCSERecipe, TSDAERecipe, SifterLSTMRecipe, SiameseRecipe,
-                                     ParaBARTRecipe, MLMRecipe)
+RECIPES: tuple[type[Recipe], ...] = (
+    SIFTERSimCSERecipe,
+    SimCSERecipe,
+    TSDAERecipe,
+    SifterLSTMRecipe,
+    SiameseRecipe,
+    ParaBARTRecipe,
+    MLMRecipe,
+)
 
 METHODS: dict[str, type[Recipe]] = {recipe.name: recipe for recipe in RECIPES}
 

@@ -57,8 +57,15 @@ def reports_uri(sweep_dir: str, trial: str) -> str:
     return storage.join(sweep_dir, "reports", f"{trial}.json")
 
 
-def trial_fn(tune_config: dict, *, method: str, base: MethodConfig, shards: str, sweep_dir: str,
-             tracking: dict | None = None) -> None:
+def trial_fn(
+    tune_config: dict,
+    *,
+    method: str,
+    base: MethodConfig,
+    shards: str,
+    sweep_dir: str,
+    tracking: dict | None = None,
+) -> None:
     """One Tune trial: apply the sampled point to the base config, train it with Ray Train, report
     through Tune.
 
@@ -68,12 +75,19 @@ def trial_fn(tune_config: dict, *, method: str, base: MethodConfig, shards: str,
     after training makes that call replay the recorded reports to Tune instead.
     """
     params = tune_config["params"]
-    train_trial(get_method(method), trial_config(base, params, "sweep trial"), params, shards=shards,
-                sweep_dir=sweep_dir, tracking=tracking)
+    train_trial(
+        get_method(method),
+        trial_config(base, params, "sweep trial"),
+        params,
+        shards=shards,
+        sweep_dir=sweep_dir,
+        tracking=tracking,
+    )
 
 
-def train_trial(recipe, cfg: MethodConfig, params: dict, *, shards: str, sweep_dir: str,
-                tracking: dict | None = None) -> None:
+def train_trial(
+    recipe, cfg: MethodConfig, params: dict, *, shards: str, sweep_dir: str, tracking: dict | None = None
+) -> None:
     """Inside a Tune trial: train ``cfg`` once (or replay a finished trial's reports), every evaluation
     recorded in the sweep's storage; shared by the sweeps and ``jobs/compare.py``."""
     trial = ray.tune.get_context().get_trial_name()
@@ -87,9 +101,15 @@ def train_trial(recipe, cfg: MethodConfig, params: dict, *, shards: str, sweep_d
     log = storage.join(sweep_dir, "invocations", f"{trial}-{time.time_ns()}.json")
     storage.write_bytes(log, json.dumps({"trial": trial, "params": params}).encode())
     run_id = _child_run(tracking, trial, params, cfg) if tracking else None
-    trainer = build_trainer(recipe, cfg, shards, name=trial, callbacks=[RecordingTuneReportCallback(reports)],
-                            storage_path=storage.join(sweep_dir, "train"),
-                            mlflow_run=(run_id, tracking["uri"]) if run_id else None)
+    trainer = build_trainer(
+        recipe,
+        cfg,
+        shards,
+        name=trial,
+        callbacks=[RecordingTuneReportCallback(reports)],
+        storage_path=storage.join(sweep_dir, "train"),
+        mlflow_run=(run_id, tracking["uri"]) if run_id else None,
+    )
     fit(trainer, recipe, cfg)
     storage.write_bytes(done, b"")
 
@@ -105,8 +125,14 @@ def _child_run(tracking: dict, trial: str, params: dict, cfg: MethodConfig) -> s
         found = client.search_runs([tracking["experiment_id"]], filter_string=flt, max_results=1)
         if found:
             return found[0].info.run_id
-        return create_child_run(tracking["experiment_id"], tracking["parent_run_id"], trial, tags,
-                                {"sweep": flat_params(params), "config": cfg.model_dump(mode="json")}, tracking["uri"])
+        return create_child_run(
+            tracking["experiment_id"],
+            tracking["parent_run_id"],
+            trial,
+            tags,
+            {"sweep": flat_params(params), "config": cfg.model_dump(mode="json")},
+            tracking["uri"],
+        )
     except Exception as exc:  # noqa: BLE001 - tracking must not stop training
         print(f"warning: trial {trial}: no live MLflow run ({str(exc).splitlines()[0][:160]})", flush=True)
         return None
@@ -128,17 +154,32 @@ def refuse_existing(storage_root: str, name: str) -> None:
         raise ConfigError(f"sweep {name!r} already exists at {path}: pass --resume, or another --name")
 
 
-def run_sweep(job: SweepJobConfig, base: MethodConfig, shards: str, *, name: str, storage_root: str, resume: bool,
-              verbose: bool = False, tracking: dict | None = None, listener=None):
+def run_sweep(
+    job: SweepJobConfig,
+    base: MethodConfig,
+    shards: str,
+    *,
+    name: str,
+    storage_root: str,
+    resume: bool,
+    verbose: bool = False,
+    tracking: dict | None = None,
+    listener=None,
+):
     """Run (or resume) the Tune experiment; returns the ``ResultGrid``. Quiet by default: one line per
     evaluation; ``verbose`` gives Tune's own status table. ``listener``: told of each trial as it ends
     (:class:`FinishedTrials`), while the others train."""
     recipe = get_method(job.method)
     root, path = sweeps_root(storage_root), sweep_dir(storage_root, name)
     trainable = tune.with_resources(
-        tune.with_parameters(trial_fn, method=job.method, base=base, shards=shards, sweep_dir=path, tracking=tracking),
-        {"CPU": 1})
-    concurrent = concurrent_trials(base, job.sweep.max_concurrent_trials, streams=not materializes(base, shards))
+        tune.with_parameters(
+            trial_fn, method=job.method, base=base, shards=shards, sweep_dir=path, tracking=tracking
+        ),
+        {"CPU": 1},
+    )
+    concurrent = concurrent_trials(
+        base, job.sweep.max_concurrent_trials, streams=not materializes(base, shards)
+    )
     if listener is not None:
         listener.configure(total=total_trials(job), concurrent=concurrent, sweep_dir=path)
         _LISTENERS[name] = listener
@@ -155,26 +196,50 @@ def run_sweep(job: SweepJobConfig, base: MethodConfig, shards: str, *, name: str
         _LISTENERS.pop(name, None)
 
 
-def _new_tuner(job: SweepJobConfig, recipe, trainable, name: str, root: str, concurrent: int, max_evals: int,
-               verbose: bool) -> tune.Tuner:
+def _new_tuner(
+    job: SweepJobConfig,
+    recipe,
+    trainable,
+    name: str,
+    root: str,
+    concurrent: int,
+    max_evals: int,
+    verbose: bool,
+) -> tune.Tuner:
     sc = job.sweep.scheduler
-    scheduler = (ASHAScheduler(time_attr="training_iteration", max_t=max_evals, grace_period=sc.grace_period,
-                               reduction_factor=sc.reduction_factor)
-                 if sc.type == "asha" else FIFOScheduler())
+    scheduler = (
+        ASHAScheduler(
+            time_attr="training_iteration",
+            max_t=max_evals,
+            grace_period=sc.grace_period,
+            reduction_factor=sc.reduction_factor,
+        )
+        if sc.type == "asha"
+        else FIFOScheduler()
+    )
     search, space = make_search(job, recipe.metric, concurrent)
     return tune.Tuner(
         trainable,
         param_space={"params": space},
         tune_config=tune.TuneConfig(
-            metric=recipe.metric, mode="max", scheduler=scheduler, num_samples=job.sweep.num_samples,
+            metric=recipe.metric,
+            mode="max",
+            scheduler=scheduler,
+            num_samples=job.sweep.num_samples,
             search_alg=search,
             trial_name_creator=trial_name,  # the setting, readable in logs, reports and MLflow
             trial_dirname_creator=trial_name,
         ),
-        run_config=tune.RunConfig(name=name, storage_path=root, verbose=1 if verbose else 0,
-                                  callbacks=[FinishedTrials(name),
-                                             *([] if verbose else [ProgressLines(recipe.metric, recipe.metric_label)])],
-                                  failure_config=tune.FailureConfig(max_failures=0)),
+        run_config=tune.RunConfig(
+            name=name,
+            storage_path=root,
+            verbose=1 if verbose else 0,
+            callbacks=[
+                FinishedTrials(name),
+                *([] if verbose else [ProgressLines(recipe.metric, recipe.metric_label)]),
+            ],
+            failure_config=tune.FailureConfig(max_failures=0),
+        ),
     )
 
 
@@ -218,11 +283,14 @@ def make_search(job: SweepJobConfig, metric: str, max_concurrent: int):
     for key, dim in job.sweep.space.items():
         values = dim.grid or dim.choice
         if values is not None and not all(isinstance(v, str | int | float | bool) for v in values):
-            raise ConfigError(f"sweep.space.{key}: optuna suggests single values, not bundles; use search: variants "
-                              "or one key per dimension")
+            raise ConfigError(
+                f"sweep.space.{key}: optuna suggests single values, not bundles; use search: variants "
+                "or one key per dimension"
+            )
         space[key] = tune.choice(values) if values is not None else dim.to_tune()
-    return ConcurrencyLimiter(OptunaSearch(metric=metric, mode="max", seed=job.sweep.seed),
-                              max_concurrent=max_concurrent), space
+    return ConcurrencyLimiter(
+        OptunaSearch(metric=metric, mode="max", seed=job.sweep.seed), max_concurrent=max_concurrent
+    ), space
 
 
 def trial_name(trial) -> str:
@@ -251,8 +319,11 @@ class ProgressLines(tune.Callback):
         if value is None:
             return
         self.best[trial.trial_id] = max(self.best.get(trial.trial_id, -math.inf), value)
-        print(f"[{trial}] step {result.get('step')}: {self.label} {value * 100:.2f} "
-              f"(best {self.best[trial.trial_id] * 100:.2f}), loss {result.get('loss', float('nan')):.4g}", flush=True)
+        print(
+            f"[{trial}] step {result.get('step')}: {self.label} {value * 100:.2f} "
+            f"(best {self.best[trial.trial_id] * 100:.2f}), loss {result.get('loss', float('nan')):.4g}",
+            flush=True,
+        )
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         self.done += 1
@@ -272,8 +343,17 @@ def trial_rows(result_grid, metric: str, select: str | None = "") -> list[dict]:
         params, trial_id = r.config.get("params", {}), (r.metrics or {}).get("trial_id")
         # named as the trial function named it (its reports, MLflow run, early test), not by its folder
         name = name_of(trial_id, params) if trial_id else (Path(r.path).name if r.path else "?")
-        rows.append(trial_row(name, params, history, metric, select, filesystem=r.filesystem,
-                              error=str(r.error).splitlines()[0][:300] if r.error else None))
+        rows.append(
+            trial_row(
+                name,
+                params,
+                history,
+                metric,
+                select,
+                filesystem=r.filesystem,
+                error=str(r.error).splitlines()[0][:300] if r.error else None,
+            )
+        )
     most = max((len(x["history"]) for x in rows), default=0)
     for x in rows:
         x["stopped_early"] = 0 < len(x["history"]) < most
@@ -281,8 +361,16 @@ def trial_rows(result_grid, metric: str, select: str | None = "") -> list[dict]:
     return rows
 
 
-def trial_row(trial: str, params: dict, history: list[dict], metric: str, select: str | None = "", *,
-              filesystem=None, error: str | None = None) -> dict:
+def trial_row(
+    trial: str,
+    params: dict,
+    history: list[dict],
+    metric: str,
+    select: str | None = "",
+    *,
+    filesystem=None,
+    error: str | None = None,
+) -> dict:
     """A trial's row: params, every evaluation, the selected one (by ``select``, default ``metric``; None:
     the last) with its checkpoint path, and its ``metric`` as ``best_dev``. ``history``: the trial's reports
     (Tune's, or the ones :class:`RecordingTuneReportCallback` kept)."""
@@ -290,7 +378,9 @@ def trial_row(trial: str, params: dict, history: list[dict], metric: str, select
     evals = [h for h in history if h.get(metric) is not None and h[metric] == h[metric]]  # drop NaN
     # a trial restored after a driver crash may report a step again (Ray Train resuming from its
     # checkpoint, or trial_fn replaying a finished trial): the latest report of a step stands
-    evals = sorted({h.get("step", i): h for i, h in enumerate(evals)}.values(), key=lambda h: h.get("step", 0))
+    evals = sorted(
+        {h.get("step", i): h for i, h in enumerate(evals)}.values(), key=lambda h: h.get("step", 0)
+    )
     best = (max(evals, key=lambda h: h.get(select, -math.inf)) if select else evals[-1]) if evals else None
     return {
         "trial": trial,
@@ -299,7 +389,8 @@ def trial_row(trial: str, params: dict, history: list[dict], metric: str, select
         "best": best,
         "best_dev": best[metric] if best else float("nan"),
         # Tune records the path on the sweep's storage (the run's storage is below it): as a URI
-        "checkpoint_path": uri_on(filesystem, best["checkpoint_path"]) if best and best.get("checkpoint_path")
+        "checkpoint_path": uri_on(filesystem, best["checkpoint_path"])
+        if best and best.get("checkpoint_path")
         else None,
         "error": error,
     }

@@ -57,7 +57,9 @@ from trainers.recipe import Recipe
 
 def parse_args(doc: str, default_dir: str) -> argparse.Namespace:
     ap = job_parser(doc, default_dir)
-    ap.add_argument("--resume", action="store_true", help="continue the sweep NAME after a crash (needs --name)")
+    ap.add_argument(
+        "--resume", action="store_true", help="continue the sweep NAME after a crash (needs --name)"
+    )
     return ap.parse_args()
 
 
@@ -81,8 +83,11 @@ def resolve(args: argparse.Namespace, default_dir: str) -> SweepPlan:
     if args.resume and not args.name:
         raise ConfigError("--resume needs --name (the sweep to continue)")
     path = args.config or resolve_config_path(args.preset, default_dir)
-    job = validate(SweepJobConfig, apply_overrides(read_yaml(Path(path)),
-                                                   [o for o in args.overrides if o.startswith("sweep.")]), str(path))
+    job = validate(
+        SweepJobConfig,
+        apply_overrides(read_yaml(Path(path)), [o for o in args.overrides if o.startswith("sweep.")]),
+        str(path),
+    )
     recipe = get_method(job.method)
     if isinstance(job.base, dict):  # the whole base config inline (what --print-config writes)
         data, source = job.base, f"{path}: base"
@@ -94,18 +99,27 @@ def resolve(args: argparse.Namespace, default_dir: str) -> SweepPlan:
     cli = [o for o in args.overrides if not o.startswith("sweep.")] + location_overrides(args)
     base = validate(recipe.config_cls, apply_overrides(data, cli), f"{source} (+ overrides)")
     if not recipe.has_dev(base):
-        raise ConfigError(f"{path}: a sweep ranks settings on a dev score, and this {job.method} config has none "
-                          "(eval.dev is empty - the paper's protocol); set eval.dev to tune on a labelled dev set")
+        raise ConfigError(
+            f"{path}: a sweep ranks settings on a dev score, and this {job.method} config has none "
+            "(eval.dev is empty - the paper's protocol); set eval.dev to tune on a labelled dev set"
+        )
     check_space(base, job.sweep.space, str(path))
     if args.print_config:
-        return SweepPlan("", job.model_copy(update={"base": base.model_dump(mode="json"), "base_overrides": {}}),
-                         recipe, base, "")
+        return SweepPlan(
+            "",
+            job.model_copy(update={"base": base.model_dump(mode="json"), "base_overrides": {}}),
+            recipe,
+            base,
+            "",
+        )
     exp_id = preflight(base)  # tracking server, storage, model source: fail before any Ray work
     base = settled(base)
     name = storage.safe_name(args.name or f"{default_dir}-{time.strftime('%Y%m%d-%H%M%S')}", "--name")
     if not args.resume:  # before the corpus is built and the base measured, not minutes later
         refuse_existing(base.run.storage, name)
-    return SweepPlan(name, job, recipe, base, exp_id, args.resume, not args.no_progress, args.verbose, default_dir)
+    return SweepPlan(
+        name, job, recipe, base, exp_id, args.resume, not args.no_progress, args.verbose, default_dir
+    )
 
 
 # ---------------------------------------------------------------- 2. run
@@ -134,16 +148,40 @@ def run(plan: SweepPlan, parent_id: str | None = None) -> SweepResult:
     base = max(bases, key=lambda b: b.dev) if bases else None
     if base is not None and parent_id:  # on the parent run at once: the yardstick of every trial curve
         tracking.log_metrics({"base_dev": base.dev})
-    live = {"uri": tracking.resolve_tracking_uri(plan.base.tracking.tracking_uri), "experiment_id": plan.exp_id,
-            "parent_run_id": parent_id, "sweep": plan.name} if parent_id else None
-    early = (EarlyTests(plan.base, recipe, lambda row: _export(plan, row, _trial_dir(plan, row["trial"]))[1])
-             if job.test_every_trial else None)
-    grid = run_sweep(job, plan.base, shards, name=plan.name, storage_root=plan.base.run.storage, resume=plan.resume,
-                     verbose=plan.verbose, tracking=live, listener=early)
-    tested_early = early.finish() if early is not None else {}  # a failed sweep does not wait for it (a daemon)
+    live = (
+        {
+            "uri": tracking.resolve_tracking_uri(plan.base.tracking.tracking_uri),
+            "experiment_id": plan.exp_id,
+            "parent_run_id": parent_id,
+            "sweep": plan.name,
+        }
+        if parent_id
+        else None
+    )
+    early = (
+        EarlyTests(plan.base, recipe, lambda row: _export(plan, row, _trial_dir(plan, row["trial"]))[1])
+        if job.test_every_trial
+        else None
+    )
+    grid = run_sweep(
+        job,
+        plan.base,
+        shards,
+        name=plan.name,
+        storage_root=plan.base.run.storage,
+        resume=plan.resume,
+        verbose=plan.verbose,
+        tracking=live,
+        listener=early,
+    )
+    tested_early = (
+        early.finish() if early is not None else {}
+    )  # a failed sweep does not wait for it (a daemon)
     rows = trial_rows(grid, recipe.metric, recipe.selection_metric(plan.base))
     if not any(r["checkpoint_path"] for r in rows):
-        raise ConfigError(f"sweep {plan.name}: no trial reported a checkpoint (errors: {[r['error'] for r in rows]})")
+        raise ConfigError(
+            f"sweep {plan.name}: no trial reported a checkpoint (errors: {[r['error'] for r in rows]})"
+        )
     tested = [r for r in rows if r["checkpoint_path"]] if job.test_every_trial else []
     reports = {}
     for r in tested:  # e.g. mean ± std over seeds (and SIFTER-LSTM's baseline) needs every trial's test score
@@ -153,15 +191,22 @@ def run(plan: SweepPlan, parent_id: str | None = None) -> SweepResult:
             _, report = _export(plan, r, _trial_dir(plan, r["trial"]))
         reports[r["trial"]] = report
         r["test"] = report.metrics
-    choice = pub.choose(rows, group_out=job.group_out, base=base, baseline_params=recipe.baseline_params,
-                        margin=job.candidate_margin)
+    choice = pub.choose(
+        rows,
+        group_out=job.group_out,
+        base=base,
+        baseline_params=recipe.baseline_params,
+        margin=job.candidate_margin,
+    )
     # the chosen trial, exported where the registry reads it; tested once: a trial tested above is not
     # measured again (the same checkpoint, the same deterministic evaluation: a 7-task STS test is minutes)
     known = reports.get(choice.best["trial"])
     model_dir, test = _export(plan, choice.best, export_dir(plan.base, plan.name), tested=known)
     if known is not None:
-        print(f"chosen trial {choice.best['trial']}: its test, measured with every trial, is not run again",
-              flush=True)
+        print(
+            f"chosen trial {choice.best['trial']}: its test, measured with every trial, is not run again",
+            flush=True,
+        )
     choice.best["test"] = test.metrics
     return SweepResult(shards, rows, choice, test, model_dir, base, time.time() - t0, bases=bases)
 
@@ -182,17 +227,33 @@ def publish(plan: SweepPlan, result: SweepResult, parent_id: str) -> dict:
     beats the base), and the report."""
     recipe, choice, best = plan.recipe, result.choice, result.choice.best
     pub.log_trials(plan.exp_id, parent_id, plan.name, result.rows, recipe.metric)
-    base_metrics = ({"base_dev": result.base.dev, **{f"base_test_{k}": v for k, v in result.base.test.metrics.items()}}
-                    if result.base else {})
-    tracking.log_metrics({**{f"best_test_{k}": v for k, v in result.test.metrics.items()},
-                          f"best_{recipe.metric}": best["best_dev"], **base_metrics})
+    base_metrics = (
+        {"base_dev": result.base.dev, **{f"base_test_{k}": v for k, v in result.base.test.metrics.items()}}
+        if result.base
+        else {}
+    )
+    tracking.log_metrics(
+        {
+            **{f"best_test_{k}": v for k, v in result.test.metrics.items()},
+            f"best_{recipe.metric}": best["best_dev"],
+            **base_metrics,
+        }
+    )
     best_cfg = trial_config(plan.base, best["params"], "best trial")
     reg_name = best_cfg.tracking.registry_model_name or plan.job.method.replace("_", "-")
     chash, test = config_hash(best_cfg), result.test
     champion = tracking.alias_tags(reg_name, "champion")  # before this version: the one a person promoted
-    card = pub.model_card(recipe=recipe, cfg=best_cfg, origin=f"sweep `{plan.name}`, trial `{best['trial']}`",
-                          params=best["params"],
-                          test=test, base=result.base, choice=choice, registered_name=reg_name, champion=champion)
+    card = pub.model_card(
+        recipe=recipe,
+        cfg=best_cfg,
+        origin=f"sweep `{plan.name}`, trial `{best['trial']}`",
+        params=best["params"],
+        test=test,
+        base=result.base,
+        choice=choice,
+        registered_name=reg_name,
+        champion=champion,
+    )
     write_model_card(result.model_dir, card)
     mlflow.log_text(card, "model_card.md")
     # each publish step is idempotent, so a resumed sweep finishes what a crash cut and repeats nothing
@@ -201,43 +262,94 @@ def publish(plan: SweepPlan, result: SweepResult, parent_id: str) -> dict:
         model_uri = recipe.log_model(result.model_dir, name="best_model").model_uri
         mlflow.set_tag("sieve.best_model_uri", model_uri)
     registered = pub.register(
-        model_uri, reg_name, choice, key=f"sweep:{plan.name}",
+        model_uri,
+        reg_name,
+        choice,
+        key=f"sweep:{plan.name}",
         description=f"sweep {plan.name}; config {chash}; best trial {best['trial']}\n\n{pub.mlflow_description(card)}",
-        tags={"sweep": plan.name, "config_hash": chash, "trial": best["trial"], "run_id": parent_id,
-              recipe.metric: f"{best['best_dev']:.6f}",
-              "test_metric": test.headline, "test_score": f"{test.headline_value:.6f}",  # what promote compares
-              **{f"test_{k}": f"{v:.6f}" for k, v in headline_metrics(test).items()}})
+        tags={
+            "sweep": plan.name,
+            "config_hash": chash,
+            "trial": best["trial"],
+            "run_id": parent_id,
+            recipe.metric: f"{best['best_dev']:.6f}",
+            "test_metric": test.headline,
+            "test_score": f"{test.headline_value:.6f}",  # what promote compares
+            **{f"test_{k}": f"{v:.6f}" for k, v in headline_metrics(test).items()},
+        },
+    )
     registered["run_id"] = parent_id
     line = pub.gate_line(choice, recipe.metric_label, registered)
     if not registered["new"]:
         line += f" (this sweep was published before: v{registered['version']} stands, nothing new registered)"
     report_dir = Path("outputs") / "reports" / plan.name
-    write_sweep_report(report_dir, name=plan.name, method=plan.job.method, recipe=recipe, rows=result.rows,
-                       group_out=plan.job.group_out, choice=choice, base=result.base, test=test,
-                       other_bases=[b for b in result.bases if b is not result.base],
-                       best_config=best_cfg.model_dump(mode="json"), registered=registered, gate=line,
-                       wall_s=result.wall_s, champion=champion)
+    write_sweep_report(
+        report_dir,
+        name=plan.name,
+        method=plan.job.method,
+        recipe=recipe,
+        rows=result.rows,
+        group_out=plan.job.group_out,
+        choice=choice,
+        base=result.base,
+        test=test,
+        other_bases=[b for b in result.bases if b is not result.base],
+        best_config=best_cfg.model_dump(mode="json"),
+        registered=registered,
+        gate=line,
+        wall_s=result.wall_s,
+        champion=champion,
+    )
     mlflow.log_artifacts(str(report_dir), "report")
     mlflow.log_metric("wall_s", result.wall_s)
     mlflow.set_tags({"beats_base": str(choice.beats_base).lower()})
     uri = tracking.resolve_tracking_uri(plan.base.tracking.tracking_uri)
-    closing = verdict(method=plan.job.method, choice=choice, metric_label=recipe.metric_label, test=test,
-                      base=result.base, champion=champion, registered=registered,
-                      devs=seed_devs(result.rows, best, plan.job.group_out), report=report_dir / "summary.md",
-                      summary_json=report_dir / "summary.json", job=plan.default_dir, gate=line)
+    closing = verdict(
+        method=plan.job.method,
+        choice=choice,
+        metric_label=recipe.metric_label,
+        test=test,
+        base=result.base,
+        champion=champion,
+        registered=registered,
+        devs=seed_devs(result.rows, best, plan.job.group_out),
+        report=report_dir / "summary.md",
+        summary_json=report_dir / "summary.json",
+        job=plan.default_dir,
+        gate=line,
+    )
     mlflow.set_tag("mlflow.note.content", "\n\n".join(closing))  # the parent run's description in the UI
-    return {"verdict": closing, "sweep": plan.name, "trials": len(result.rows), "best_trial": best["trial"], "best_params": best["params"],
-            "best_dev": best["best_dev"], "base_dev": choice.base_dev, "beats_base": choice.beats_base,
-            f"test_{test.headline}": test.headline_value, "registered": registered,
-            "wall_s": round(result.wall_s, 1), "report": str(report_dir / "summary.md"),
-            "mlflow_ui": (f".venv/bin/mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000"
-                          if uri.startswith("sqlite") else uri), "gate": line}
+    return {
+        "verdict": closing,
+        "sweep": plan.name,
+        "trials": len(result.rows),
+        "best_trial": best["trial"],
+        "best_params": best["params"],
+        "best_dev": best["best_dev"],
+        "base_dev": choice.base_dev,
+        "beats_base": choice.beats_base,
+        f"test_{test.headline}": test.headline_value,
+        "registered": registered,
+        "wall_s": round(result.wall_s, 1),
+        "report": str(report_dir / "summary.md"),
+        "mlflow_ui": (
+            f".venv/bin/mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000"
+            if uri.startswith("sqlite")
+            else uri
+        ),
+        "gate": line,
+    }
 
 
 def publish_outage(exc: BaseException, plan: SweepPlan) -> TrackingError | None:
     """The outage line (``outbox.outage``) for a sweep: its trials are kept in the sweep's storage."""
-    return outbox.outage(exc, plan.base.tracking.tracking_uri, f"sweep {plan.name!r}", plan.base.run.storage,
-                      f"python jobs/{plan.default_dir}.py --name {plan.name} --resume")
+    return outbox.outage(
+        exc,
+        plan.base.tracking.tracking_uri,
+        f"sweep {plan.name!r}",
+        plan.base.run.storage,
+        f"python jobs/{plan.default_dir}.py --name {plan.name} --resume",
+    )
 
 
 def main(doc: str, default_dir: str) -> int:
@@ -246,18 +358,32 @@ def main(doc: str, default_dir: str) -> int:
     plan = resolve(args, default_dir)
     if args.print_config:
         return print_config(plan.job)
-    if plan.resume and pub.answer_published(sweep_dir(plan.base.run.storage, plan.name), f"sweep {plan.name!r}", t0):
+    if plan.resume and pub.answer_published(
+        sweep_dir(plan.base.run.storage, plan.name), f"sweep {plan.name!r}", t0
+    ):
         return 0
-    parent = (tracking.find_run(plan.exp_id, {"sieve.sweep": plan.name, "sieve.role": "sweep"})
-              if plan.resume else None)
+    parent = (
+        tracking.find_run(plan.exp_id, {"sieve.sweep": plan.name, "sieve.role": "sweep"})
+        if plan.resume
+        else None
+    )
     try:
-        with mlflow.start_run(run_id=parent.info.run_id if parent else None, experiment_id=plan.exp_id,
-                              run_name=None if parent else plan.name) as parent_run:
+        with mlflow.start_run(
+            run_id=parent.info.run_id if parent else None,
+            experiment_id=plan.exp_id,
+            run_name=None if parent else plan.name,
+        ) as parent_run:
             if parent is None:
-                mlflow.set_tags({"sieve.sweep": plan.name, "sieve.role": "sweep", "sieve.method": plan.job.method})
-                tracking.log_params({"base": plan.base.model_dump(mode="json"),
-                                     "space": plan.job.sweep.model_dump(mode="json"),
-                                     "config_hash": config_hash(plan.base)})
+                mlflow.set_tags(
+                    {"sieve.sweep": plan.name, "sieve.role": "sweep", "sieve.method": plan.job.method}
+                )
+                tracking.log_params(
+                    {
+                        "base": plan.base.model_dump(mode="json"),
+                        "space": plan.job.sweep.model_dump(mode="json"),
+                        "config_hash": config_hash(plan.base),
+                    }
+                )
             result = run(plan, parent_run.info.run_id)
             summary = publish(plan, result, parent_run.info.run_id)
     except Exception as exc:
@@ -265,7 +391,9 @@ def main(doc: str, default_dir: str) -> int:
     shutdown_ray()
     console = result.test.table
     if result.base is not None:
-        console += f"\n\ncandidate − base ({result.base.label}), ×100:\n" + compare_table(result.base.test, result.test)
+        console += f"\n\ncandidate − base ({result.base.label}), ×100:\n" + compare_table(
+            result.base.test, result.test
+        )
     data = {k: v for k, v in summary.items() if k not in ("gate", "verdict")}
     Path(summary["report"]).with_name("summary.json").write_text(json.dumps(data, indent=2) + "\n")
     console += "\n\n" + "\n".join(summary["verdict"])  # the closing verdict; its last line the registration

@@ -65,8 +65,10 @@ class SchedulerBlock(StrictModel):
 
 class SweepConfig(StrictModel):
     search: Literal["variants", "optuna"] = Field(
-        "variants", description="variants: every grid point × num_samples random draws; optuna: Bayesian (TPE), "
-        "num_samples trials, seeded")
+        "variants",
+        description="variants: every grid point × num_samples random draws; optuna: Bayesian (TPE), "
+        "num_samples trials, seeded",
+    )
     num_samples: int = Field(1, ge=1)
     max_concurrent_trials: int | None = Field(None, ge=1, description="default: what the cluster fits")
     seed: int = 0
@@ -78,21 +80,32 @@ class SweepJobConfig(StrictModel):
     """A sweep file: the method, its base preset (+ overrides by path), and the search space."""
 
     method: str
-    base: str | dict[str, Any] = Field(..., description="path of the method's base config (relative to the repo "
-                                       "root), or the whole config inline")
+    base: str | dict[str, Any] = Field(
+        ...,
+        description="path of the method's base config (relative to the repo "
+        "root), or the whole config inline",
+    )
     base_overrides: dict[str, Any] = {}
     sweep: SweepConfig = SweepConfig()
     test_every_trial: bool = Field(False, description="export + test every trial, not only the best")
-    group_out: list[str] = Field(["train.seed"], description="space keys averaged over in the report's groups")
-    candidate_margin: float = Field(0.0, ge=0, description="the alias `candidate` moves only when the best "
-                                    "setting's dev score beats the base model's by more than this")
+    group_out: list[str] = Field(
+        ["train.seed"], description="space keys averaged over in the report's groups"
+    )
+    candidate_margin: float = Field(
+        0.0,
+        ge=0,
+        description="the alias `candidate` moves only when the best "
+        "setting's dev score beats the base model's by more than this",
+    )
 
 
 def trial_config(base: MethodConfig, params: dict[str, Any], source: str) -> MethodConfig:
     return with_params(base, flat_params(params), source)
 
 
-def check_space(base: MethodConfig, space: dict[str, Dimension], source: str, max_points: int = 10_000) -> None:
+def check_space(
+    base: MethodConfig, space: dict[str, Dimension], source: str, max_points: int = 10_000
+) -> None:
     """Every dimension's values must give a valid method config (unknown keys fail here), and so must
     every point of the grid: values valid alone can be invalid together (λXY = λXZ = λYZ = 0)."""
     for key, dim in space.items():
@@ -100,7 +113,9 @@ def check_space(base: MethodConfig, space: dict[str, Dimension], source: str, ma
             try:
                 trial_config(base, {key: value}, source)
             except ConfigError as exc:
-                raise ConfigError(f"{source}: sweep.space.{key}={value!r}: {str(exc).split(': ', 1)[-1]}") from None
+                raise ConfigError(
+                    f"{source}: sweep.space.{key}={value!r}: {str(exc).split(': ', 1)[-1]}"
+                ) from None
     grids = {k: d.grid for k, d in space.items() if d.grid is not None}
     others = {k: d.candidates()[0] for k, d in space.items() if d.grid is None}
     if math.prod(len(v) for v in grids.values()) > max_points:
@@ -118,4 +133,6 @@ def total_trials(job: SweepJobConfig) -> int:
     """How many trials the sweep runs: every grid point × ``num_samples`` (Optuna: ``num_samples``)."""
     if job.sweep.search == "optuna":
         return job.sweep.num_samples
-    return job.sweep.num_samples * math.prod(len(d.grid) for d in job.sweep.space.values() if d.grid is not None)
+    return job.sweep.num_samples * math.prod(
+        len(d.grid) for d in job.sweep.space.values() if d.grid is not None
+    )

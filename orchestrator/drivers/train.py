@@ -70,21 +70,28 @@ def settled(cfg: MethodConfig) -> MethodConfig:
 def materializes(cfg: MethodConfig, shards: str) -> bool:
     """True when :func:`build_trainer` reads the corpus into the object store before the workers start
     (its shard files total at most ``perf.ingest_materialize_mb``): then nothing reads during training."""
-    return _fits(cfg, shard_files(*storage.pyarrow_filesystem(storage.join(storage.resolve_build(shards) or shards,
-                                                                          "shards"))))
+    return _fits(
+        cfg,
+        shard_files(
+            *storage.pyarrow_filesystem(storage.join(storage.resolve_build(shards) or shards, "shards"))
+        ),
+    )
 
 
 def shard_files(fs, path: str) -> list[pafs.FileInfo]:
     """The files under a shard folder: one listing (an S3 LIST) for the size check and the read."""
-    return [i for i in fs.get_file_info(pafs.FileSelector(path, recursive=True)) if i.type == pafs.FileType.File]
+    return [
+        i for i in fs.get_file_info(pafs.FileSelector(path, recursive=True)) if i.type == pafs.FileType.File
+    ]
 
 
 def _fits(cfg: MethodConfig, files: list[pafs.FileInfo]) -> bool:
     return sum(i.size or 0 for i in files) <= cfg.perf.ingest_materialize_mb * 2**20
 
 
-def read_in_process(fs, path: str, columns: list[str] | None, files: list[pafs.FileInfo] | None = None
-                    ) -> ray.data.Dataset:
+def read_in_process(
+    fs, path: str, columns: list[str] | None, files: list[pafs.FileInfo] | None = None
+) -> ray.data.Dataset:
     """The shard files under ``path`` read by this process, in file-name order, and put into Ray's object
     store as one block per file (``ray.data.from_arrow``), instead of ``read_parquet(...).materialize()``,
     whose read tasks cost 3.75 s of every training run on 2 cores and 6.3 s in a fresh process such as a
@@ -92,7 +99,9 @@ def read_in_process(fs, path: str, columns: list[str] | None, files: list[pafs.F
     gives the same block, rows and split between workers as that read did; of several files, file-name
     order (Ray's read planner had chosen its own). The blocks belong to this process and live on its node.
     ``files``: the folder's :func:`shard_files`, when listed already."""
-    files = sorted(i.path for i in (shard_files(fs, path) if files is None else files) if i.path.endswith(".parquet"))
+    files = sorted(
+        i.path for i in (shard_files(fs, path) if files is None else files) if i.path.endswith(".parquet")
+    )
     if not files:
         raise ConfigError(f"{path}: no parquet shard files")
     tables = []
@@ -104,8 +113,16 @@ def read_in_process(fs, path: str, columns: list[str] | None, files: list[pafs.F
     return ray.data.from_arrow(tables)
 
 
-def build_trainer(recipe: type[Recipe], cfg: MethodConfig, shards: str, *, name: str | None = None, callbacks=None,
-                  storage_path: str | None = None, mlflow_run: tuple[str, str] | None = None) -> TorchTrainer:
+def build_trainer(
+    recipe: type[Recipe],
+    cfg: MethodConfig,
+    shards: str,
+    *,
+    name: str | None = None,
+    callbacks=None,
+    storage_path: str | None = None,
+    mlflow_run: tuple[str, str] | None = None,
+) -> TorchTrainer:
     """``mlflow_run``: (run id, tracking URI) that rank 0 logs into while it trains."""
     shards = storage.resolve_build(shards) or shards  # the committed build (a pointer switched last)
     fs, path = storage.pyarrow_filesystem(storage.join(shards, "shards"))
@@ -124,19 +141,32 @@ def build_trainer(recipe: type[Recipe], cfg: MethodConfig, shards: str, *, name:
     workers = cfg.scaling.num_workers
     rows_per_worker = rows // workers
     if rows_per_worker < cfg.train.batch_size:
-        raise ConfigError(f"train.batch_size {cfg.train.batch_size}: each of {workers} workers gets only "
-                          f"{rows_per_worker} rows from {shards}")
+        raise ConfigError(
+            f"train.batch_size {cfg.train.batch_size}: each of {workers} workers gets only "
+            f"{rows_per_worker} rows from {shards}"
+        )
     if cfg.train.max_steps and (steps := cfg.train.planned_steps(rows_per_worker)) < cfg.train.max_steps:
-        print(f"train.max_steps {cfg.train.max_steps}: {cfg.train.epochs} epoch(s) of {rows} rows give {steps} steps "
-              f"(global batch {cfg.train.batch_size * workers}); training runs {steps}, its schedule sized for "
-              f"{steps} - raise train.epochs to repeat the data", flush=True)
+        print(
+            f"train.max_steps {cfg.train.max_steps}: {cfg.train.epochs} epoch(s) of {rows} rows give {steps} steps "
+            f"(global batch {cfg.train.batch_size * workers}); training runs {steps}, its schedule sized for "
+            f"{steps} - raise train.epochs to repeat the data",
+            flush=True,
+        )
     resources = {"CPU": cfg.scaling.cpus_per_worker, **cfg.scaling.resources_per_worker}
     if cfg.scaling.use_gpu:
         resources.setdefault("GPU", 1)
-    scaling = ScalingConfig(num_workers=workers, use_gpu=cfg.scaling.use_gpu, resources_per_worker=resources,
-                            placement_strategy=cfg.scaling.placement_strategy)
-    env = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "RAY_DATA_DISABLE_PROGRESS_BARS": "1"}  # the ingest's bars would drown Tune's table
+    scaling = ScalingConfig(
+        num_workers=workers,
+        use_gpu=cfg.scaling.use_gpu,
+        resources_per_worker=resources,
+        placement_strategy=cfg.scaling.placement_strategy,
+    )
+    env = {
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "RAY_DATA_DISABLE_PROGRESS_BARS": "1",
+    }  # the ingest's bars would drown Tune's table
     if not cfg.scaling.use_gpu:
         env["DS_ACCELERATOR"] = "cpu"
     env.update(fault_hooks())
@@ -146,8 +176,9 @@ def build_trainer(recipe: type[Recipe], cfg: MethodConfig, shards: str, *, name:
     run = RunConfig(
         name=name or cfg.run.name or cfg.method,
         storage_path=storage_path or storage.absolute(storage.join(cfg.run.storage, "train")),
-        checkpoint_config=CheckpointConfig(num_to_keep=cfg.run.num_to_keep, checkpoint_score_attribute=select,
-                                           checkpoint_score_order="max"),
+        checkpoint_config=CheckpointConfig(
+            num_to_keep=cfg.run.num_to_keep, checkpoint_score_attribute=select, checkpoint_score_order="max"
+        ),
         failure_config=FailureConfig(max_failures=cfg.run.max_failures),
         callbacks=callbacks,
         worker_runtime_env={"env_vars": env},
@@ -155,9 +186,14 @@ def build_trainer(recipe: type[Recipe], cfg: MethodConfig, shards: str, *, name:
     return TorchTrainer(
         recipe.train_func,
         # the config crosses the Ray boundary as one JSON dump; the worker validates it once
-        train_loop_config={"method_config": cfg.model_dump(mode="json"), "rows_per_worker": rows_per_worker,
-                           "shards": shards},
-        scaling_config=scaling, run_config=run, datasets={"train": ds},
+        train_loop_config={
+            "method_config": cfg.model_dump(mode="json"),
+            "rows_per_worker": rows_per_worker,
+            "shards": shards,
+        },
+        scaling_config=scaling,
+        run_config=run,
+        datasets={"train": ds},
         # one worker reads the whole dataset itself: no split coordinator to start (1 s of a smoke loop)
         dataset_config=DataConfig(datasets_to_split=[] if workers == 1 else "all"),
         torch_config=TorchConfig(backend="nccl" if cfg.scaling.use_gpu else "gloo"),
@@ -187,9 +223,11 @@ def fit(trainer: TorchTrainer, recipe: type[Recipe], cfg: MethodConfig) -> Outco
         except ControllerError as exc:
             if attempt == cfg.run.max_failures or not lost_actor_or_node(exc):
                 raise
-            print(f"training: Ray Train's controller failed ({str(exc.controller_failure).splitlines()[0][:160]}); "
-                  f"started again from the run's last checkpoint ({attempt + 1} of {cfg.run.max_failures})",
-                  flush=True)
+            print(
+                f"training: Ray Train's controller failed ({str(exc.controller_failure).splitlines()[0][:160]}); "
+                f"started again from the run's last checkpoint ({attempt + 1} of {cfg.run.max_failures})",
+                flush=True,
+            )
     select = recipe.selection_metric(cfg)
     best = result.get_best_checkpoint(metric=select, mode="max") if select else result.checkpoint
     if best is None:
@@ -221,8 +259,14 @@ def export_dir(cfg: MethodConfig, name: str) -> Path:
     return (root / "models" / name).resolve()
 
 
-def export_and_test(recipe: type[Recipe], cfg: MethodConfig, outcome: Outcome, out_dir: str | Path,
-                    tasks: list[str] | None = None, tested: TestReport | None = None):
+def export_and_test(
+    recipe: type[Recipe],
+    cfg: MethodConfig,
+    outcome: Outcome,
+    out_dir: str | Path,
+    tasks: list[str] | None = None,
+    tested: TestReport | None = None,
+):
     """Export the best checkpoint to ``out_dir`` and run the method's final evaluation on it
     (``tasks`` narrows the STS tasks, for tests). ``tested``: this checkpoint's report, measured
     already (a sweep that tests every trial) - written beside the export, not measured again.

@@ -1,7 +1,7 @@
 """``jobs/train.py``: one training run of any method, beside its base model.
 
-    config (validated once) → preflight → data → base model measured → Ray Train → export → test →
-    one MLflow run (kept as a pending record when the tracking server is gone)
+config (validated once) → preflight → data → base model measured → Ray Train → export → test →
+one MLflow run (kept as a pending record when the tracking server is gone)
 """
 
 from __future__ import annotations
@@ -47,15 +47,22 @@ def main(doc: str) -> int:
     recipe = get_method(args.method)
     path = Path(args.config or resolve_config_path(args.preset, args.method))
     overrides = [*args.overrides, *location_overrides(args)]
-    data = {**apply_overrides(read_yaml(path), overrides), "method": args.method}  # one file serves simcse / sifter
+    data = {
+        **apply_overrides(read_yaml(path), overrides),
+        "method": args.method,
+    }  # one file serves simcse / sifter
     cfg = validate(recipe.config_cls, data, f"{path}{' (+ overrides)' if overrides else ''}")
     if args.print_config:
         return print_config(cfg)
-    name = storage.safe_name(args.name or cfg.run.name or f"{args.method}-{time.strftime('%Y%m%d-%H%M%S')}", "--name")
+    name = storage.safe_name(
+        args.name or cfg.run.name or f"{args.method}-{time.strftime('%Y%m%d-%H%M%S')}", "--name"
+    )
     exp_id = preflight(cfg)  # tracking server, storage, model source: fail before any Ray work
     if storage.exists(taken := storage.join(cfg.run.storage, "train", name)):  # Ray Train would resume it
-        raise ConfigError(f"--name {name!r}: a run of that name exists at {taken}; its checkpoints would be "
-                          f"resumed under this config - pass another --name")
+        raise ConfigError(
+            f"--name {name!r}: a run of that name exists at {taken}; its checkpoints would be "
+            f"resumed under this config - pass another --name"
+        )
     cfg = settled(cfg)
     uri = tracking.resolve_tracking_uri(cfg.tracking.tracking_uri)
     params = {**cfg.model_dump(mode="json"), "config_hash": config_hash(cfg)}
@@ -71,8 +78,11 @@ def main(doc: str) -> int:
     spare = 0 if args.no_base else idle_cores(cfg)
     beside = Beside(lambda: measure_bases(recipe, cfg), threads=spare) if spare else None
     if beside is not None:
-        print(f"base model: measured while the model trains, on the {spare} core{'s' * (spare > 1)} training leaves "
-              "idle", flush=True)
+        print(
+            f"base model: measured while the model trains, on the {spare} core{'s' * (spare > 1)} training leaves "
+            "idle",
+            flush=True,
+        )
     bases = [] if args.no_base or beside is not None else measure_bases(recipe, cfg)
     outcome = fit(build_trainer(recipe, cfg, shards, name=name, mlflow_run=(run_id, uri)), recipe, cfg)
     if beside is not None:
@@ -80,10 +90,22 @@ def main(doc: str) -> int:
     base = max(bases, key=lambda b: b.dev) if bases else None
     model_dir, test = export_and_test(recipe, cfg, outcome, export_dir(cfg, name))  # in the run's storage
     best_dev = outcome.best_metrics.get(recipe.metric, float("nan"))
-    scored = base is not None and math.isfinite(best_dev)  # a method without a dev set (TSDAE's protocol): no dev line
-    choice = pub.Choice({"trial": name}, best_dev, base.dev if scored else None, base.label if base else "", 0.0)
-    card = pub.model_card(recipe=recipe, cfg=cfg, origin=f"train run `{name}` ({path.name})", test=test, base=base,
-                          params={"config": str(path), "overrides": overrides}, choice=choice, registered_name=name)
+    scored = base is not None and math.isfinite(
+        best_dev
+    )  # a method without a dev set (TSDAE's protocol): no dev line
+    choice = pub.Choice(
+        {"trial": name}, best_dev, base.dev if scored else None, base.label if base else "", 0.0
+    )
+    card = pub.model_card(
+        recipe=recipe,
+        cfg=cfg,
+        origin=f"train run `{name}` ({path.name})",
+        test=test,
+        base=base,
+        params={"config": str(path), "overrides": overrides},
+        choice=choice,
+        registered_name=name,
+    )
     write_model_card(model_dir, card)  # Sieve's card, not sentence-transformers' empty one
     model_ref = str(model_dir)
     if storage.is_s3(cfg.run.storage):
@@ -93,21 +115,36 @@ def main(doc: str) -> int:
 
     # the end of the run is logged from one record; if the tracking server went away meanwhile, the record
     # waits in <run storage>/tracking-pending/ for `jobs/sync_tracking.py` (nothing is lost)
-    base_metrics = {"base_dev": base.dev, **{f"base_test_{k}": v for k, v in base.test.metrics.items()}} if base else {}
+    base_metrics = (
+        {"base_dev": base.dev, **{f"base_test_{k}": v for k, v in base.test.metrics.items()}} if base else {}
+    )
     texts = {"test.md": f"# {test.title}\n\n{test.table}\n", "model_card.md": card}
     if base is not None:
         texts["against_base.md"] = f"# Against {base.label}\n\n{compare_table(base.test, test)}\n"
     record = outbox.run_record(
-        experiment=cfg.tracking.experiment, run_name=name, method=args.method, run_id=run_id,
-        params={**params, "shards": shards}, history=outcome.history,
-        metrics={**{f"test_{k}": v for k, v in test.metrics.items()}, "wall_s": wall_s,
-                 f"best_{recipe.metric}": best_dev, **base_metrics},
-        texts=texts, model_dir=model_ref)
+        experiment=cfg.tracking.experiment,
+        run_name=name,
+        method=args.method,
+        run_id=run_id,
+        params={**params, "shards": shards},
+        history=outcome.history,
+        metrics={
+            **{f"test_{k}": v for k, v in test.metrics.items()},
+            "wall_s": wall_s,
+            f"best_{recipe.metric}": best_dev,
+            **base_metrics,
+        },
+        texts=texts,
+        model_dir=model_ref,
+    )
     run_id = outbox.log_or_defer(record, cfg.tracking.tracking_uri, outbox.pending_dir(cfg.run.storage))
     shutdown_ray()
     print(test.table)
     if base is not None:
-        print(f"\nthis run − base ({base.label}), ×100:\n" + compare_table(base.test, test, candidate_name="trained"))
+        print(
+            f"\nthis run − base ({base.label}), ×100:\n"
+            + compare_table(base.test, test, candidate_name="trained")
+        )
     print(json.dumps(summary(run_id, model_dir, wall_s, best_dev, base, test), indent=2))
     return 0
 
@@ -116,11 +153,17 @@ def summary(run_id, model_dir, wall_s: float, best_dev: float, base, test) -> di
     """The JSON a run ends with: the dev score beside the base's (null, with the reason, for a method that trains
     without a dev set - TSDAE's protocol - instead of NaN, which is not JSON), and the test headline beside
     the base's test headline: every method's comparison with its base in the last lines."""
+
     def finite(x):
         return x if x is not None and math.isfinite(x) else None
 
-    out = {"run_id": run_id or "pending (tracking server unreachable)", "model_dir": str(model_dir),
-           "wall_s": round(wall_s, 1), "best_dev": finite(best_dev), "base_dev": finite(base.dev) if base else None}
+    out = {
+        "run_id": run_id or "pending (tracking server unreachable)",
+        "model_dir": str(model_dir),
+        "wall_s": round(wall_s, 1),
+        "best_dev": finite(best_dev),
+        "base_dev": finite(base.dev) if base else None,
+    }
     if out["best_dev"] is None:
         out["dev"] = "none: this config trains without a dev set (eval.dev empty: the unsupervised protocol)"
     out[f"test_{test.headline}"] = test.headline_value

@@ -28,9 +28,21 @@ def seed_devs(rows: list[dict], best: dict, group_out: list[str]) -> list[float]
     return [r["best_dev"] for r in rows if r["checkpoint_path"] and setting_of(r["params"], group_out) == key]
 
 
-def verdict(*, method: str, choice: Choice, metric_label: str, test: TestReport, base: BaseResult | None,
-            champion: dict, registered: dict, devs: list[float], report: Path, summary_json: Path,
-            job: str, gate: str) -> list[str]:
+def verdict(
+    *,
+    method: str,
+    choice: Choice,
+    metric_label: str,
+    test: TestReport,
+    base: BaseResult | None,
+    champion: dict,
+    registered: dict,
+    devs: list[float],
+    report: Path,
+    summary_json: Path,
+    job: str,
+    gate: str,
+) -> list[str]:
     best = choice.best
     setting = json.dumps(best["params"], sort_keys=True, default=str)
     lines = [f"verdict: {method} {setting} (trial {best['trial']})"]
@@ -51,29 +63,44 @@ def verdict(*, method: str, choice: Choice, metric_label: str, test: TestReport,
 
     if base is not None:
         mine, theirs = headline_metrics(test), headline_metrics(base.test)
-        diffs = {k: mine[k] - theirs[k] for k in mine if k in theirs and k != h and not k.startswith("sts_avg")}
+        diffs = {
+            k: mine[k] - theirs[k] for k in mine if k in theirs and k != h and not k.startswith("sts_avg")
+        }
         if diffs:
             worst = min(diffs, key=diffs.get)
             up = sum(d > 0 for d in diffs.values())
-            lines.append(f"largest regression against the base: {worst} {diffs[worst] * 100:+.2f} ({up} of {len(diffs)} "
-                         "tasks up)" if diffs[worst] < 0 else f"no task below the base ({up} of {len(diffs)} up)")
+            lines.append(
+                f"largest regression against the base: {worst} {diffs[worst] * 100:+.2f} ({up} of {len(diffs)} "
+                "tasks up)"
+                if diffs[worst] < 0
+                else f"no task below the base ({up} of {len(diffs)} up)"
+            )
 
     margin = None if choice.base_dev is None else choice.best_dev - choice.base_dev
     if len(devs) >= 2 and margin is not None:
         sd = statistics.stdev(devs)
-        lines.append(f"noise: the setting's dev over {len(devs)} seeds has sd {sd * 100:.2f}; its margin over the base "
-                     f"({margin * 100:+.2f}) is {abs(margin) / sd:.1f} sd" if sd > 0 else
-                     f"noise: the setting's {len(devs)} seeds gave the same dev score")
+        lines.append(
+            f"noise: the setting's dev over {len(devs)} seeds has sd {sd * 100:.2f}; its margin over the base "
+            f"({margin * 100:+.2f}) is {abs(margin) / sd:.1f} sd"
+            if sd > 0
+            else f"noise: the setting's {len(devs)} seeds gave the same dev score"
+        )
     elif margin is None:
         lines.append("noise: no base score to set a margin against")
     else:
-        lines.append("noise: one seed per setting, so the margin's noise is not measured here; jobs/compare.py runs "
-                     "paired seeds and gives its confidence interval")
-    lines.append(f"report: {report.resolve()} (summary JSON: {summary_json.resolve()}); MLflow: "
-                 f"models:/{registered['name']}/{registered['version']}, run {registered.get('run_id')}")
+        lines.append(
+            "noise: one seed per setting, so the margin's noise is not measured here; jobs/compare.py runs "
+            "paired seeds and gives its confidence interval"
+        )
+    lines.append(
+        f"report: {report.resolve()} (summary JSON: {summary_json.resolve()}); MLflow: "
+        f"models:/{registered['name']}/{registered['version']}, run {registered.get('run_id')}"
+    )
     name, version = registered["name"], registered["version"]
-    lines.append(f"next: python jobs/promote.py --model {name} --version {version}   # to make it @champion"
-                 if choice.beats_base else
-                 f"next: python jobs/{job}.py --print-config   # the keys to sweep wider or train longer")
+    lines.append(
+        f"next: python jobs/promote.py --model {name} --version {version}   # to make it @champion"
+        if choice.beats_base
+        else f"next: python jobs/{job}.py --print-config   # the keys to sweep wider or train longer"
+    )
     lines.append(gate)
     return lines

@@ -98,7 +98,9 @@ class PairAPEvaluator:
         """(cosine of each pair, its 0/1 label)."""
         data = self.load()
         emb = encode_unique(encoder, data.sentence1 + data.sentence2)
-        sims = cosine_rows(np.stack([emb[t] for t in data.sentence1]), np.stack([emb[t] for t in data.sentence2]))
+        sims = cosine_rows(
+            np.stack([emb[t] for t in data.sentence1]), np.stack([emb[t] for t in data.sentence2])
+        )
         return sims, data.scores.astype(int)
 
     def __call__(self, encoder) -> dict[str, float]:
@@ -127,7 +129,9 @@ class RerankingEvaluator:
 
     def load(self) -> list[dict]:
         if not self.path.is_file():
-            raise DataError(f"{self.path}: no such file ({self.name} needs its JSONL of query/positive/negative)")
+            raise DataError(
+                f"{self.path}: no such file ({self.name} needs its JSONL of query/positive/negative)"
+            )
         rows = []
         for lineno, line in enumerate(self.path.read_text(encoding="utf-8").splitlines(), start=1):
             if not line.strip():
@@ -137,7 +141,9 @@ class RerankingEvaluator:
             except json.JSONDecodeError as exc:
                 raise DataError(f"{self.path}:{lineno}: invalid JSON ({exc.msg})") from None
             if not isinstance(row, dict) or not isinstance(row.get("query"), str) or not row.get("positive"):
-                raise DataError(f"{self.path}:{lineno}: expected {{\"query\": str, \"positive\": [..], \"negative\": [..]}}")
+                raise DataError(
+                    f'{self.path}:{lineno}: expected {{"query": str, "positive": [..], "negative": [..]}}'
+                )
             rows.append(row)
         if not rows:
             raise DataError(f"{self.path}: no queries")
@@ -160,12 +166,16 @@ def get_evaluator(name: str, path: str | None = None):
         return TwitterParaEvaluator(data_dir=Path(path) if path else DATA_DIR)
     if name in PAIR_FILES:
         return PairAPEvaluator(name, Path(path) if path else DATA_DIR / PAIR_FILES[name])
-    if name == "qqp_retrieval":  # duplicate-question retrieval (nDCG@10 ...), or one built from another pair file
+    if (
+        name == "qqp_retrieval"
+    ):  # duplicate-question retrieval (nDCG@10 ...), or one built from another pair file
         return RetrievalEvaluator(name, Path(path) if path else QQP_DEV)
     if name in RERANKING:
         if not path:
-            raise DataError(f"domain evaluator {name!r}: its texts are not shipped; give its JSONL path "
-                            f"(eval.domain_paths.{name})")
+            raise DataError(
+                f"domain evaluator {name!r}: its texts are not shipped; give its JSONL path "
+                f"(eval.domain_paths.{name})"
+            )
         return RerankingEvaluator(name, Path(path))
     known = ["twitterpara", *PAIR_FILES, "qqp_retrieval", *RERANKING]
     raise DataError(f"unknown domain evaluator {name!r}: expected one of {', '.join(known)}")
@@ -177,7 +187,9 @@ def domain_report(encoder, names: list[str], paths: dict[str, str] | None = None
         metrics.update(get_evaluator(name, (paths or {}).get(name))(encoder))
     rows = ["| metric | ×100 |", "|---|---:|"] + [f"| {k} | {v * 100:.2f} |" for k, v in metrics.items()]
     headline = "twitterpara_ap" if "twitterpara_ap" in metrics else next(iter(metrics))
-    return TestReport("Domain tasks (average precision ×100)", metrics, headline, "\n".join(rows), {"domain": metrics})
+    return TestReport(
+        "Domain tasks (average precision ×100)", metrics, headline, "\n".join(rows), {"domain": metrics}
+    )
 
 
 def evaluate_encoder(cfg, model_dir, tasks: list[str] | None = None) -> TestReport:
@@ -185,6 +197,12 @@ def evaluate_encoder(cfg, model_dir, tasks: list[str] | None = None) -> TestRepo
     tasks of ``eval.domain`` (when any: their headline leads) and the STS tasks (``tasks`` or ``eval.tasks``)."""
     model, tok = load_encoder(str(model_dir))
     pooling = test_time_pooling(pooling_for(cfg))
-    enc = HFEncoder(model, tok, pooling=pooling, batch_size=cfg.eval.batch_size, max_length=cfg.eval.max_length)
+    enc = HFEncoder(
+        model, tok, pooling=pooling, batch_size=cfg.eval.batch_size, max_length=cfg.eval.max_length
+    )
     report = sts_report(enc, tasks or cfg.eval.tasks, pooling)
-    return domain_report(enc, cfg.eval.domain, cfg.eval.domain_paths).merged(report) if cfg.eval.domain else report
+    return (
+        domain_report(enc, cfg.eval.domain, cfg.eval.domain_paths).merged(report)
+        if cfg.eval.domain
+        else report
+    )

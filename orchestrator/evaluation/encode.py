@@ -56,9 +56,18 @@ class HFEncoder:
     token order does (MiniLM's tokenizer, batch 128: ``bench/encode_order.py``); the embeddings are the
     same to float rounding (padding is masked), only the batches' shapes differ."""
 
-    def __init__(self, model, tokenizer, *, pooling: str = "mean", batch_size: int = 64,
-                 max_length: int = 128, device: str | None = None, progress: bool = False,
-                 sort_by: str = "tokens"):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        pooling: str = "mean",
+        batch_size: int = 64,
+        max_length: int = 128,
+        device: str | None = None,
+        progress: bool = False,
+        sort_by: str = "tokens",
+    ):
         if pooling not in POOLINGS:
             raise SieveError(f"pooling {pooling!r}: expected one of {', '.join(POOLINGS)}")
         if sort_by not in ("tokens", "chars"):
@@ -76,8 +85,9 @@ class HFEncoder:
         """What each sentence's batch is sorted by: its token count after truncation (or its characters)."""
         if self.sort_by == "chars" or not sentences:
             return [len(s) for s in sentences]
-        ids = self.tokenizer(list(sentences), truncation=True, max_length=self.max_length,
-                             add_special_tokens=True)["input_ids"]
+        ids = self.tokenizer(
+            list(sentences), truncation=True, max_length=self.max_length, add_special_tokens=True
+        )["input_ids"]
         return [len(x) for x in ids]
 
     @torch.inference_mode()
@@ -93,8 +103,11 @@ class HFEncoder:
         for start in starts:
             idx = order[start : start + self.batch_size]
             batch = self.tokenizer(
-                [sentences[i] for i in idx], padding=True, truncation=True,
-                max_length=self.max_length, return_tensors="pt",
+                [sentences[i] for i in idx],
+                padding=True,
+                truncation=True,
+                max_length=self.max_length,
+                return_tensors="pt",
             ).to(self.device)
             outputs = self.model(**batch)
             chunks.append(pool(outputs, batch["attention_mask"], self.pooling).float().cpu().numpy())

@@ -27,7 +27,7 @@ def ranked(query_emb: np.ndarray, corpus_emb: np.ndarray, depth: int) -> np.ndar
     """(queries, depth) corpus indices, best first: cosine similarity, ties by ascending index."""
     q = query_emb / np.clip(np.linalg.norm(query_emb, axis=1, keepdims=True), 1e-12, None)
     c = corpus_emb / np.clip(np.linalg.norm(corpus_emb, axis=1, keepdims=True), 1e-12, None)
-    scores = (q.astype(np.float32) @ c.astype(np.float32).T)
+    scores = q.astype(np.float32) @ c.astype(np.float32).T
     order = np.argsort(-scores, axis=1, kind="stable")  # stable: equal scores keep ascending index
     return order[:, :depth]
 
@@ -64,7 +64,9 @@ def pairs_retrieval_set(path: Path, n_queries: int = 1000, n_distractor_pairs: i
     """(queries, corpus, relevant corpus indices per query) from a labelled pair file, as described above."""
     data = read_sts_tsv(path, path.name, score_column="label")
     dup = [(a, b) for a, b, y in zip(data.sentence1, data.sentence2, data.scores) if y == 1][:n_queries]
-    other = [(a, b) for a, b, y in zip(data.sentence1, data.sentence2, data.scores) if y == 0][:n_distractor_pairs]
+    other = [(a, b) for a, b, y in zip(data.sentence1, data.sentence2, data.scores) if y == 0][
+        :n_distractor_pairs
+    ]
     corpus = list(dict.fromkeys([b for _, b in dup] + [t for pair in other for t in pair]))
     index = {t: i for i, t in enumerate(corpus)}
     queries, relevant = [], []
@@ -86,5 +88,5 @@ class RetrievalEvaluator:
     def __call__(self, encoder) -> dict[str, float]:
         queries, corpus, relevant = pairs_retrieval_set(self.path)
         emb = encoder.encode(queries + corpus)
-        metrics = retrieval_metrics(ranked(emb[:len(queries)], emb[len(queries):], 100), relevant)
+        metrics = retrieval_metrics(ranked(emb[: len(queries)], emb[len(queries) :], 100), relevant)
         return {f"{self.name}_{k}": v for k, v in metrics.items()}  # nDCG@10 first: the headline

@@ -21,7 +21,9 @@ def unit_rows(emb: np.ndarray) -> np.ndarray:
     return emb / np.clip(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12, None)
 
 
-def delta_cosine_distance(emb: np.ndarray, labels: list[str], n_pairs: int, seed: int = 0, name: str = "test") -> dict:
+def delta_cosine_distance(
+    emb: np.ndarray, labels: list[str], n_pairs: int, seed: int = 0, name: str = "test"
+) -> dict:
     """Δ = mean cosine distance of different-class pairs − that of same-class pairs (n of each)."""
     ix = ClassIndex.build(name, list(zip(range(len(labels)), labels, strict=True)))
     unit = unit_rows(emb)
@@ -30,8 +32,11 @@ def delta_cosine_distance(emb: np.ndarray, labels: list[str], n_pairs: int, seed
         a, b, y = ix.pair(k, seed)
         a, b = int(ix.texts[a]), int(ix.texts[b])
         (same if y else diff).append(1.0 - float(unit[a] @ unit[b]))
-    return {"delta": float(np.mean(diff) - np.mean(same)), "same_distance": float(np.mean(same)),
-            "different_distance": float(np.mean(diff))}
+    return {
+        "delta": float(np.mean(diff) - np.mean(same)),
+        "same_distance": float(np.mean(same)),
+        "different_distance": float(np.mean(diff)),
+    }
 
 
 def same_class_map(emb: np.ndarray, labels: list[str], max_queries: int = 1000, seed: int = 0) -> float:

@@ -96,7 +96,9 @@ def read_sts_tsv(path: str | Path, name: str | None = None, score_column: str = 
     if len(scores) < 2:
         raise DataError(f"{path}: 1 pair: a correlation needs at least 2")
     if min(scores) == max(scores):
-        raise DataError(f"{path}: every {score_column} is {scores[0]:g}: a correlation with constant scores is undefined")
+        raise DataError(
+            f"{path}: every {score_column} is {scores[0]:g}: a correlation with constant scores is undefined"
+        )
     return STSData(name or path.stem, s1, s2, np.asarray(scores, dtype=np.float64), subsets)
 
 
@@ -135,8 +137,10 @@ def aggregate(sims: np.ndarray, gold: np.ndarray, subsets: list[str]) -> dict[st
             "mean": float(np.mean(per["spearman"])),
             "wmean": float(np.dot(w, per["spearman"])),
         },
-        "subsets": {n: {"n": s, "pearson": p, "spearman": r}
-                    for n, s, p, r in zip(names, sizes, per["pearson"], per["spearman"])},
+        "subsets": {
+            n: {"n": s, "pearson": p, "spearman": r}
+            for n, s, p, r in zip(names, sizes, per["pearson"], per["spearman"])
+        },
     }
 
 
@@ -158,8 +162,13 @@ def encode_unique(encoder, sentences: list[str], desc: str = "encoding") -> dict
     return dict(zip(unique, encoder.encode(unique, desc=desc), strict=True)) if unique else {}
 
 
-def evaluate(encoder, tasks: list[str], *, data_dir: str | Path | None = None,
-             extra_files: list[str | Path] | None = None) -> dict:
+def evaluate(
+    encoder,
+    tasks: list[str],
+    *,
+    data_dir: str | Path | None = None,
+    extra_files: list[str | Path] | None = None,
+) -> dict:
     """Run the STS tasks; ``avg`` is over the tasks given (the 7-task average for the standard set).
     A sentence that several tasks share is encoded once (the 7 test sets: 26,289 distinct sentences
     of 28,530 per-task ones)."""
@@ -177,15 +186,21 @@ def evaluate(encoder, tasks: list[str], *, data_dir: str | Path | None = None,
 
 def format_table(result: dict) -> str:
     """A readable Markdown table (x100, as papers print them)."""
-    rows = ["| task | n | spearman all | spearman mean | spearman wmean | pearson all |",
-            "|---|---:|---:|---:|---:|---:|"]
+    rows = [
+        "| task | n | spearman all | spearman mean | spearman wmean | pearson all |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for name, r in result["tasks"].items():
         sp, pe = r["spearman"], r["pearson"]
-        rows.append(f"| {name} | {r['n']} | {sp['all'] * 100:.2f} | {sp['mean'] * 100:.2f} | "
-                    f"{sp['wmean'] * 100:.2f} | {pe['all'] * 100:.2f} |")
+        rows.append(
+            f"| {name} | {r['n']} | {sp['all'] * 100:.2f} | {sp['mean'] * 100:.2f} | "
+            f"{sp['wmean'] * 100:.2f} | {pe['all'] * 100:.2f} |"
+        )
     if result.get("avg"):
-        rows.append(f"| **avg** | | {result['avg']['spearman_all'] * 100:.2f} | | | "
-                    f"{result['avg']['pearson_all'] * 100:.2f} |")
+        rows.append(
+            f"| **avg** | | {result['avg']['spearman_all'] * 100:.2f} | | | "
+            f"{result['avg']['pearson_all'] * 100:.2f} |"
+        )
     return "\n".join(rows)
 
 

@@ -33,29 +33,47 @@ class TestReport:
 
     def merged(self, other: TestReport) -> TestReport:
         """Two evaluations of one model in one report (the first one's headline)."""
-        return TestReport(f"{self.title}; {other.title}", {**self.metrics, **other.metrics}, self.headline,
-                          f"**{self.title}**\n\n{self.table}\n\n**{other.title}**\n\n{other.table}",
-                          {**self.detail, **other.detail})
+        return TestReport(
+            f"{self.title}; {other.title}",
+            {**self.metrics, **other.metrics},
+            self.headline,
+            f"**{self.title}**\n\n{self.table}\n\n**{other.title}**\n\n{other.table}",
+            {**self.detail, **other.detail},
+        )
 
 
 def sts_report(encoder, tasks: list[str], pooling: str) -> TestReport:
     result = sts.evaluate(encoder, tasks)
-    return TestReport(f"STS test sets (Spearman / Pearson ×100, `{pooling}`)", sts.flat_metrics(result, "sts_"),
-                      "sts_avg_spearman_all", sts.format_table(result), {"sts": result})
+    return TestReport(
+        f"STS test sets (Spearman / Pearson ×100, `{pooling}`)",
+        sts.flat_metrics(result, "sts_"),
+        "sts_avg_spearman_all",
+        sts.format_table(result),
+        {"sts": result},
+    )
 
 
 def headline_metrics(report: TestReport) -> dict[str, float]:
     """The metrics a person compares: per STS task its Spearman ``all`` (+ the averages), and every
     non-STS metric."""
-    keep = {k: v for k, v in report.metrics.items()
-            if not k.startswith("sts_") or k.endswith("_spearman_all") or k == report.headline}
+    keep = {
+        k: v
+        for k, v in report.metrics.items()
+        if not k.startswith("sts_") or k.endswith("_spearman_all") or k == report.headline
+    }
     return keep
 
 
-def compare_table(base: TestReport, candidate: TestReport, base_name: str = "base",
-                  candidate_name: str = "candidate") -> str:
+def compare_table(
+    base: TestReport, candidate: TestReport, base_name: str = "base", candidate_name: str = "candidate"
+) -> str:
     """Markdown: each headline metric of the base and the candidate, and candidate − base (×100)."""
     b, c = headline_metrics(base), headline_metrics(candidate)
-    rows = [f"| metric | {base_name} | {candidate_name} | {candidate_name} − {base_name} |", "|---|---:|---:|---:|"]
-    rows += [f"| {k} | {b[k] * 100:.2f} | {c[k] * 100:.2f} | {(c[k] - b[k]) * 100:+.2f} |" for k in c if k in b]
+    rows = [
+        f"| metric | {base_name} | {candidate_name} | {candidate_name} − {base_name} |",
+        "|---|---:|---:|---:|",
+    ]
+    rows += [
+        f"| {k} | {b[k] * 100:.2f} | {c[k] * 100:.2f} | {(c[k] - b[k]) * 100:+.2f} |" for k in c if k in b
+    ]
     return "\n".join(rows)

@@ -44,20 +44,28 @@ def build_qqp_easy_hard(qqp_tsv: Path, out: Path, *, seed: int = 0, limit: int |
     rows = _read(qqp_tsv)[:limit]
     parser = SpacyParser()
     texts = sorted({r[k] for r in rows for k in ("sentence1", "sentence2")})
-    tops = {t: " ".join(C.top_constituents(C.constituency(p))) for t, p in zip(texts, parser.parse_batch(texts), strict=True)}
+    tops = {
+        t: " ".join(C.top_constituents(C.constituency(p)))
+        for t, p in zip(texts, parser.parse_batch(texts), strict=True)
+    }
     easy = [r for r in rows if r["label"] == "1" and tops[r["sentence1"]] == tops[r["sentence2"]]]
     hard = [r for r in rows if r["label"] == "1" and tops[r["sentence1"]] != tops[r["sentence2"]]]
     neg = [r for r in rows if r["label"] == "0"]
     rng = random.Random(seed)
     n = min(len(easy), len(hard), len(neg))
-    picked = ([(r, "easy") for r in rng.sample(easy, n)] + [(r, "hard") for r in rng.sample(hard, n)]
-              + [(r, "negative") for r in rng.sample(neg, n)])
+    picked = (
+        [(r, "easy") for r in rng.sample(easy, n)]
+        + [(r, "hard") for r in rng.sample(hard, n)]
+        + [(r, "negative") for r in rng.sample(neg, n)]
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w", encoding="utf-8") as f:
         f.write("sentence1\tsentence2\tlabel\tsubset\ttop1\ttop2\n")
         for r, subset in picked:
-            f.write(f"{r['sentence1']}\t{r['sentence2']}\t{r['label']}\t{subset}\t"
-                    f"{tops[r['sentence1']]}\t{tops[r['sentence2']]}\n")
+            f.write(
+                f"{r['sentence1']}\t{r['sentence2']}\t{r['label']}\t{subset}\t"
+                f"{tops[r['sentence1']]}\t{tops[r['sentence2']]}\n"
+            )
     return {"pairs": len(rows), "easy": len(easy), "hard": len(hard), "negative": len(neg), "per_subset": n}
 
 
@@ -126,7 +134,9 @@ def best_threshold_accuracy(sims: np.ndarray, labels: np.ndarray) -> tuple[float
 def qqp_easy_hard(encoder, path: Path = QQP_EASY_HARD, seed: int = 0) -> dict[str, float]:
     rows = _read(path)
     emb = encode_unique(encoder, [r[k] for r in rows for k in ("sentence1", "sentence2")])
-    sims = cosine_rows(np.stack([emb[r["sentence1"]] for r in rows]), np.stack([emb[r["sentence2"]] for r in rows]))
+    sims = cosine_rows(
+        np.stack([emb[r["sentence1"]] for r in rows]), np.stack([emb[r["sentence2"]] for r in rows])
+    )
     labels = np.array([int(r["label"]) for r in rows])
     subset = np.array([r["subset"] for r in rows])
     out = {}
@@ -134,7 +144,7 @@ def qqp_easy_hard(encoder, path: Path = QQP_EASY_HARD, seed: int = 0) -> dict[st
         idx = np.flatnonzero((subset == name) | (subset == "negative"))
         acc, thr = best_threshold_accuracy(sims[idx], labels[idx])
         perm = np.random.default_rng(seed).permutation(idx)
-        dev, test = perm[: len(perm) // 2], perm[len(perm) // 2:]
+        dev, test = perm[: len(perm) // 2], perm[len(perm) // 2 :]
         _, dev_thr = best_threshold_accuracy(sims[dev], labels[dev])
         out[f"qqp_{name}_best_acc"] = acc
         out[f"qqp_{name}_dev_threshold_acc"] = float(((sims[test] >= dev_thr) == labels[test]).mean())
@@ -146,7 +156,9 @@ def probe_accuracy(emb: np.ndarray, labels: list[str], seed: int = 0) -> float:
     from sklearn.model_selection import train_test_split  # lazy: only the probes need scikit-learn
     from sklearn.neural_network import MLPClassifier  # lazy: see above
 
-    xtr, xte, ytr, yte = train_test_split(emb, np.array(labels), test_size=0.2, random_state=seed, stratify=None)
+    xtr, xte, ytr, yte = train_test_split(
+        emb, np.array(labels), test_size=0.2, random_state=seed, stratify=None
+    )
     clf = MLPClassifier(hidden_layer_sizes=(50,), max_iter=300, random_state=seed, early_stopping=True)
     clf.fit(xtr, ytr)
     return float(clf.score(xte, yte))
@@ -156,9 +168,13 @@ def probes(encoder, path: Path = PTB_PROBES, seed: int = 0, bshift: Path | None 
     """TreeDepth and TopConst on the PTB sample, and our BShift-style probe (``bshift``)."""
     rows = _read(path)
     emb = encoder.encode([r["sentence"] for r in rows])
-    out = {f"probe_{task}_acc": probe_accuracy(emb, [r[task] for r in rows], seed) for task in ("tree_depth", "top_const")}
+    out = {
+        f"probe_{task}_acc": probe_accuracy(emb, [r[task] for r in rows], seed)
+        for task in ("tree_depth", "top_const")
+    }
     if bshift is not None:
         shifted = _read(bshift)
-        out["probe_bshift_ours_acc"] = probe_accuracy(encoder.encode([r["sentence"] for r in shifted]),
-                                                      [r["bshift"] for r in shifted], seed)
+        out["probe_bshift_ours_acc"] = probe_accuracy(
+            encoder.encode([r["sentence"] for r in shifted]), [r["bshift"] for r in shifted], seed
+        )
     return out

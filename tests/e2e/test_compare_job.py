@@ -24,12 +24,22 @@ def compare_file(tmp_path: Path, model_dir: Path, shards: str) -> Path:
     cfg = {
         "seeds": [1, 2],
         "reference": "simcse",
-        "arms": {"simcse": {"method": "simcse", "config": "configs/simcse/smoke.yaml"},
-                 "sifter": {"method": "sifter_simcse", "config": "configs/sifter_simcse/smoke.yaml"}},
-        "common_overrides": {"model.name_or_path": str(model_dir), "model.max_length": 16, "train.batch_size": 8,
-                             "train.max_steps": 2, "train.eval_steps": 2, "data.shards": shards,  # the session's corpus
-                             "eval.tasks": ["stsb"], "eval.max_length": 32, "scaling.num_workers": 1},
-        "max_concurrent_trials": 2,          # two 1-worker trials at once: the suite pays for two waves, not four
+        "arms": {
+            "simcse": {"method": "simcse", "config": "configs/simcse/smoke.yaml"},
+            "sifter": {"method": "sifter_simcse", "config": "configs/sifter_simcse/smoke.yaml"},
+        },
+        "common_overrides": {
+            "model.name_or_path": str(model_dir),
+            "model.max_length": 16,
+            "train.batch_size": 8,
+            "train.max_steps": 2,
+            "train.eval_steps": 2,
+            "data.shards": shards,  # the session's corpus
+            "eval.tasks": ["stsb"],
+            "eval.max_length": 32,
+            "scaling.num_workers": 1,
+        },
+        "max_concurrent_trials": 2,  # two 1-worker trials at once: the suite pays for two waves, not four
         "registration": {"arm": "best"},
     }
     p = tmp_path / "compare.yaml"
@@ -39,12 +49,20 @@ def compare_file(tmp_path: Path, model_dir: Path, shards: str) -> Path:
 
 def run_job(tmp_path, store, *args, **kw):
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    return subprocess.Popen([sys.executable, str(ROOT / "jobs" / "compare.py"), *args, "--no-progress",
-                             "--storage", str(store)], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "jobs" / "compare.py"), *args, "--no-progress", "--storage", str(store)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **kw,
+    )
 
 
-def test_compare_killed_and_resumed_trains_and_tests_each_trial_once(ray_cluster, tiny_bert_dir, tiny_shards, tmp_path):
+def test_compare_killed_and_resumed_trains_and_tests_each_trial_once(
+    ray_cluster, tiny_bert_dir, tiny_shards, tmp_path
+):
     store = tmp_path / "store"
     cfg = compare_file(tmp_path, tiny_bert_dir, tiny_shards)
     proc = run_job(tmp_path, store, "--config", str(cfg), "--name", "cmp", start_new_session=True)
@@ -64,7 +82,9 @@ def test_compare_killed_and_resumed_trains_and_tests_each_trial_once(ray_cluster
     assert (where / "base" / "mean.json").is_file()  # the base, measured once, kept for the resume
     status = run_job(tmp_path, store, "--config", str(cfg), "--name", "cmp", "--status")
     interim, _ = status.communicate(timeout=300)  # the finished trials' leaderboard, read from the storage
-    assert status.returncode == 0 and f"interim: {len(tested_before)} of 4 trials tested" in interim, interim[-2000:]
+    assert status.returncode == 0 and f"interim: {len(tested_before)} of 4 trials tested" in interim, interim[
+        -2000:
+    ]
 
     proc = run_job(tmp_path, store, "--config", str(cfg), "--name", "cmp", "--resume")
     out, _ = proc.communicate(timeout=800)
@@ -74,8 +94,12 @@ def test_compare_killed_and_resumed_trains_and_tests_each_trial_once(ray_cluster
     tests = sorted(p.stem for p in (where / "tests").iterdir())
     assert len(tests) == 4 and tested_before <= set(tests)
     lines = out.strip().splitlines()
-    summary = json.loads(out[out.rindex('\n{\n  "comparison"'):out.index("\n}", out.rindex('\n{\n  "comparison"')) + 2])
-    assert summary["trials"] == 4 and not summary["failed"] and sorted(summary["ranked"]) == ["sifter", "simcse"]
+    summary = json.loads(
+        out[out.rindex('\n{\n  "comparison"') : out.index("\n}", out.rindex('\n{\n  "comparison"')) + 2]
+    )
+    assert (
+        summary["trials"] == 4 and not summary["failed"] and sorted(summary["ranked"]) == ["sifter", "simcse"]
+    )
     assert any(line.startswith("| **base (") for line in lines)  # the leaderboard, the base first
     assert lines[-1].startswith("gate: register only when the lower bound")
     board = json.loads((tmp_path / "outputs" / "reports" / "cmp" / "leaderboard.json").read_text())
@@ -83,23 +107,33 @@ def test_compare_killed_and_resumed_trains_and_tests_each_trial_once(ray_cluster
     sifter = next(r for r in board["rows"] if r["arm"] == "sifter")
     assert sifter["vs_reference"]["n"] == 2 and sifter["seeds"] == [1, 2]
     registered = summary["registered"]
-    assert (registered is not None) == next(r for r in board["rows"] if r["arm"] == summary["ranked"][0])["gate"]
+    assert (registered is not None) == next(r for r in board["rows"] if r["arm"] == summary["ranked"][0])[
+        "gate"
+    ]
 
     import mlflow
 
     uri = f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}"
     mlflow.set_tracking_uri(uri)
     exp = mlflow.get_experiment_by_name("sieve")
-    parents = mlflow.search_runs([exp.experiment_id], filter_string="tags.`sieve.role` = 'compare'",
-                                 output_format="list")
-    assert len(parents) == 1 and "| **base (" in parents[0].data.tags["mlflow.note.content"]  # the UI description
-    children = mlflow.search_runs([exp.experiment_id], filter_string="tags.`sieve.role` = 'trial'",
-                                  output_format="list")
+    parents = mlflow.search_runs(
+        [exp.experiment_id], filter_string="tags.`sieve.role` = 'compare'", output_format="list"
+    )
+    assert (
+        len(parents) == 1 and "| **base (" in parents[0].data.tags["mlflow.note.content"]
+    )  # the UI description
+    children = mlflow.search_runs(
+        [exp.experiment_id], filter_string="tags.`sieve.role` = 'trial'", output_format="list"
+    )
     assert sorted(c.data.tags["sieve.trial"] for c in children) == tests
     assert all(c.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for c in children)
     assert all("test_sts_avg_spearman_all" in c.data.metrics for c in children)
     artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(parents[0].info.run_id, "leaderboard")}
-    assert {"leaderboard/leaderboard.md", "leaderboard/leaderboard.json", "leaderboard/leaderboard.png"} <= artifacts
+    assert {
+        "leaderboard/leaderboard.md",
+        "leaderboard/leaderboard.json",
+        "leaderboard/leaderboard.png",
+    } <= artifacts
     assert "sifter_vs_reference_low" in parents[0].data.metrics
 
     # #39.4: resumed once more, a finished comparison answers from its record: no Ray, nothing trained

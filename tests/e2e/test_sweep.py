@@ -19,18 +19,37 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
-def sweep_file(tmp_path: Path, model_dir: Path, grid: list[dict], scheduler: str = "fifo", workers: int = 2,
-               concurrent: int | None = None, every_trial: bool = False) -> Path:
+def sweep_file(
+    tmp_path: Path,
+    model_dir: Path,
+    grid: list[dict],
+    scheduler: str = "fifo",
+    workers: int = 2,
+    concurrent: int | None = None,
+    every_trial: bool = False,
+) -> Path:
     cfg = {
         "method": "sifter_simcse",
         "base": str(ROOT / "configs" / "sifter_simcse" / "smoke.yaml"),
         "test_every_trial": every_trial,
-        "base_overrides": {"model.name_or_path": str(model_dir), "model.max_length": 16,
-                           "train.batch_size": 8, "train.max_steps": 4, "train.eval_steps": 2,
-                           "data.limit": 120, "data.parser_workers": 1, "eval.tasks": ["stsb"],
-                           "eval.max_length": 32, "scaling.num_workers": workers},
-        "sweep": {"num_samples": 1, "scheduler": {"type": scheduler}, "space": {"lambdas": {"grid": grid}},
-                  **({"max_concurrent_trials": concurrent} if concurrent else {})},
+        "base_overrides": {
+            "model.name_or_path": str(model_dir),
+            "model.max_length": 16,
+            "train.batch_size": 8,
+            "train.max_steps": 4,
+            "train.eval_steps": 2,
+            "data.limit": 120,
+            "data.parser_workers": 1,
+            "eval.tasks": ["stsb"],
+            "eval.max_length": 32,
+            "scaling.num_workers": workers,
+        },
+        "sweep": {
+            "num_samples": 1,
+            "scheduler": {"type": scheduler},
+            "space": {"lambdas": {"grid": grid}},
+            **({"max_concurrent_trials": concurrent} if concurrent else {}),
+        },
     }
     p = tmp_path / "sweep.yaml"
     p.write_text(yaml.safe_dump(cfg))
@@ -51,9 +70,22 @@ def store(tmp_path_factory) -> Path:
 
 def run_job(tmp_path, store, *args, **kw):
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    return subprocess.Popen([sys.executable, str(ROOT / "jobs" / "sifter_sweep.py"), *args, "--no-progress",
-                             "--storage", str(store)], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "jobs" / "sifter_sweep.py"),
+            *args,
+            "--no-progress",
+            "--storage",
+            str(store),
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **kw,
+    )
 
 
 def final_json(out: str) -> dict:
@@ -87,7 +119,9 @@ def test_tiny_sweep_registers_best_and_reports(ray_cluster, tiny_bert_dir, tmp_p
     assert out.count("its test, measured with every trial, is not run again") == 1
     # #22.4: the trial that ends first is tested while the other still trains, on the core it leaves idle
     # (2 cores, two 1-worker trials); its figures are those of the same test run afterwards at full threads
-    early = [line.split("]")[0].lstrip("[") for line in out.splitlines() if "] tested now, on 1 thread(s)" in line]
+    early = [
+        line.split("]")[0].lstrip("[") for line in out.splitlines() if "] tested now, on 1 thread(s)" in line
+    ]
     assert len(early) == 1, out[-3000:]
     assert out.count("] tested now, on ") + out.count("] tested after the sweep") == 2  # each trial once
     from orchestrator.config import read_yaml, set_path
@@ -98,20 +132,27 @@ def test_tiny_sweep_registers_best_and_reports(ray_cluster, tiny_bert_dir, tmp_p
     data = read_yaml(Path(job["base"]))
     for key, value in job["base_overrides"].items():
         set_path(data, key.split("."), value, "test")
-    rows = {r["trial"]: r for r in json.loads((tmp_path / "outputs" / "reports" / "tiny" / "trials.json").read_text())}
+    rows = {
+        r["trial"]: r
+        for r in json.loads((tmp_path / "outputs" / "reports" / "tiny" / "trials.json").read_text())
+    }
     trial_cfg = trial_config(spec.config_cls.model_validate(data), rows[early[0]]["params"], "test")
     again = spec.evaluate(trial_cfg, trials / early[0], tasks=["stsb"])
     assert rows[early[0]]["test"] == again.metrics
 
     mlflow = mlflow_at(tmp_path)
     exp = mlflow.get_experiment_by_name("sieve")
-    children = mlflow.search_runs([exp.experiment_id], filter_string="tags.`sieve.role` = 'trial'", output_format="list")
+    children = mlflow.search_runs(
+        [exp.experiment_id], filter_string="tags.`sieve.role` = 'trial'", output_format="list"
+    )
     assert len(children) == 2
     parent_id = summary["registered"]["run_id"]
     for c in children:
         assert c.data.tags["mlflow.parentRunId"] == parent_id
         assert "best_stsb_dev_spearman" in c.data.metrics and "stsb_dev_spearman" in c.data.metrics
-        assert any(k.startswith("sweep.lambda_") for k in c.data.params) and "config.train.lr" in c.data.params
+        assert (
+            any(k.startswith("sweep.lambda_") for k in c.data.params) and "config.train.lr" in c.data.params
+        )
         assert not {"pid", "timestamp", "done", "time_total_s"} & set(c.data.metrics)  # no Tune bookkeeping
         assert c.info.status == "FINISHED"
 
@@ -124,23 +165,36 @@ def test_tiny_sweep_registers_best_and_reports(ray_cluster, tiny_bert_dir, tmp_p
     assert int(mv.version) == 1 and "sweep tiny" in mv.description and "base" in mv.description
     # the base model was measured in the same run; `candidate` moved only if the best setting beat it
     beats = mv.tags["beats_base"] == "true"
-    assert summary["beats_base"] == beats and (float(mv.tags["dev_score"]) > float(mv.tags["base_dev_score"])) == beats
+    assert (
+        summary["beats_base"] == beats
+        and (float(mv.tags["dev_score"]) > float(mv.tags["base_dev_score"])) == beats
+    )
     assert (summary["registered"]["alias"] == "candidate") == beats
-    assert out.strip().splitlines()[-1].startswith("candidate:" if beats else "the sweep found nothing better")
+    assert (
+        out.strip().splitlines()[-1].startswith("candidate:" if beats else "the sweep found nothing better")
+    )
     # #38.5: the console closes on a verdict of at most 8 lines: setting, figures beside base and champion, the
     # largest regression, the noise, absolute paths, the next command, the registration line last
     lines = out.strip().splitlines()
-    closing = lines[max(i for i, line in enumerate(lines) if line.startswith("verdict: ")):]
-    assert len(closing) <= 8 and closing[0].startswith("verdict: sifter_simcse ") and "no champion yet" in closing[1]
+    closing = lines[max(i for i, line in enumerate(lines) if line.startswith("verdict: ")) :]
+    assert (
+        len(closing) <= 8
+        and closing[0].startswith("verdict: sifter_simcse ")
+        and "no champion yet" in closing[1]
+    )
     said = {line.split(":")[0] for line in closing}
-    assert {"noise", "report", "next"} <= said and ("largest regression against the base" in said
-                                                     or any(line.startswith("no task below") for line in closing))
+    assert {"noise", "report", "next"} <= said and (
+        "largest regression against the base" in said
+        or any(line.startswith("no task below") for line in closing)
+    )
     report_line = next(line for line in closing if line.startswith("report: "))
     assert report_line.startswith(f"report: {tmp_path}") and "models:/sifter-simcse/1" in report_line
     assert '"sweep"' not in out  # the JSON is a file, not the console's end
     parent = mlflow.get_run(parent_id).data.metrics
     assert "base_dev" in parent and "base_test_sts_stsb_spearman_all" in parent
-    assert mlflow.get_run(parent_id).data.tags["mlflow.note.content"].startswith("verdict: sifter_simcse")  # its UI description
+    assert (
+        mlflow.get_run(parent_id).data.tags["mlflow.note.content"].startswith("verdict: sifter_simcse")
+    )  # its UI description
 
     # the registered model reproduces its logged STS-B test score
     from orchestrator.evaluation import sts
@@ -162,9 +216,19 @@ def test_tiny_sweep_registers_best_and_reports(ray_cluster, tiny_bert_dir, tmp_p
     assert "sifter_simcse" in card and "| metric | base | candidate |" in card and "Licence" in card
     other = tmp_path / "elsewhere"
     other.mkdir()
-    res = subprocess.run([sys.executable, str(ROOT / "tests" / "pyfunc_check.py"), mlflow.get_tracking_uri(),
-                          "models:/sifter-simcse/1", "a test sentence"], cwd=other, capture_output=True, text=True,
-                         timeout=300)
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tests" / "pyfunc_check.py"),
+            mlflow.get_tracking_uri(),
+            "models:/sifter-simcse/1",
+            "a test sentence",
+        ],
+        cwd=other,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     vec = json.loads(res.stdout.strip().splitlines()[-1])[0]
     assert vec == pytest.approx(st.encode(["a test sentence"])[0].tolist(), abs=1e-5)
@@ -183,26 +247,50 @@ def test_tiny_sweep_registers_best_and_reports(ray_cluster, tiny_bert_dir, tmp_p
 
     with mlflow_ui(mlflow.get_tracking_uri(), tmp_path) as ui:
         dom = rendered_dom(f"{ui}/#/models/sifter-simcse/versions/1")
-    page = dom[dom.index('data-testid="note-editor-preview-content"'):]
+    page = dom[dom.index('data-testid="note-editor-preview-content"') :]
     assert str(tiny_bert_dir) in page and "<th>champion</th>" in page and "No champion yet" in page
     test_avg = float(mv.tags["test_sts_avg_spearman_all"]) * 100
-    assert re.search(rf"<td>sts_avg_spearman_all</td>\s*<td>[\d.]+</td>\s*<td>{test_avg:.2f}</td>", page), page[:3000]
+    assert re.search(rf"<td>sts_avg_spearman_all</td>\s*<td>[\d.]+</td>\s*<td>{test_avg:.2f}</td>", page), (
+        page[:3000]
+    )
     assert "language: en" not in dom
 
 
 def test_ray_job_submit_runs_the_sweep(ray_cluster, tiny_bert_dir, tmp_path, store):
     """The README's cluster command, against the session's head node: `ray job submit --working-dir .`."""
-    cfg = sweep_file(tmp_path, tiny_bert_dir, [SIFTER], workers=1)  # what is tested is the submission, not DDP
+    cfg = sweep_file(
+        tmp_path, tiny_bert_dir, [SIFTER], workers=1
+    )  # what is tested is the submission, not DDP
     tracking = f"sqlite:///{tmp_path / 'submitted.db'}"
     env = {**os.environ, "RAY_ADDRESS": os.environ["SIEVE_TEST_DASHBOARD"]}
     # the head's job agent can be unreachable for a while ("please try again later"; seen twice in ~6 full
     # runs, for > 30 s, always after the kill/resume test - hence this test now runs before it)
     for attempt in range(6):
         res = subprocess.run(
-            [str(Path(sys.executable).parent / "ray"), "job", "submit", "--working-dir", str(ROOT), "--",
-             "python", "jobs/sifter_sweep.py", "--config", str(cfg), "--name", f"submitted{attempt or ''}",
-             "--no-progress", "--storage", str(store), "--tracking-uri", tracking],
-            capture_output=True, text=True, timeout=800, env=env)
+            [
+                str(Path(sys.executable).parent / "ray"),
+                "job",
+                "submit",
+                "--working-dir",
+                str(ROOT),
+                "--",
+                "python",
+                "jobs/sifter_sweep.py",
+                "--config",
+                str(cfg),
+                "--name",
+                f"submitted{attempt or ''}",
+                "--no-progress",
+                "--storage",
+                str(store),
+                "--tracking-uri",
+                tracking,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=800,
+            env=env,
+        )
         if "No available agent to submit job" not in res.stderr:
             break
         time.sleep(15)
@@ -246,7 +334,9 @@ def test_killed_driver_resumes_without_rerunning_finished_trials(ray_cluster, ti
     # back as unfinished. Made certain here: the latest snapshot is edited to say both trials were
     # still RUNNING; resumed, they are called again, replay their reports, and train nothing.
     sweep_dir = store / "sweeps" / "resumable"
-    replays = sweep_dir / "replays"  # (the first resume may already have replayed the trial killed at its end)
+    replays = (
+        sweep_dir / "replays"
+    )  # (the first resume may already have replayed the trial killed at its end)
     replayed = len(list(replays.iterdir())) if replays.is_dir() else 0
     state_file = sorted(sweep_dir.glob("experiment_state-*.json"))[-1]
     state = json.loads(state_file.read_text())
@@ -262,18 +352,25 @@ def test_killed_driver_resumes_without_rerunning_finished_trials(ray_cluster, ti
     proc = run_job(tmp_path, store, "--config", str(cfg), "--name", "resumable", "--resume")
     out, _ = proc.communicate(timeout=800)
     assert proc.returncode == 0, out[-4000:]
-    assert sorted(p.name.rsplit("-", 1)[0] for p in invocations.iterdir()) == sorted(starts)  # no new training
+    assert sorted(p.name.rsplit("-", 1)[0] for p in invocations.iterdir()) == sorted(
+        starts
+    )  # no new training
     assert len(list(replays.iterdir())) == replayed + 2  # both were called again, and replayed
     again = json.loads((tmp_path / "outputs" / "reports" / "resumable" / "trials.json").read_text())
-    assert [(r["trial"], r["best_dev"], r["checkpoint_path"]) for r in again] == \
-        [(r["trial"], r["best_dev"], r["checkpoint_path"]) for r in rows]  # the same results, replayed
+    assert [(r["trial"], r["best_dev"], r["checkpoint_path"]) for r in again] == [
+        (r["trial"], r["best_dev"], r["checkpoint_path"]) for r in rows
+    ]  # the same results, replayed
 
     mlflow = mlflow_at(tmp_path)
     exp = mlflow.get_experiment_by_name("sieve")
-    children = mlflow.search_runs([exp.experiment_id], filter_string="tags.`sieve.role` = 'trial'", output_format="list")
+    children = mlflow.search_runs(
+        [exp.experiment_id], filter_string="tags.`sieve.role` = 'trial'", output_format="list"
+    )
     trials = [c.data.tags["sieve.trial"] for c in children]
     assert len(trials) == 2 and len(set(trials)) == 2  # exactly one child run per trial
-    parents = mlflow.search_runs([exp.experiment_id], filter_string="tags.`sieve.role` = 'sweep'", output_format="list")
+    parents = mlflow.search_runs(
+        [exp.experiment_id], filter_string="tags.`sieve.role` = 'sweep'", output_format="list"
+    )
     assert len(parents) == 1
     # #18.1: the second resume found the sweep published: one version, and the job said so
     versions = mlflow.MlflowClient().search_model_versions("name = 'sifter-simcse'")
@@ -284,6 +381,10 @@ def test_killed_driver_resumes_without_rerunning_finished_trials(ray_cluster, ti
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out[-4000:]
     assert "Started a local Ray instance" not in out and "Connecting to existing Ray" not in out
-    assert out.strip().splitlines()[-1].startswith("sweep 'resumable' had finished and was published: nothing trained")
+    assert (
+        out.strip()
+        .splitlines()[-1]
+        .startswith("sweep 'resumable' had finished and was published: nothing trained")
+    )
     assert sorted(p.name.rsplit("-", 1)[0] for p in invocations.iterdir()) == sorted(starts)
     assert len(mlflow.MlflowClient().search_model_versions("name = 'sifter-simcse'")) == 1

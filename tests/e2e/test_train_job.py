@@ -17,9 +17,23 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def train(tmp_path, *args, timeout=600, extra_env=None):
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    return subprocess.run([sys.executable, str(ROOT / "jobs" / "train.py"), "--method", "simcse", "--preset", "smoke",
-                           "--no-progress", *args], capture_output=True, text=True, cwd=tmp_path, timeout=timeout,
-                          env={**env, **(extra_env or {})})
+    return subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "jobs" / "train.py"),
+            "--method",
+            "simcse",
+            "--preset",
+            "smoke",
+            "--no-progress",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=timeout,
+        env={**env, **(extra_env or {})},
+    )
 
 
 FAKE_MLFLOW_PASSWORD = "fake-mlflow-password-7f3a91"
@@ -46,13 +60,40 @@ def test_train_job_tracks_live_exports_and_keeps_secrets(ray_cluster, tiny_bert_
 
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "jobs" / "train.py"), "--method", "simcse", "--preset", "smoke", "--no-progress",
-         "--storage", str(tmp_path / "store"), "--tracking-uri", mlflow_server, "--name", "live",
-         f"model.name_or_path={tiny_bert_dir}", "model.max_length=16", "train.batch_size=8", "train.max_steps=8",
-         "train.eval_steps=2", "train.log_steps=1", "train.epochs=6", "data.limit=60", "data.parser_workers=1", "eval.tasks=[stsb]",
-         "eval.max_length=32", "tracking.experiment=live", "scaling.num_workers=1"],
-        cwd=tmp_path, env={**env, "SIEVE_STEP_DELAY_S": "1.5", "MLFLOW_TRACKING_PASSWORD": FAKE_MLFLOW_PASSWORD},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            str(ROOT / "jobs" / "train.py"),
+            "--method",
+            "simcse",
+            "--preset",
+            "smoke",
+            "--no-progress",
+            "--storage",
+            str(tmp_path / "store"),
+            "--tracking-uri",
+            mlflow_server,
+            "--name",
+            "live",
+            f"model.name_or_path={tiny_bert_dir}",
+            "model.max_length=16",
+            "train.batch_size=8",
+            "train.max_steps=8",
+            "train.eval_steps=2",
+            "train.log_steps=1",
+            "train.epochs=6",
+            "data.limit=60",
+            "data.parser_workers=1",
+            "eval.tasks=[stsb]",
+            "eval.max_length=32",
+            "tracking.experiment=live",
+            "scaling.num_workers=1",
+        ],
+        cwd=tmp_path,
+        env={**env, "SIEVE_STEP_DELAY_S": "1.5", "MLFLOW_TRACKING_PASSWORD": FAKE_MLFLOW_PASSWORD},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     client = mlflow.MlflowClient(tracking_uri=mlflow_server)
     seen_running = None
     deadline = time.time() + 400
@@ -79,19 +120,26 @@ def test_train_job_tracks_live_exports_and_keeps_secrets(ray_cluster, tiny_bert_
     assert run[0].data.params["method"] == "simcse" and run[0].data.params["lambda_xx"] == "1.0"
     assert "base_dev" in run[0].data.metrics  # the base model was measured in the same run
     # one 1-CPU worker leaves a core idle: the base was measured on it while the model trained (#22.4)
-    assert re.search(r"base model: measured while the model trains, on the \d+ cores? training leaves idle", out)
+    assert re.search(
+        r"base model: measured while the model trains, on the \d+ cores? training leaves idle", out
+    )
     exported = tmp_path / "store" / "models" / "live"  # under --storage, its absolute path in the summary
     assert (exported / "test.json").is_file() and f'"model_dir": "{exported}"' in out
     card = (exported / "README.md").read_text()  # #38.2: Sieve's card, not sentence-transformers' empty one
-    assert "Trained by Sieve's `simcse` recipe" in card and "train run `live`" in card and "Unknown" not in card
+    assert (
+        "Trained by Sieve's `simcse` recipe" in card and "train run `live`" in card and "Unknown" not in card
+    )
     assert "| metric | base | candidate | candidate − base |" in card  # the scores beside the base's
     mlflow.set_tracking_uri(mlflow_server)
     assert mlflow.pyfunc.load_model(f"runs:/{run_id}/model").predict(["a b c"]).shape == (1, 32)
 
     # secrets in the environment (AWS key from the S3 fixture, MLflow password, the Ray token) never reach
     # params, tags, metrics, artifacts, the logged model, exports, checkpoints or the job's output
-    secrets = [os.environ["AWS_SECRET_ACCESS_KEY"], FAKE_MLFLOW_PASSWORD,
-               Path(os.environ["RAY_AUTH_TOKEN_PATH"]).read_text().strip()]
+    secrets = [
+        os.environ["AWS_SECRET_ACCESS_KEY"],
+        FAKE_MLFLOW_PASSWORD,
+        Path(os.environ["RAY_AUTH_TOKEN_PATH"]).read_text().strip(),
+    ]
     logged = tmp_path / "logged"
     mlflow.artifacts.download_artifacts(run_id=run_id, dst_path=str(logged / "run"))
     mlflow.artifacts.download_artifacts(f"runs:/{run_id}/model", dst_path=str(logged / "model"))
@@ -102,4 +150,3 @@ def test_train_job_tracks_live_exports_and_keeps_secrets(ray_cluster, tiny_bert_
         assert secret not in out and secret not in recorded
         leaked = [str(p) for p in written if secret.encode() in p.read_bytes()]
         assert leaked == [], f"secret found in {leaked}"
-

@@ -42,16 +42,40 @@ class WorkerNode:
         self.node_manager_port = free_port()
         # worker ports below the ephemeral range free_port() draws from, and above the head's (10002-19999)
         low = 20000 + 1000 * (int(time.time() * 10) % 12)
-        ports = [f"--node-manager-port={self.node_manager_port}", f"--object-manager-port={free_port()}",
-                 f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
-                 f"--runtime-env-agent-port={free_port()}", f"--metrics-export-port={free_port()}",
-                 f"--min-worker-port={low}", f"--max-worker-port={low + 999}"]
-        env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "HOME": str(self.dir),
-               "SIEVE_MODEL_CACHE": str(self.cache), "RAY_AUTH_MODE": "token",
-               "RAY_AUTH_TOKEN_PATH": str(RAY_TOKEN_FILE)}
-        res = subprocess.run([str(BIN / "ray"), "start", f"--address={head}", "--num-cpus=2",
-                              f"--temp-dir={self.temp_dir}", "--disable-usage-stats", *ports],
-                             capture_output=True, text=True, timeout=120, env=env, cwd=self.dir)
+        ports = [
+            f"--node-manager-port={self.node_manager_port}",
+            f"--object-manager-port={free_port()}",
+            f"--dashboard-agent-listen-port={free_port()}",
+            f"--dashboard-agent-grpc-port={free_port()}",
+            f"--runtime-env-agent-port={free_port()}",
+            f"--metrics-export-port={free_port()}",
+            f"--min-worker-port={low}",
+            f"--max-worker-port={low + 999}",
+        ]
+        env = {
+            **os.environ,
+            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+            "HOME": str(self.dir),
+            "SIEVE_MODEL_CACHE": str(self.cache),
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN_PATH": str(RAY_TOKEN_FILE),
+        }
+        res = subprocess.run(
+            [
+                str(BIN / "ray"),
+                "start",
+                f"--address={head}",
+                "--num-cpus=2",
+                f"--temp-dir={self.temp_dir}",
+                "--disable-usage-stats",
+                *ports,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+            cwd=self.dir,
+        )
         assert res.returncode == 0, f"ray start ({label}) failed:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}"
         self.node_id = self._wait_alive()
 
@@ -85,8 +109,9 @@ def train_workers() -> list:
     return list_actors(filters=[("class_name", "=", "RayTrainWorker")], detail=True, limit=1000)
 
 
-def test_sweep_spread_over_two_nodes_survives_losing_one_and_registers(ray_cluster, tiny_bert_dir, tmp_path,
-                                                                      s3_bucket):
+def test_sweep_spread_over_two_nodes_survives_losing_one_and_registers(
+    ray_cluster, tiny_bert_dir, tmp_path, s3_bucket
+):
     import boto3
 
     from orchestrator import storage
@@ -97,14 +122,28 @@ def test_sweep_spread_over_two_nodes_survives_losing_one_and_registers(ray_clust
     cfg = {
         "method": "sifter_simcse",
         "base": str(ROOT / "configs" / "sifter_simcse" / "smoke.yaml"),
-        "base_overrides": {"model.name_or_path": f"{s3_bucket}/models/tiny", "model.max_length": 16,
-                           "train.batch_size": 8, "train.max_steps": 6, "train.eval_steps": 2,
-                           "data.corpus": f"{s3_bucket}/corpora/c.txt", "data.limit": 120, "data.parser_workers": 1,
-                           "eval.tasks": ["stsb"], "eval.max_length": 32, "run.max_failures": 3,
-                           "scaling.num_workers": 2, "scaling.cpus_per_worker": 1,
-                           "scaling.placement_strategy": "STRICT_SPREAD"},
-        "sweep": {"num_samples": 1, "space": {"lambdas": {"grid": [
-            {"lambda_xx": 0, "lambda_xy": 1, "lambda_xz": 1, "lambda_yz": 1}]}}},
+        "base_overrides": {
+            "model.name_or_path": f"{s3_bucket}/models/tiny",
+            "model.max_length": 16,
+            "train.batch_size": 8,
+            "train.max_steps": 6,
+            "train.eval_steps": 2,
+            "data.corpus": f"{s3_bucket}/corpora/c.txt",
+            "data.limit": 120,
+            "data.parser_workers": 1,
+            "eval.tasks": ["stsb"],
+            "eval.max_length": 32,
+            "run.max_failures": 3,
+            "scaling.num_workers": 2,
+            "scaling.cpus_per_worker": 1,
+            "scaling.placement_strategy": "STRICT_SPREAD",
+        },
+        "sweep": {
+            "num_samples": 1,
+            "space": {
+                "lambdas": {"grid": [{"lambda_xx": 0, "lambda_xy": 1, "lambda_xz": 1, "lambda_yz": 1}]}
+            },
+        },
     }
     (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(cfg))
     head = os.environ["RAY_ADDRESS"]
@@ -115,18 +154,41 @@ def test_sweep_spread_over_two_nodes_survives_losing_one_and_registers(ray_clust
     # delay instead, a busy CI machine twice got the kill in after the trial's last step (nothing to resume)
     hold = tmp_path / "held"
     env.update(SIEVE_HOLD_AT_STEP="3", SIEVE_HOLD_MARKER=str(hold), SIEVE_HOLD_S="300")
-    proc = subprocess.Popen([sys.executable, str(ROOT / "jobs" / "sifter_sweep.py"), "--config", "sweep.yaml",
-                             "--name", "two-nodes", "--no-progress", "--storage", f"{s3_bucket}/runs"],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "jobs" / "sifter_sweep.py"),
+            "--config",
+            "sweep.yaml",
+            "--name",
+            "two-nodes",
+            "--no-progress",
+            "--storage",
+            f"{s3_bucket}/runs",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         s3 = boto3.client("s3")
         bucket = s3_bucket.removeprefix("s3://")
 
         def checkpoints() -> list[str]:
-            keys = [o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix="runs/")
-                    for o in page.get("Contents", [])]
-            return sorted({k.split("/checkpoint_")[0] + "/checkpoint_" + k.split("/checkpoint_")[1].split("/")[0]
-                           for k in keys if "/checkpoint_" in k and not k.endswith("/checkpoint_manager_snapshot.json")})
+            keys = [
+                o["Key"]
+                for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix="runs/")
+                for o in page.get("Contents", [])
+            ]
+            return sorted(
+                {
+                    k.split("/checkpoint_")[0] + "/checkpoint_" + k.split("/checkpoint_")[1].split("/")[0]
+                    for k in keys
+                    if "/checkpoint_" in k and not k.endswith("/checkpoint_manager_snapshot.json")
+                }
+            )
 
         def registered() -> int | None:
             """The step of the checkpoint Ray Train has taken: its run snapshot, written once the controller has
@@ -153,7 +215,9 @@ def test_sweep_spread_over_two_nodes_survives_losing_one_and_registers(ray_clust
         first.kill()
         t_lost = time.monotonic()
         killed_after_step = registered()
-        assert killed_after_step == 2, "the node was not killed between the trial's first and second checkpoints"
+        assert killed_after_step == 2, (
+            "the node was not killed between the trial's first and second checkpoints"
+        )
         while first.alive():  # the head notices (health checks) - the trial is cut
             assert time.monotonic() - t_lost < 120, "the head never noticed the lost node"
             time.sleep(0.5)
@@ -162,10 +226,12 @@ def test_sweep_spread_over_two_nodes_survives_losing_one_and_registers(ray_clust
         t_joined = time.monotonic()
         out, _ = proc.communicate(timeout=600)
         # the figures of bench/results/faults.md's "worker node lost" row (`pytest -s` prints them)
-        print(f"\nnode lost: noticed by the head after {t_noticed - t_lost:.1f} s, a new node joined after "
-              f"{t_joined - t_lost:.1f} s, the job ended {time.monotonic() - t_lost:.1f} s after the loss; "
-              f"checkpoints in the bucket when it was lost: {len(lost_at)}, the last one Ray Train had taken: step "
-              f"{killed_after_step} (its first seen taken {t_lost - t_registered:.1f} s before the kill)")
+        print(
+            f"\nnode lost: noticed by the head after {t_noticed - t_lost:.1f} s, a new node joined after "
+            f"{t_joined - t_lost:.1f} s, the job ended {time.monotonic() - t_lost:.1f} s after the loss; "
+            f"checkpoints in the bucket when it was lost: {len(lost_at)}, the last one Ray Train had taken: step "
+            f"{killed_after_step} (its first seen taken {t_lost - t_registered:.1f} s before the kill)"
+        )
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -179,9 +245,13 @@ def test_sweep_spread_over_two_nodes_survives_losing_one_and_registers(ray_clust
     history = rows[0]["history"]
     assert history[-1]["step"] == 6 and history[-1]["restarts"] >= 1  # resumed, from a checkpoint, to the end
     assert sorted({int(h["step"]) for h in history}) == [2, 4, 6]
-    assert rows[0]["checkpoint_path"].startswith(f"{s3_bucket}/runs/") or "s3://" in rows[0]["checkpoint_path"]
+    assert (
+        rows[0]["checkpoint_path"].startswith(f"{s3_bucket}/runs/") or "s3://" in rows[0]["checkpoint_path"]
+    )
     # the replacement node ran a worker of the resumed trial, and each node fetched the model from S3 itself
     assert second.node_id in {a.node_id for a in train_workers()}
     for node in (first, second):
-        assert any(node.cache.rglob("config.json")), f"{node.dir}: the model was not fetched into its own cache"
+        assert any(node.cache.rglob("config.json")), (
+            f"{node.dir}: the model was not fetched into its own cache"
+        )
     assert (tmp_path / "outputs").is_dir() and not (first.dir / "outputs").exists()

@@ -70,10 +70,24 @@ def test_the_old_value_is_caught():
 def start(tmp: Path, port: int, env: dict, *extra: str, hosts: list[str] | None = None) -> subprocess.Popen:
     """serve.py on loopback; ``hosts``: the --allowed-hosts list (default: the one the infra renders)."""
     log = open(tmp / f"serve-{port}.log", "a")  # noqa: SIM115 - closed with the process
-    return subprocess.Popen([sys.executable, str(SERVE), "--port", str(port), "--workers", "1",
-                             "--allowed-hosts", ",".join(hosts or rendered_allowed_hosts()),
-                             "--artifacts-destination", str(tmp / "artifacts"), *extra],
-                            env=env, stdout=log, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            str(SERVE),
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+            "--allowed-hosts",
+            ",".join(hosts or rendered_allowed_hosts()),
+            "--artifacts-destination",
+            str(tmp / "artifacts"),
+            *extra,
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def wait_for_line(path: Path, needle: str, proc: subprocess.Popen, timeout_s: float = 120) -> str:
@@ -92,9 +106,14 @@ def wait_for_line(path: Path, needle: str, proc: subprocess.Popen, timeout_s: fl
 def served(tmp_path_factory, postgres_uri):
     tmp = tmp_path_factory.mktemp("mlflow-auth")
     port = free_port()
-    env = {**os.environ, "MLFLOW_AUTH_ADMIN_USERNAME": "admin", "MLFLOW_AUTH_ADMIN_PASSWORD": "admin-password-1",
-           "MLFLOW_FLASK_SERVER_SECRET_KEY": "csrf-key-1",
-           "SIEVE_JOBS_USERNAME": "sieve-jobs", "SIEVE_JOBS_PASSWORD": "jobs-password-1"}
+    env = {
+        **os.environ,
+        "MLFLOW_AUTH_ADMIN_USERNAME": "admin",
+        "MLFLOW_AUTH_ADMIN_PASSWORD": "admin-password-1",
+        "MLFLOW_FLASK_SERVER_SECRET_KEY": "csrf-key-1",
+        "SIEVE_JOBS_USERNAME": "sieve-jobs",
+        "SIEVE_JOBS_PASSWORD": "jobs-password-1",
+    }
     for k in ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
         env.pop(k, None)
     # PostgreSQL as in the cluster (tracking and auth tables in one database), where the machine has it
@@ -102,8 +121,15 @@ def served(tmp_path_factory, postgres_uri):
     proc = start(tmp, port, env, "--backend-store-uri", db)
     try:
         text = wait_for_line(tmp / f"serve-{port}.log", "jobs user", proc)
-        yield {"base": f"http://127.0.0.1:{port}", "tmp": tmp, "env": env, "db": db, "port": port,
-               "log": text, "proc": proc}
+        yield {
+            "base": f"http://127.0.0.1:{port}",
+            "tmp": tmp,
+            "env": env,
+            "db": db,
+            "port": port,
+            "log": text,
+            "proc": proc,
+        }
     finally:
         proc.terminate()
         proc.wait(30)
@@ -125,11 +151,21 @@ def test_in_cluster_host_with_port_is_admitted_and_authenticated(served, monkeyp
     auth = job_credential(monkeypatch)
     assert requests.get(base + "/health", headers={"Host": host}, timeout=10).status_code == 200
     # The first API call a job makes, as the job makes it: admitted, authenticated, allowed.
-    r = requests.post(base + "/api/2.0/mlflow/experiments/create", json={"name": "from-a-ray-pod"},
-                      headers={"Host": host}, auth=auth, timeout=10)
+    r = requests.post(
+        base + "/api/2.0/mlflow/experiments/create",
+        json={"name": "from-a-ray-pod"},
+        headers={"Host": host},
+        auth=auth,
+        timeout=10,
+    )
     assert r.status_code == 200, r.text
-    r = requests.post(base + "/api/2.0/mlflow/registered-models/create", json={"name": "sieve-test"},
-                      headers={"Host": host}, auth=auth, timeout=10)
+    r = requests.post(
+        base + "/api/2.0/mlflow/registered-models/create",
+        json={"name": "sieve-test"},
+        headers={"Host": host},
+        auth=auth,
+        timeout=10,
+    )
     assert r.status_code == 200, r.text
 
 
@@ -138,14 +174,23 @@ def test_refusals(served, monkeypatch):
     auth = job_credential(monkeypatch)
     search = "/api/2.0/mlflow/experiments/search?max_results=1"
     assert requests.get(base + search, headers={"Host": host}, timeout=10).status_code == 401  # no credential
-    assert requests.get(base + search, headers={"Host": host}, auth=("sieve-jobs", "wrong"),
-                        timeout=10).status_code == 401
+    assert (
+        requests.get(
+            base + search, headers={"Host": host}, auth=("sieve-jobs", "wrong"), timeout=10
+        ).status_code
+        == 401
+    )
     for bad_host in ("mlflow.sieve.svc", "evil.example:5000", "mlflow.other.svc:5000"):
         r = requests.get(base + search, headers={"Host": bad_host}, auth=auth, timeout=10)
         assert r.status_code == 403, (bad_host, r.status_code)
     # The jobs user is not an admin: it cannot create users (or promote itself).
-    r = requests.post(base + "/api/2.0/mlflow/users/create", json={"username": "x", "password": "y" * 12},
-                      headers={"Host": host}, auth=auth, timeout=10)
+    r = requests.post(
+        base + "/api/2.0/mlflow/users/create",
+        json={"username": "x", "password": "y" * 12},
+        headers={"Host": host},
+        auth=auth,
+        timeout=10,
+    )
     assert r.status_code == 403, r.text
 
 
@@ -173,16 +218,28 @@ def test_the_jobs_credential_comes_from_the_environment(served, tmp_path, monkey
 
     # tracking.setup points MLflow (and MLFLOW_TRACKING_URI, for subprocesses) at this short-lived server:
     # put back what was there, or every later job subprocess would aim at a dead port
-    before = (os.environ.get("MLFLOW_TRACKING_URI"), tracking_utils._tracking_uri, fluent._active_experiment_id)
+    before = (
+        os.environ.get("MLFLOW_TRACKING_URI"),
+        tracking_utils._tracking_uri,
+        fluent._active_experiment_id,
+    )
     port = free_port()
     for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
         monkeypatch.delenv(k, raising=False)
-    proc = start(tmp_path, port, served["env"], "--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
-                 hosts=[f"127.0.0.1:{port}"])
+    proc = start(
+        tmp_path,
+        port,
+        served["env"],
+        "--backend-store-uri",
+        f"sqlite:///{tmp_path / 'mlflow.db'}",
+        hosts=[f"127.0.0.1:{port}"],
+    )
     try:
         wait_for_line(tmp_path / f"serve-{port}.log", "jobs user", proc)
         uri = f"http://127.0.0.1:{port}"
-        with pytest.raises(TrackingError, match="HTTP 401.*set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD"):
+        with pytest.raises(
+            TrackingError, match="HTTP 401.*set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD"
+        ):
             tracking.setup(uri, "auth-check")
         monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "sieve-jobs")
         monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "not-the-password")
@@ -213,10 +270,18 @@ def test_restart_resets_the_jobs_password_to_the_secret(served):
         assert "jobs user 'sieve-jobs': password updated" in text
         base, host = f"http://127.0.0.1:{port}", in_cluster_host()
         search = "/api/2.0/mlflow/experiments/search?max_results=1"
-        assert requests.get(base + search, headers={"Host": host}, auth=("sieve-jobs", "jobs-password-2"),
-                            timeout=10).status_code == 200
-        assert requests.get(base + search, headers={"Host": host}, auth=("sieve-jobs", "jobs-password-1"),
-                            timeout=10).status_code == 401
+        assert (
+            requests.get(
+                base + search, headers={"Host": host}, auth=("sieve-jobs", "jobs-password-2"), timeout=10
+            ).status_code
+            == 200
+        )
+        assert (
+            requests.get(
+                base + search, headers={"Host": host}, auth=("sieve-jobs", "jobs-password-1"), timeout=10
+            ).status_code
+            == 401
+        )
         assert "jobs-password" not in text and "admin-password" not in text  # no secret in the server's log
     finally:
         proc.terminate()
@@ -233,9 +298,18 @@ def test_database_credential_from_secrets_manager(s3_endpoint, tmp_path):
     finally:
         sys.path.pop(0)
     sm = boto3.client("secretsmanager")
-    arn = sm.create_secret(Name=f"sieve/mlflow-db-{tmp_path.name}", SecretString=json.dumps(
-        {"username": "mlflow", "password": "p@ss/w%rd", "host": "db.internal", "port": 5432,
-         "dbname": "mlflow"}))["ARN"]
+    arn = sm.create_secret(
+        Name=f"sieve/mlflow-db-{tmp_path.name}",
+        SecretString=json.dumps(
+            {
+                "username": "mlflow",
+                "password": "p@ss/w%rd",
+                "host": "db.internal",
+                "port": 5432,
+                "dbname": "mlflow",
+            }
+        ),
+    )["ARN"]
     uri = serve.backend_uri_from_secret(arn)
     assert uri == "postgresql+psycopg2://mlflow:p%40ss%2Fw%25rd@db.internal:5432/mlflow?sslmode=require"
     ini = serve.write_auth_config(uri, tmp_path)
@@ -245,8 +319,9 @@ def test_database_credential_from_secrets_manager(s3_endpoint, tmp_path):
     cp = configparser.ConfigParser()
     cp.read(ini)
     assert cp["mlflow"]["database_uri"] == uri  # '%' survives configparser's interpolation
-    bad = sm.create_secret(Name=f"sieve/mlflow-db-bad-{tmp_path.name}",
-                           SecretString=json.dumps({"username": "mlflow"}))["ARN"]
+    bad = sm.create_secret(
+        Name=f"sieve/mlflow-db-bad-{tmp_path.name}", SecretString=json.dumps({"username": "mlflow"})
+    )["ARN"]
     with pytest.raises(SystemExit, match="lacks"):
         serve.backend_uri_from_secret(bad)
 

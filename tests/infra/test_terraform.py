@@ -137,13 +137,26 @@ def rule_mlflow_authenticated(repo: Path) -> list[str]:
     if "/app/infra/mlflow/serve.py" not in json.dumps(container.get("command")):
         bad.append("MLflow does not start through infra/mlflow/serve.py (the basic-auth entrypoint)")
     # the credential variables: a dynamic env block over local.secret_env, each a secret_key_ref
-    from_secrets = [d["env"] for d in container.get("dynamic", []) if "env" in d
-                    and "secret_key_ref" in json.dumps(d["env"]["content"])]
-    secret_env = {} if not from_secrets or from_secrets[0]["for_each"] != "${local.secret_env}" else next(
-        (b["secret_env"] for doc in docs.values() for b in doc.get("locals", []) if "secret_env" in b), {})
+    from_secrets = [
+        d["env"]
+        for d in container.get("dynamic", [])
+        if "env" in d and "secret_key_ref" in json.dumps(d["env"]["content"])
+    ]
+    secret_env = (
+        {}
+        if not from_secrets or from_secrets[0]["for_each"] != "${local.secret_env}"
+        else next(
+            (b["secret_env"] for doc in docs.values() for b in doc.get("locals", []) if "secret_env" in b), {}
+        )
+    )
     plain = {e["name"] for e in container.get("env", [])}
-    for name in ("MLFLOW_AUTH_ADMIN_USERNAME", "MLFLOW_AUTH_ADMIN_PASSWORD", "MLFLOW_FLASK_SERVER_SECRET_KEY",
-                 "SIEVE_JOBS_USERNAME", "SIEVE_JOBS_PASSWORD"):
+    for name in (
+        "MLFLOW_AUTH_ADMIN_USERNAME",
+        "MLFLOW_AUTH_ADMIN_PASSWORD",
+        "MLFLOW_FLASK_SERVER_SECRET_KEY",
+        "SIEVE_JOBS_USERNAME",
+        "SIEVE_JOBS_PASSWORD",
+    ):
         ref = secret_env.get(name, {})
         if name in plain or not str(ref.get("secret", "")).startswith("${kubernetes_secret_v1."):
             bad.append(f"MLflow's {name} does not come from a Kubernetes secret")
@@ -163,9 +176,13 @@ def rule_mlflow_authenticated(repo: Path) -> list[str]:
 def rule_network_policies(repo: Path) -> list[str]:
     bad = []
     k8s = tf(repo, "envs", "prod", "k8s")
-    deny = [p for _, p in resources(k8s, "kubernetes_network_policy_v1")
-            if p["spec"][0]["pod_selector"] == [{}] and not p["spec"][0].get("ingress")
-            and "Ingress" in p["spec"][0].get("policy_types", [])]
+    deny = [
+        p
+        for _, p in resources(k8s, "kubernetes_network_policy_v1")
+        if p["spec"][0]["pod_selector"] == [{}]
+        and not p["spec"][0].get("ingress")
+        and "Ingress" in p["spec"][0].get("policy_types", [])
+    ]
     if not deny:
         bad.append("no default-deny ingress policy in the namespace")
     pol = resource(tf(repo, "modules", "mlflow"), "kubernetes_network_policy_v1", "mlflow")
@@ -192,9 +209,11 @@ def rule_network_policies(repo: Path) -> list[str]:
     else:
         for r in ray["spec"][0].get("ingress", []):
             for f in r.get("from", []):
-                ok = (f.get("pod_selector") == [{"match_labels": RAY_LABEL}] or
-                      (f.get("namespace_selector") == [{"match_labels": {"kubernetes.io/metadata.name": "kuberay-system"}}]
-                       and [p["port"] for p in r.get("ports", [])] == ["8265"]))
+                ok = f.get("pod_selector") == [{"match_labels": RAY_LABEL}] or (
+                    f.get("namespace_selector")
+                    == [{"match_labels": {"kubernetes.io/metadata.name": "kuberay-system"}}]
+                    and [p["port"] for p in r.get("ports", [])] == ["8265"]
+                )
                 if not ok or "ip_block" in f:
                     bad.append(f"the Ray policy admits {f}")
     for group, _, template in pod_specs(ray_template(repo)):
@@ -209,7 +228,10 @@ def rule_network_policies(repo: Path) -> list[str]:
 def rule_gpu_from_zero(repo: Path) -> list[str]:
     bad = []
     helm = dict(resources(tf(repo, "modules", "cluster_addons"), "helm_release"))
-    for name, chart in (("cluster_autoscaler", "cluster-autoscaler"), ("nvidia_device_plugin", "nvidia-device-plugin")):
+    for name, chart in (
+        ("cluster_autoscaler", "cluster-autoscaler"),
+        ("nvidia_device_plugin", "nvidia-device-plugin"),
+    ):
         rel = helm.get(name)
         if rel is None or rel.get("chart") != chart:
             bad.append(f"{chart} is not installed")
@@ -221,8 +243,11 @@ def rule_gpu_from_zero(repo: Path) -> list[str]:
             bad.append(f"{v} has no exact default version")
     eks = tf(repo, "modules", "eks")
     locals_ = json.dumps([b for doc in eks.values() for b in doc.get("locals", [])])
-    for tag in ("node-template/resources/nvidia.com/gpu", "node-template/label/sieve/role",
-                "node-template/taint/nvidia.com/gpu"):
+    for tag in (
+        "node-template/resources/nvidia.com/gpu",
+        "node-template/label/sieve/role",
+        "node-template/taint/nvidia.com/gpu",
+    ):
         if tag not in locals_:
             bad.append(f"no scale-from-zero ASG tag {tag}")
     if resource(eks, "aws_autoscaling_group_tag", "scale_from_zero") is None:
@@ -240,7 +265,9 @@ def rule_gpu_from_zero(repo: Path) -> list[str]:
     groups = {g: (params, t) for g, params, t in pod_specs(ray_template(repo))}
     if str(groups["head"][0].get("num-cpus")) != "0":
         bad.append("the Ray head takes tasks (num-cpus is not 0)")
-    cpu_groups = [g for g, (_, t) in groups.items() if t["spec"].get("nodeSelector", {}).get("sieve/role") == "cpu"]
+    cpu_groups = [
+        g for g, (_, t) in groups.items() if t["spec"].get("nodeSelector", {}).get("sieve/role") == "cpu"
+    ]
     if not cpu_groups:
         bad.append("no Ray worker group on the CPU nodes")
     for g, (_, t) in groups.items():
@@ -288,26 +315,40 @@ def rule_teardown_switches(repo: Path) -> list[str]:
             bad.append(f"variable {name} (bool, default {safe}) missing in the aws root")
     db = resource(tf(repo, "modules", "mlflow_db"), "aws_db_instance", "this") or {}
     if db.get("deletion_protection") != "${var.deletion_protection}":
-        bad.append(f"the database's deletion_protection is {db.get('deletion_protection')!r}, not the variable")
+        bad.append(
+            f"the database's deletion_protection is {db.get('deletion_protection')!r}, not the variable"
+        )
     bucket = resource(tf(repo, "modules", "storage"), "aws_s3_bucket", "this") or {}
     if bucket.get("force_destroy") != "${var.force_destroy}":
         bad.append(f"the bucket's force_destroy is {bucket.get('force_destroy')!r}, not the variable")
     readme = (repo / "infra" / "README.md").read_text()
-    order = [readme.find(s) for s in ("terraform -chdir=infra/terraform/envs/prod/k8s destroy",
-                                       "force_destroy=true",
-                                       "terraform -chdir=infra/terraform/envs/prod/aws destroy")]
+    order = [
+        readme.find(s)
+        for s in (
+            "terraform -chdir=infra/terraform/envs/prod/k8s destroy",
+            "force_destroy=true",
+            "terraform -chdir=infra/terraform/envs/prod/aws destroy",
+        )
+    ]
     if -1 in order or order != sorted(order):
         bad.append("infra/README.md does not tear down k8s, then switch protection off, then aws")
     return bad
 
 
 def providers_of(docs: dict[Path, dict]) -> set[str]:
-    return {name for doc in docs.values() for t in doc.get("terraform", [])
-            for block in t.get("required_providers", []) for name in block}
+    return {
+        name
+        for doc in docs.values()
+        for t in doc.get("terraform", [])
+        for block in t.get("required_providers", [])
+        for name in block
+    }
 
 
 def module_sources(root_docs: dict[Path, dict]) -> list[str]:
-    return [m["source"] for doc in root_docs.values() for block in doc.get("module", []) for m in block.values()]
+    return [
+        m["source"] for doc in root_docs.values() for block in doc.get("module", []) for m in block.values()
+    ]
 
 
 def rule_two_roots(repo: Path) -> list[str]:
@@ -316,7 +357,9 @@ def rule_two_roots(repo: Path) -> list[str]:
     aws, k8s = all_docs(envs / "aws"), all_docs(envs / "k8s")
     if providers_of(aws) != {"aws"}:
         bad.append(f"the aws root needs providers {sorted(providers_of(aws))}, not aws alone")
-    if "aws" in providers_of(k8s) or any("aws" in block for d in k8s.values() for block in d.get("provider", [])):
+    if "aws" in providers_of(k8s) or any(
+        "aws" in block for d in k8s.values() for block in d.get("provider", [])
+    ):
         bad.append("the k8s root configures the aws provider")
     if not any("terraform_remote_state" in json.dumps(d.get("data", [])) for d in k8s.values()):
         bad.append("the k8s root does not read the aws root's remote state")
@@ -325,7 +368,9 @@ def rule_two_roots(repo: Path) -> list[str]:
             mod = all_docs((envs / root / src).resolve())
             types = {t for doc in mod.values() for block in doc.get("resource", []) for t in block}
             if any(t.startswith(forbidden) for t in types):
-                bad.append(f"the {root} root's module {src} has {sorted(t for t in types if t.startswith(forbidden))}")
+                bad.append(
+                    f"the {root} root's module {src} has {sorted(t for t in types if t.startswith(forbidden))}"
+                )
     return bad
 
 
@@ -336,52 +381,132 @@ def rule_readme_local_ray(repo: Path) -> list[str]:
     export = text.find("export RAY_AUTH_MODE=token")
     if start == -1 or export == -1 or export > start:
         bad.append("README: RAY_AUTH_MODE=token is not exported before `ray start`")
-    line = text[start:text.find("\n", start)] if start != -1 else ""
+    line = text[start : text.find("\n", start)] if start != -1 else ""
     if "--node-ip-address=127.0.0.1" not in line or "--dashboard-host=127.0.0.1" not in line:
         bad.append(f"README: `{line}` does not bind to 127.0.0.1")
     return bad
 
 
 RULES: dict[str, Callable[[Path], list[str]]] = {
-    "mlflow_authenticated": rule_mlflow_authenticated, "network_policies": rule_network_policies,
-    "gpu_from_zero": rule_gpu_from_zero, "one_bucket": rule_one_bucket, "teardown_switches": rule_teardown_switches,
-    "two_roots": rule_two_roots, "readme_local_ray": rule_readme_local_ray}
+    "mlflow_authenticated": rule_mlflow_authenticated,
+    "network_policies": rule_network_policies,
+    "gpu_from_zero": rule_gpu_from_zero,
+    "one_bucket": rule_one_bucket,
+    "teardown_switches": rule_teardown_switches,
+    "two_roots": rule_two_roots,
+    "readme_local_ray": rule_readme_local_ray,
+}
 
 # (rule, file, text, replacement): each edit alone breaks the rule and must be caught.
 BREAKS = [
-    ("mlflow_authenticated", "infra/terraform/modules/mlflow/main.tf",
-     'command = ["python", "/app/infra/mlflow/serve.py",', 'command = ["mlflow", "server",'),
+    (
+        "mlflow_authenticated",
+        "infra/terraform/modules/mlflow/main.tf",
+        'command = ["python", "/app/infra/mlflow/serve.py",',
+        'command = ["mlflow", "server",',
+    ),
     ("mlflow_authenticated", "infra/mlflow/serve.py", '"basic-auth"', '"no-auth"'),
-    ("mlflow_authenticated", "infra/terraform/modules/mlflow/main.tf",
-     '    MLFLOW_AUTH_ADMIN_PASSWORD     = { secret = kubernetes_secret_v1.admin.metadata[0].name, key = "password" }\n', ""),
-    ("mlflow_authenticated", "infra/k8s/raycluster.yaml.tftpl",
-     "              - name: MLFLOW_TRACKING_PASSWORD\n                valueFrom:\n                  secretKeyRef:\n"
-     "                    name: ${mlflow_secret}\n                    key: password\n", ""),
-    ("network_policies", "infra/terraform/envs/prod/k8s/main.tf", 'policy_types = ["Ingress"]', 'policy_types = ["Egress"]'),
-    ("network_policies", "infra/terraform/modules/mlflow/main.tf", "port     = tostring(local.port)", 'port     = "1-65535"'),
+    (
+        "mlflow_authenticated",
+        "infra/terraform/modules/mlflow/main.tf",
+        '    MLFLOW_AUTH_ADMIN_PASSWORD     = { secret = kubernetes_secret_v1.admin.metadata[0].name, key = "password" }\n',
+        "",
+    ),
+    (
+        "mlflow_authenticated",
+        "infra/k8s/raycluster.yaml.tftpl",
+        "              - name: MLFLOW_TRACKING_PASSWORD\n                valueFrom:\n                  secretKeyRef:\n"
+        "                    name: ${mlflow_secret}\n                    key: password\n",
+        "",
+    ),
+    (
+        "network_policies",
+        "infra/terraform/envs/prod/k8s/main.tf",
+        'policy_types = ["Ingress"]',
+        'policy_types = ["Egress"]',
+    ),
+    (
+        "network_policies",
+        "infra/terraform/modules/mlflow/main.tf",
+        "port     = tostring(local.port)",
+        'port     = "1-65535"',
+    ),
     ("network_policies", "infra/terraform/modules/mlflow/variables.tf", '"sieve-ray"', '"sieve-any"'),
     ("network_policies", "infra/terraform/modules/ray/main.tf", 'port     = "8265"', 'port     = "6379"'),
-    ("network_policies", "infra/terraform/modules/eks/main.tf", 'enableNetworkPolicy = "true"', 'enableNetworkPolicy = "false"'),
-    ("network_policies", "infra/k8s/raycluster.yaml.tftpl",
-     "      template:\n        metadata:\n          labels:\n            app.kubernetes.io/part-of: sieve-ray\n",
-     "      template:\n        metadata:\n          labels:\n            app: other\n"),
-    ("gpu_from_zero", "infra/terraform/modules/cluster_addons/main.tf", 'chart            = "nvidia-device-plugin"',
-     'chart            = "something-else"'),
-    ("gpu_from_zero", "infra/terraform/modules/eks/main.tf", "node-template/resources/nvidia.com/gpu", "node-template/gpu"),
+    (
+        "network_policies",
+        "infra/terraform/modules/eks/main.tf",
+        'enableNetworkPolicy = "true"',
+        'enableNetworkPolicy = "false"',
+    ),
+    (
+        "network_policies",
+        "infra/k8s/raycluster.yaml.tftpl",
+        "      template:\n        metadata:\n          labels:\n            app.kubernetes.io/part-of: sieve-ray\n",
+        "      template:\n        metadata:\n          labels:\n            app: other\n",
+    ),
+    (
+        "gpu_from_zero",
+        "infra/terraform/modules/cluster_addons/main.tf",
+        'chart            = "nvidia-device-plugin"',
+        'chart            = "something-else"',
+    ),
+    (
+        "gpu_from_zero",
+        "infra/terraform/modules/eks/main.tf",
+        "node-template/resources/nvidia.com/gpu",
+        "node-template/gpu",
+    ),
     ("gpu_from_zero", "infra/k8s/raycluster.yaml.tftpl", 'num-cpus: "0"', 'num-cpus: "4"'),
-    ("gpu_from_zero", "infra/k8s/raycluster.yaml.tftpl", "            sieve/role: cpu\n", "            sieve/role: system\n"),
-    ("gpu_from_zero", "infra/terraform/modules/eks/main.tf", 'labels = { "sieve/role" = "cpu" }', 'labels = { "sieve/role" = "gpu" }'),
-    ("one_bucket", "infra/terraform/modules/eks/variables.tf", 'read_write = ["runs/*"], read_only = ["models/*", "corpora/*"]',
-     'read_write = ["runs/*", "models/*"], read_only = ["corpora/*"]'),
+    (
+        "gpu_from_zero",
+        "infra/k8s/raycluster.yaml.tftpl",
+        "            sieve/role: cpu\n",
+        "            sieve/role: system\n",
+    ),
+    (
+        "gpu_from_zero",
+        "infra/terraform/modules/eks/main.tf",
+        'labels = { "sieve/role" = "cpu" }',
+        'labels = { "sieve/role" = "gpu" }',
+    ),
+    (
+        "one_bucket",
+        "infra/terraform/modules/eks/variables.tf",
+        'read_write = ["runs/*"], read_only = ["models/*", "corpora/*"]',
+        'read_write = ["runs/*", "models/*"], read_only = ["corpora/*"]',
+    ),
     ("one_bucket", "configs/simcse/paper.yaml", "${SIEVE_STORAGE}/models", "s3://sieve-models"),
-    ("teardown_switches", "infra/terraform/modules/mlflow_db/main.tf", "deletion_protection                 = var.deletion_protection",
-     "deletion_protection                 = true"),
-    ("teardown_switches", "infra/terraform/modules/storage/main.tf", "force_destroy = var.force_destroy", "force_destroy = false"),
-    ("teardown_switches", "infra/terraform/envs/prod/aws/variables.tf", "  default     = false\n", "  default     = true\n"),
-    ("two_roots", "infra/terraform/envs/prod/aws/versions.tf", 'aws = { source = "hashicorp/aws"',
-     'kubernetes = { source = "hashicorp/kubernetes", version = "~> 2.35" }\n    aws = { source = "hashicorp/aws"'),
-    ("two_roots", "infra/terraform/envs/prod/k8s/main.tf", 'source              = "../../../modules/cluster_addons"',
-     'source              = "../../../modules/eks"'),
+    (
+        "teardown_switches",
+        "infra/terraform/modules/mlflow_db/main.tf",
+        "deletion_protection                 = var.deletion_protection",
+        "deletion_protection                 = true",
+    ),
+    (
+        "teardown_switches",
+        "infra/terraform/modules/storage/main.tf",
+        "force_destroy = var.force_destroy",
+        "force_destroy = false",
+    ),
+    (
+        "teardown_switches",
+        "infra/terraform/envs/prod/aws/variables.tf",
+        "  default     = false\n",
+        "  default     = true\n",
+    ),
+    (
+        "two_roots",
+        "infra/terraform/envs/prod/aws/versions.tf",
+        'aws = { source = "hashicorp/aws"',
+        'kubernetes = { source = "hashicorp/kubernetes", version = "~> 2.35" }\n    aws = { source = "hashicorp/aws"',
+    ),
+    (
+        "two_roots",
+        "infra/terraform/envs/prod/k8s/main.tf",
+        'source              = "../../../modules/cluster_addons"',
+        'source              = "../../../modules/eks"',
+    ),
     ("readme_local_ray", "README.md", "--node-ip-address=127.0.0.1", "--node-ip-address=0.0.0.0"),
 ]
 
@@ -404,7 +529,9 @@ def pristine(tmp_path_factory) -> Path:
     return repo_copy(tmp_path_factory.mktemp("repo"))
 
 
-@pytest.mark.parametrize(("rule", "path", "old", "new"), BREAKS, ids=[f"{b[0]}-{i}" for i, b in enumerate(BREAKS)])
+@pytest.mark.parametrize(
+    ("rule", "path", "old", "new"), BREAKS, ids=[f"{b[0]}-{i}" for i, b in enumerate(BREAKS)]
+)
 def test_each_rule_catches_its_breaking_fixture(rule, path, old, new, pristine, tmp_path):
     repo = tmp_path / "repo"
     shutil.copytree(pristine, repo)
@@ -430,8 +557,15 @@ def allowed_by_policy(operation: str, params: dict, access: dict[str, list[str]]
         return match(params.get("Prefix", ""), rw + ro)
     if operation in ("GetObject", "HeadObject"):
         return match(params["Key"], rw + ro)
-    if operation in ("PutObject", "DeleteObject", "CreateMultipartUpload", "UploadPart", "CompleteMultipartUpload",
-                     "AbortMultipartUpload", "CopyObject"):
+    if operation in (
+        "PutObject",
+        "DeleteObject",
+        "CreateMultipartUpload",
+        "UploadPart",
+        "CompleteMultipartUpload",
+        "AbortMultipartUpload",
+        "CopyObject",
+    ):
         return match(params["Key"], rw)
     return False  # HeadBucket, GetBucketLocation, ...: not granted
 
@@ -449,8 +583,9 @@ def test_preflight_s3_calls_are_allowed_by_the_job_role(s3_bucket, tiny_bert_dir
 
     def recording():
         client = real()
-        client.meta.events.register("provide-client-params.s3.*",
-                                    lambda params, model, **_: calls.append((model.name, dict(params))))
+        client.meta.events.register(
+            "provide-client-params.s3.*", lambda params, model, **_: calls.append((model.name, dict(params)))
+        )
         return client
 
     monkeypatch.setattr(storage, "s3_client", recording)
@@ -482,7 +617,7 @@ def test_no_ingress_open_to_the_world():
 def test_rule_catches_a_deliberately_opened_dashboard(tmp_path):
     bad = tmp_path / "bad"
     bad.mkdir()
-    (bad / "main.tf").write_text('''
+    (bad / "main.tf").write_text("""
 resource "aws_security_group" "ray" {
   name = "ray"
   ingress {
@@ -499,48 +634,66 @@ resource "aws_vpc_security_group_ingress_rule" "gcs" {
   to_port           = 6379
   ip_protocol       = "tcp"
 }
-''')
-    assert world_open_ingress(all_docs(bad)) == ["aws_security_group.ray ports 8265-8265",
-                                                 "aws_vpc_security_group_ingress_rule.gcs ports 6379-6379"]
+""")
+    assert world_open_ingress(all_docs(bad)) == [
+        "aws_security_group.ray ports 8265-8265",
+        "aws_vpc_security_group_ingress_rule.gcs ports 6379-6379",
+    ]
 
 
 def test_sensitive_ports_only_from_inside():
     for name, rule in resources(all_docs(), "aws_vpc_security_group_ingress_rule"):
         if rule.get("from_port") in SENSITIVE_PORTS:
-            assert "referenced_security_group_id" in rule, f"{name}: a sensitive port must come from a security group"
+            assert "referenced_security_group_id" in rule, (
+                f"{name}: a sensitive port must come from a security group"
+            )
 
 
 def test_bucket_private_encrypted_tls_only_versioned():
     docs = all_docs()
-    (_, pab), = resources(docs, "aws_s3_bucket_public_access_block")
-    assert all(pab[k] is True for k in ("block_public_acls", "block_public_policy", "ignore_public_acls",
-                                         "restrict_public_buckets"))
-    (_, sse), = resources(docs, "aws_s3_bucket_server_side_encryption_configuration")
+    ((_, pab),) = resources(docs, "aws_s3_bucket_public_access_block")
+    assert all(
+        pab[k] is True
+        for k in ("block_public_acls", "block_public_policy", "ignore_public_acls", "restrict_public_buckets")
+    )
+    ((_, sse),) = resources(docs, "aws_s3_bucket_server_side_encryption_configuration")
     default = sse["rule"][0]["apply_server_side_encryption_by_default"][0]
     assert default["sse_algorithm"] == "aws:kms" and "kms_master_key_id" in default
-    (_, ver), = resources(docs, "aws_s3_bucket_versioning")
+    ((_, ver),) = resources(docs, "aws_s3_bucket_versioning")
     assert ver["versioning_configuration"][0]["status"] == "Enabled"
-    (_, pol), = resources(docs, "aws_s3_bucket_policy")
+    ((_, pol),) = resources(docs, "aws_s3_bucket_policy")
     assert "aws:SecureTransport" in json.dumps(pol) and "Deny" in json.dumps(pol)
-    (_, lc), = resources(docs, "aws_s3_bucket_lifecycle_configuration")
+    ((_, lc),) = resources(docs, "aws_s3_bucket_lifecycle_configuration")
     assert any(r.get("expiration") for r in lc["rule"])
 
 
 def test_database_encrypted_private_and_password_never_in_state():
     docs = all_docs()
-    (_, db), = resources(docs, "aws_db_instance")
+    ((_, db),) = resources(docs, "aws_db_instance")
     assert db["storage_encrypted"] is True and db["publicly_accessible"] is False and "kms_key_id" in db
     assert "password_wo" in db and "password" not in db  # write-only: the password never reaches the state
-    (_, secret), = resources(docs, "aws_secretsmanager_secret")
+    ((_, secret),) = resources(docs, "aws_secretsmanager_secret")
     assert "kms_key_id" in secret
-    (_, version), = resources(docs, "aws_secretsmanager_secret_version")
+    ((_, version),) = resources(docs, "aws_secretsmanager_secret_version")
     assert "secret_string_wo" in version and "secret_string" not in version
 
 
 def test_every_variable_has_type_and_description():
-    constrained = {"cidr_block", "az_count", "bucket_name", "checkpoint_retention_days", "kubernetes_version",
-                   "public_api_cidrs", "gpu_node_groups", "image", "storage_uri", "kuberay_chart_version",
-                   "gpu_worker_groups", "bucket_access", "vpc_cni_version"}
+    constrained = {
+        "cidr_block",
+        "az_count",
+        "bucket_name",
+        "checkpoint_retention_days",
+        "kubernetes_version",
+        "public_api_cidrs",
+        "gpu_node_groups",
+        "image",
+        "storage_uri",
+        "kuberay_chart_version",
+        "gpu_worker_groups",
+        "bucket_access",
+        "vpc_cni_version",
+    }
     seen_validated = set()
     for p, doc in all_docs().items():
         for block in doc.get("variable", []):
@@ -564,7 +717,7 @@ def test_helm_charts_pinned_and_eks_private_by_default():
     docs = all_docs()
     for name, helm in resources(docs, "helm_release"):
         assert re.fullmatch(r"\$\{var\.[a-z_]+_chart_version\}", helm["version"]), name
-    (_, eks), = resources(docs, "aws_eks_cluster")
+    ((_, eks),) = resources(docs, "aws_eks_cluster")
     assert eks["vpc_config"][0]["endpoint_private_access"] is True
     assert eks["encryption_config"][0]["resources"] == ["secrets"]
 
@@ -577,8 +730,12 @@ needs_terraform = pytest.mark.skipif(TERRAFORM is None, reason="no terraform bin
 
 @needs_terraform
 def test_terraform_fmt_check():
-    res = subprocess.run([TERRAFORM, "fmt", "-check", "-recursive", "-diff", str(INFRA / "terraform")],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [TERRAFORM, "fmt", "-check", "-recursive", "-diff", str(INFRA / "terraform")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-1000:]
 
 
@@ -591,9 +748,13 @@ def mirrored() -> set[str]:
 def required(folder: Path) -> set[str]:
     """Providers a root or module needs: declared ones, plus the implied hashicorp/<prefix> of each resource."""
     docs = all_docs(folder) if folder.is_dir() else {}
-    out = {b[name]["source"] if isinstance(b[name], dict) else f"hashicorp/{name}"
-           for doc in docs.values() for t in doc.get("terraform", []) for b in t.get("required_providers", [])
-           for name in b}
+    out = {
+        b[name]["source"] if isinstance(b[name], dict) else f"hashicorp/{name}"
+        for doc in docs.values()
+        for t in doc.get("terraform", [])
+        for b in t.get("required_providers", [])
+        for name in b
+    }
     for doc in docs.values():
         for kind in ("resource", "data", "ephemeral"):
             for block in doc.get(kind, []):
@@ -604,7 +765,8 @@ def required(folder: Path) -> set[str]:
 
 
 TF_DIRS = [INFRA / "terraform" / "envs" / "prod" / r for r in ("aws", "k8s")] + sorted(
-    p for p in (INFRA / "terraform" / "modules").iterdir() if p.is_dir())
+    p for p in (INFRA / "terraform" / "modules").iterdir() if p.is_dir()
+)
 
 
 @needs_terraform
@@ -615,18 +777,35 @@ def test_terraform_validate_where_the_mirror_has_the_providers(folder, tmp_path,
         record_property("validate", "skipped")
         pytest.skip(f"providers not in the offline mirror {MIRROR}: {sorted(missing)}")
     rc = tmp_path / "tfrc"
-    rc.write_text(f'provider_installation {{\n  filesystem_mirror {{\n    path = "{MIRROR}"\n'
-                  f'    include = ["registry.terraform.io/*/*"]\n  }}\n  direct {{\n    exclude = ["registry.terraform.io/*/*"]\n  }}\n}}\n')
+    rc.write_text(
+        f'provider_installation {{\n  filesystem_mirror {{\n    path = "{MIRROR}"\n'
+        f'    include = ["registry.terraform.io/*/*"]\n  }}\n  direct {{\n    exclude = ["registry.terraform.io/*/*"]\n  }}\n}}\n'
+    )
     work = tmp_path / "work"
     shutil.copytree(INFRA, work / "infra", ignore=shutil.ignore_patterns(".terraform*", "*.tfstate*"))
     target = work / folder.relative_to(ROOT)
-    env = {**os.environ, "TF_CLI_CONFIG_FILE": str(rc), "TF_IN_AUTOMATION": "1", "CHECKPOINT_DISABLE": "1",
-           "TF_DATA_DIR": str(tmp_path / "data")}
-    init = subprocess.run([TERRAFORM, f"-chdir={target}", "init", "-backend=false", "-input=false", "-no-color"],
-                          capture_output=True, text=True, timeout=300, env=env)
+    env = {
+        **os.environ,
+        "TF_CLI_CONFIG_FILE": str(rc),
+        "TF_IN_AUTOMATION": "1",
+        "CHECKPOINT_DISABLE": "1",
+        "TF_DATA_DIR": str(tmp_path / "data"),
+    }
+    init = subprocess.run(
+        [TERRAFORM, f"-chdir={target}", "init", "-backend=false", "-input=false", "-no-color"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert init.returncode == 0, init.stdout[-2000:] + init.stderr[-2000:]
-    res = subprocess.run([TERRAFORM, f"-chdir={target}", "validate", "-no-color"],
-                         capture_output=True, text=True, timeout=300, env=env)
+    res = subprocess.run(
+        [TERRAFORM, f"-chdir={target}", "validate", "-no-color"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     record_property("validate", "passed")
 
@@ -651,13 +830,34 @@ def test_skip_list_is_short_and_reasoned():
         assert check.startswith(("CKV_", "CKV2_")) and len(reason) > 20, check
 
 
-@pytest.mark.skipif(not CHECKOV.exists() and not shutil.which("checkov"), reason="checkov not installed (make test installs it)")
+@pytest.mark.skipif(
+    not CHECKOV.exists() and not shutil.which("checkov"),
+    reason="checkov not installed (make test installs it)",
+)
 def test_checkov_passes_with_documented_skips():
     exe = str(CHECKOV) if CHECKOV.exists() else shutil.which("checkov")
     skips = ",".join(c for c, _ in skip_list())
-    res = subprocess.run([exe, "-d", str(INFRA), "--quiet", "--compact", "--skip-download", "-o", "json",
-                          "--framework", "terraform", "kubernetes", "dockerfile", "--skip-check", skips],
-                         capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        [
+            exe,
+            "-d",
+            str(INFRA),
+            "--quiet",
+            "--compact",
+            "--skip-download",
+            "-o",
+            "json",
+            "--framework",
+            "terraform",
+            "kubernetes",
+            "dockerfile",
+            "--skip-check",
+            skips,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     reports = json.loads(res.stdout)
     reports = reports if isinstance(reports, list) else [reports]
     failed = [(f["check_id"], f["resource"]) for r in reports for f in r["results"]["failed_checks"]]
