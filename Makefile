@@ -44,6 +44,7 @@ test-fast: install
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 clean:
 	rm -rf outputs mlruns .pytest_cache

@@ -32,7 +32,7 @@ from orchestrator.models import MLFLOW_SCHEMES, load_encoder, resolve_model_sour
 from orchestrator.seed import seed_everything
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     ap.add_argument(
         "--model",
@@ -64,8 +64,12 @@ def main() -> int:
     ap.add_argument("--max-length", type=int, default=128, help="tokens per sentence (longer ones are cut)")
     ap.add_argument("--seed", type=int, default=42, help="torch / numpy / python seed")
     ap.add_argument("--no-progress", action="store_true", help="no progress bars")
-    args = ap.parse_args()
+    return ap.parse_args()
 
+
+def checked_tasks(args: argparse.Namespace) -> list[str]:
+    """The tasks to score, once every input file, flag and the output path are checked: bad input fails before
+    a model is loaded."""
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     unknown = [t for t in tasks if t not in sts.TASK_FILES]
     if unknown:
@@ -90,7 +94,12 @@ def main() -> int:
             above = above.parent
         if not above.is_dir():
             raise ConfigError(f"--json {args.json}: {above} is a file, not a folder")
+    return tasks
 
+
+def main() -> int:
+    args = parse_args()
+    tasks = checked_tasks(args)
     seed_everything(args.seed)
     if args.model.startswith(MLFLOW_SCHEMES):
         tracking.setup(args.tracking_uri, "sieve")
@@ -108,7 +117,13 @@ def main() -> int:
         for b in result["baselines"]:
             print(f"\n{args.model} − baseline {args.baseline} read with {b['pooling']}, ×100:")
             print(difference_table(result, b))
+    record(args, result)
+    return 0
 
+
+def record(args: argparse.Namespace, result: dict) -> None:
+    """The scores to MLflow (the active run; with ``--log-to-run``, the run that logged the model) and to
+    ``--json``."""
     if mlflow.active_run() is not None:
         mlflow.log_metrics(sts.flat_metrics(result))
     if args.log_to_run:
@@ -124,7 +139,6 @@ def main() -> int:
     if args.json:
         storage.write_bytes(args.json, json.dumps(result, indent=2).encode())
         print(f"wrote {args.json}")
-    return 0
 
 
 def score(args, model_ref: str, pooling: str, tasks: list[str]) -> dict:

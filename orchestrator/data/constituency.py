@@ -31,7 +31,7 @@ def _category(token) -> str:
     return "O"
 
 
-def dep_to_tree(parse: Parse) -> Tree:
+def dep_to_tree(parse: Parse) -> Tree:  # noqa: C901 - one conversion whose cases read together
     """Deterministic dependency → Penn-style phrase tree (labels S, SBAR, VP, NP, PP, ADJP, ADVP).
 
     Clause heads (verbs, or any head with a copula/subject) give ``S -> subject(s) VP``; a

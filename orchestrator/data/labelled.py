@@ -56,6 +56,32 @@ def split_rows(rows: list[tuple[str, object]], dev_fraction: float, seed: int):
     return train, dev
 
 
+def _text_lines(path: str) -> list[str]:
+    """The lines of a local or s3:// file, or :class:`DataError` naming a missing file or the line with invalid
+    UTF-8."""
+    try:
+        raw = storage.read_bytes(path) if storage.is_s3(path) else Path(path).read_bytes()
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file") from None
+    try:
+        return raw.decode("utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise DataError(f"{path}:{line}: not valid UTF-8") from None
+
+
+def _label(raw: str, integer: bool, where: str, column: str) -> int | str:
+    """A row's label: an integer class, or (``integer`` off) a class name that is not empty."""
+    if not integer:
+        if not raw.strip():
+            raise DataError(f"{where}: empty {column}")
+        return raw.strip()
+    try:
+        return int(raw)
+    except ValueError:
+        raise DataError(f"{where}: {column} {raw!r} is not an integer class") from None
+
+
 def read_labelled(
     path: str,
     *,
@@ -70,16 +96,7 @@ def read_labelled(
     ``integer_labels=False`` keeps labels as strings (class names); ``where`` keeps only the rows
     whose column value is one of the listed values (e.g. ``{"event": [...]}``)."""
     path = repo_path(path)
-    try:
-        raw = storage.read_bytes(path) if storage.is_s3(path) else Path(path).read_bytes()
-    except FileNotFoundError:
-        raise DataError(f"{path}: no such file") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise DataError(f"{path}:{line}: not valid UTF-8") from None
-    lines = text.splitlines()
+    lines = _text_lines(path)
     if not lines or not lines[0].strip():
         raise DataError(f"{path}: empty file (expected a header with {text_column}, {label_column})")
     header = lines[0].split("\t")
@@ -99,18 +116,7 @@ def read_labelled(
             continue
         if not row[ti].strip():
             raise DataError(f"{path}:{lineno}: empty {text_column}")
-        if not integer_labels:
-            if not row[li].strip():
-                raise DataError(f"{path}:{lineno}: empty {label_column}")
-            rows.append((row[ti].strip(), row[li].strip()))
-            if limit and len(rows) >= limit:
-                break
-            continue
-        try:
-            label = int(row[li])
-        except ValueError:
-            raise DataError(f"{path}:{lineno}: {label_column} {row[li]!r} is not an integer class") from None
-        rows.append((row[ti].strip(), label))
+        rows.append((row[ti].strip(), _label(row[li], integer_labels, f"{path}:{lineno}", label_column)))
         if limit and len(rows) >= limit:
             break
     if not rows:

@@ -51,13 +51,8 @@ class STSData:
         return len(self.scores)
 
 
-def read_sts_tsv(path: str | Path, name: str | None = None, score_column: str = "score") -> STSData:
-    """Read a TSV with ``sentence1, sentence2, score`` (and optional ``subset``) columns
-    (``score_column`` names the score: ``label`` for binary pair files).
-
-    Every malformed input raises :class:`DataError` naming the file and line.
-    """
-    path = Path(path)
+def _text_lines(path: Path) -> list[str]:
+    """The file's lines, or :class:`DataError` naming a missing file or the line with invalid UTF-8."""
     if not path.is_file():
         raise DataError(f"{path}: no such file")
     try:
@@ -65,7 +60,27 @@ def read_sts_tsv(path: str | Path, name: str | None = None, score_column: str = 
     except UnicodeDecodeError as exc:
         line = path.read_bytes()[: exc.start].count(b"\n") + 1
         raise DataError(f"{path}:{line}: not valid UTF-8") from None
-    lines = text.splitlines()
+    return text.splitlines()
+
+
+def _finite_number(raw: str, where: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise DataError(f"{where} {raw!r} is not a number") from None
+    if not np.isfinite(value):
+        raise DataError(f"{where} {raw!r} is not finite")
+    return value
+
+
+def read_sts_tsv(path: str | Path, name: str | None = None, score_column: str = "score") -> STSData:
+    """Read a TSV with ``sentence1, sentence2, score`` (and optional ``subset``) columns
+    (``score_column`` names the score: ``label`` for binary pair files).
+
+    Every malformed input raises :class:`DataError` naming the file and line.
+    """
+    path = Path(path)
+    lines = _text_lines(path)
     if not lines or not lines[0].strip():
         raise DataError(f"{path}: empty file (expected a header with sentence1, sentence2, {score_column})")
     header = lines[0].split("\t")
@@ -80,13 +95,7 @@ def read_sts_tsv(path: str | Path, name: str | None = None, score_column: str = 
             continue
         if len(row) < len(header):
             raise DataError(f"{path}:{lineno}: expected {len(header)} tab-separated fields, got {len(row)}")
-        raw = row[col[score_column]].strip()
-        try:
-            score = float(raw)
-        except ValueError:
-            raise DataError(f"{path}:{lineno}: {score_column} {raw!r} is not a number") from None
-        if not np.isfinite(score):
-            raise DataError(f"{path}:{lineno}: {score_column} {raw!r} is not finite")
+        score = _finite_number(row[col[score_column]].strip(), f"{path}:{lineno}: {score_column}")
         s1.append(row[col["sentence1"]])
         s2.append(row[col["sentence2"]])
         scores.append(score)
