@@ -71,6 +71,28 @@ def test_params_apply_to_the_typed_config_by_path():
         trial_config(base, {"train.lrr": 1}, "t")
 
 
+def test_a_grid_point_is_validated_once_before_ray_and_reaches_its_trial_typed(tiny_bert_dir):
+    """check_space hands back every grid point's validated config; the trial takes it as it is (the same object,
+    no second validation), and a point a sampler drew is validated when its trial starts. (The workers get
+    that object too: ``Recipe.train_func`` refuses anything else, in every Ray Train test.)"""
+    from orchestrator.drivers.sweep_space import config_of, point_key
+
+    base = get_method("sifter_simcse").config_cls(model={"name_or_path": str(tiny_bert_dir)})
+    bundles = [{"lambda_xx": 0, "lambda_xy": 1}, {"lambda_xx": 1, "lambda_xy": 0}]
+    space = {"lambdas": Dimension(grid=bundles), "train.seed": Dimension(grid=[1, 2])}
+    configs = check_space(base, space, "x.yaml")
+    assert len(configs) == 4
+    params = {"lambdas": bundles[1], "train.seed": 2}  # as Tune's trial holds the point
+    cfg = configs[point_key(params)]
+    assert cfg.lambda_xx == 1 and cfg.lambda_xy == 0 and cfg.train.seed == 2
+    assert config_of(base, configs, params, "t") is cfg
+    assert check_space(base, {**space, "train.lr": Dimension(loguniform=(1e-5, 5e-5))}, "x.yaml") == {}
+    drawn = config_of(base, configs, {"train.lr": 2e-5}, "t")  # not a grid point: validated now
+    assert drawn.train.lr == 2e-5 and drawn is not base
+    with pytest.raises(ConfigError, match=r"t: train\.lrr: unknown key"):
+        config_of(base, configs, {"train.lrr": 1}, "t")
+
+
 def row(trial, params, dev, *, stopped=False, history=None):
     return {
         "trial": trial,

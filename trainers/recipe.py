@@ -96,7 +96,11 @@ class Recipe(ABC):
     @classmethod
     def train_func(cls, config: dict) -> list[dict]:
         """Ray Train's per-worker loop, shared by every recipe. Returns every evaluation's metrics."""
-        cfg = cls.config_cls.model_validate(config["method_config"])
+        cfg = config["method_config"]  # the driver's typed config, validated once where it was made
+        if not isinstance(cfg, cls.config_cls):
+            raise TypeError(
+                f"{cls.name}: method_config is a {type(cfg).__name__}, not a {cls.config_cls.__name__}"
+            )
         batches = common.setup_worker(cfg)  # first: seeds every RNG before anything random is built
         recipe = cls(cfg, config)
         recipe.setup()

@@ -52,6 +52,7 @@ from orchestrator.drivers.compare_plan import (  # noqa: F401 - the compare file
     arm_config,
     check_comparable,
     resolve,
+    seeded,
     test_pooling,
 )
 from orchestrator.drivers.compare_publish import CompareResult, publish
@@ -112,7 +113,7 @@ def compare_trial(
     params = tune_config["params"]
     method, base = arms[params["arm"]]
     recipe = get_method(method)
-    cfg = with_params(base, {"train.seed": params["seed"]}, f"arm {params['arm']}, seed {params['seed']}")
+    cfg = seeded(base, params["seed"])
     train_trial(recipe, cfg, params, shards=shards[params["arm"]], sweep_dir=sweep_dir, tracking=tracking)
     trial = ray.tune.get_context().get_trial_name()
     if storage.exists(tests_uri(sweep_dir, trial)):
@@ -259,7 +260,7 @@ def collect(plan: ComparePlan, grid, where: str) -> list[dict]:
 def trial_record(plan: ComparePlan, trial: str, params: dict, where: str) -> dict:
     """A trial's row from the storage: its reports (none yet: empty), its arm and seed, its test ({} until kept)."""
     recipe, base = plan.arms[params["arm"]]
-    cfg = with_params(base, {"train.seed": params["seed"]}, f"arm {params['arm']}")
+    cfg = seeded(base, params["seed"])
     row = (
         arm_row(recipe, cfg, trial, params, where)
         if storage.exists(reports_uri(where, trial))

@@ -194,5 +194,11 @@ def resolve(args: argparse.Namespace) -> ComparePlan:
     return plan
 
 
+def seeded(cfg: MethodConfig, seed: int) -> MethodConfig:
+    """An arm's config for one of the compare file's seeds: a typed copy (the seed was validated with the file,
+    the arm's config with its arm), nothing validated again."""
+    return cfg.model_copy(update={"train": cfg.train.model_copy(update={"seed": seed})})
+
+
 def test_pooling(cfg: MethodConfig) -> str:
     return test_time_pooling(pooling_for(cfg)) if isinstance(cfg, EncoderMethodConfig) else "-"

@@ -14,10 +14,10 @@ from pathlib import Path
 import mlflow
 
 from orchestrator import tracking
-from orchestrator.config import config_hash, with_params
+from orchestrator.config import config_hash
 from orchestrator.drivers import leaderboard as lb
 from orchestrator.drivers import publish as pub
-from orchestrator.drivers.compare_plan import ComparePlan
+from orchestrator.drivers.compare_plan import ComparePlan, seeded
 from orchestrator.drivers.train import Outcome, checkpoint_at, export_and_test, export_dir
 from orchestrator.evaluation.suite import TestReport
 from orchestrator.export import write_model_card
@@ -86,7 +86,7 @@ def register(plan: ComparePlan, result: CompareResult, parent_id: str) -> dict |
     recipe, base = plan.arms[row["arm"]]
     runs = [r for r in result.rows if r["arm"] == row["arm"] and r["test"]]
     rep = min(runs, key=lambda r: abs(r["test"][h] - row["mean"][h]))
-    cfg = with_params(base, {"train.seed": rep["seed"]}, "winner")
+    cfg = seeded(base, rep["seed"])
     reg_name = plan.job.registration.name or cfg.tracking.registry_model_name or recipe.name.replace("_", "-")
     tags = {
         "compare": plan.name,

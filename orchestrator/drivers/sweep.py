@@ -17,9 +17,11 @@ The search space comes from YAML::
             - {lambda_xx: 0, lambda_xy: 1, lambda_xz: 1, lambda_yz: 1}
             - {lambda_xx: 1, lambda_xy: 0, lambda_xz: 0, lambda_yz: 0}
 
-Every key is checked against the method's config before anything starts. A sampled point is
-applied to the typed base config by path (:func:`orchestrator.config.with_params`) and validated
-once; the base config and the other constants reach the trials through ``tune.with_parameters``.
+Every key is checked against the method's config before anything starts, and every grid point's config is
+validated there once: a trial gets its point's typed config (a value a sampler drew is applied to the typed base
+config by path, :func:`orchestrator.config.with_params`, and validated when its trial starts); the configs and
+the other constants reach the trials through ``tune.with_parameters``, and the Ray Train workers receive the
+config object itself.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from orchestrator.drivers.publish import flat_params
 from orchestrator.drivers.recording import RecordingTuneReportCallback, uri_on
 from orchestrator.drivers.registry import get_method
 from orchestrator.drivers.report import params_label
-from orchestrator.drivers.sweep_space import SweepJobConfig, total_trials, trial_config
+from orchestrator.drivers.sweep_space import SweepJobConfig, config_of, total_trials
 from orchestrator.drivers.train import build_trainer, fit, materializes
 from orchestrator.errors import ConfigError
 from orchestrator.live_runs import create_child_run
@@ -65,9 +67,10 @@ def trial_fn(
     shards: str,
     sweep_dir: str,
     tracking: dict | None = None,
+    configs: dict[str, MethodConfig] | None = None,
 ) -> None:
-    """One Tune trial: apply the sampled point to the base config, train it with Ray Train, report
-    through Tune.
+    """One Tune trial: the point's config (validated in the driver for a grid point, here for a sampled one)
+    trained with Ray Train, reported through Tune.
 
     A trial that already finished is never trained again. Tune snapshots its experiment state
     only every few seconds, so a driver killed just after a trial ended restores that trial as
@@ -77,7 +80,7 @@ def trial_fn(
     params = tune_config["params"]
     train_trial(
         get_method(method),
-        trial_config(base, params, "sweep trial"),
+        config_of(base, configs or {}, params, "sweep trial"),
         params,
         shards=shards,
         sweep_dir=sweep_dir,
@@ -165,6 +168,7 @@ def run_sweep(
     verbose: bool = False,
     tracking: dict | None = None,
     listener=None,
+    configs: dict[str, MethodConfig] | None = None,
 ):
     """Run (or resume) the Tune experiment; returns the ``ResultGrid``. Quiet by default: one line per
     evaluation; ``verbose`` gives Tune's own status table. ``listener``: told of each trial as it ends
@@ -173,7 +177,13 @@ def run_sweep(
     root, path = sweeps_root(storage_root), sweep_dir(storage_root, name)
     trainable = tune.with_resources(
         tune.with_parameters(
-            trial_fn, method=job.method, base=base, shards=shards, sweep_dir=path, tracking=tracking
+            trial_fn,
+            method=job.method,
+            base=base,
+            shards=shards,
+            sweep_dir=path,
+            tracking=tracking,
+            configs=configs or {},
         ),
         {"CPU": 1},
     )

@@ -37,7 +37,7 @@ from orchestrator.drivers.early_tests import EarlyTests
 from orchestrator.drivers.registry import get_method
 from orchestrator.drivers.report import write_sweep_report
 from orchestrator.drivers.sweep import refuse_existing, run_sweep, sweep_dir, trial_rows
-from orchestrator.drivers.sweep_space import SweepJobConfig, check_space, trial_config
+from orchestrator.drivers.sweep_space import SweepJobConfig, check_space, config_of
 from orchestrator.drivers.train import (
     Outcome,
     checkpoint_at,
@@ -69,12 +69,13 @@ class SweepPlan:
     name: str
     job: SweepJobConfig
     recipe: type[Recipe]
-    base: MethodConfig  # the base config, validated once; trials apply their params to it by path
+    base: MethodConfig  # the base config, validated once; a sampled point's params are applied to it by path
     exp_id: str
     resume: bool = False
     progress: bool = True
     verbose: bool = False
     default_dir: str = ""  # the job's preset folder = its script's name (jobs/<default_dir>.py)
+    configs: dict[str, MethodConfig] = field(default_factory=dict)  # each grid point's, typed (check_space)
 
 
 def resolve(args: argparse.Namespace, default_dir: str) -> SweepPlan:
@@ -103,7 +104,7 @@ def resolve(args: argparse.Namespace, default_dir: str) -> SweepPlan:
             f"{path}: a sweep ranks settings on a dev score, and this {job.method} config has none "
             "(eval.dev is empty - the paper's protocol); set eval.dev to tune on a labelled dev set"
         )
-    check_space(base, job.sweep.space, str(path))
+    configs = check_space(base, job.sweep.space, str(path))
     if args.print_config:
         return SweepPlan(
             "",
@@ -117,8 +118,9 @@ def resolve(args: argparse.Namespace, default_dir: str) -> SweepPlan:
     name = storage.safe_name(args.name or f"{default_dir}-{time.strftime('%Y%m%d-%H%M%S')}", "--name")
     if not args.resume:  # before the corpus is built and the base measured, not minutes later
         refuse_existing(base.run.storage, name)
+    configs = {k: settled(c) for k, c in configs.items()}  # a typed copy each: nothing validated again
     return SweepPlan(
-        name, job, recipe, base, exp_id, args.resume, not args.no_progress, args.verbose, default_dir
+        name, job, recipe, base, exp_id, args.resume, not args.no_progress, args.verbose, default_dir, configs
     )
 
 
@@ -173,6 +175,7 @@ def run(plan: SweepPlan, parent_id: str | None = None) -> SweepResult:
         verbose=plan.verbose,
         tracking=live,
         listener=early,
+        configs=plan.configs,
     )
     tested_early = (
         early.finish() if early is not None else {}
@@ -216,7 +219,7 @@ def _trial_dir(plan: SweepPlan, trial: str) -> Path:
 
 
 def _export(plan: SweepPlan, row: dict, out: Path, tested: TestReport | None = None):
-    cfg = trial_config(plan.base, row["params"], f"trial {row['trial']}")
+    cfg = config_of(plan.base, plan.configs, row["params"], f"trial {row['trial']}")
     outcome = Outcome(checkpoint_at(row["checkpoint_path"]), row["best"], row["history"])
     return export_and_test(plan.recipe, cfg, outcome, out, tested=tested)
 
@@ -239,7 +242,7 @@ def publish(plan: SweepPlan, result: SweepResult, parent_id: str) -> dict:
             **base_metrics,
         }
     )
-    best_cfg = trial_config(plan.base, best["params"], "best trial")
+    best_cfg = config_of(plan.base, plan.configs, best["params"], "best trial")
     reg_name = best_cfg.tracking.registry_model_name or plan.job.method.replace("_", "-")
     chash, test = config_hash(best_cfg), result.test
     champion = tracking.alias_tags(reg_name, "champion")  # before this version: the one a person promoted

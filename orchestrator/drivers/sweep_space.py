@@ -5,6 +5,7 @@ valid method config (values valid alone can be invalid together)."""
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from typing import Any, Literal
 
@@ -103,11 +104,27 @@ def trial_config(base: MethodConfig, params: dict[str, Any], source: str) -> Met
     return with_params(base, flat_params(params), source)
 
 
+def point_key(params: dict[str, Any]) -> str:
+    """A sampled point's key in the configs :func:`check_space` returns (the point as Tune's trial holds it)."""
+    return json.dumps(params, sort_keys=True)
+
+
+def config_of(
+    base: MethodConfig, configs: dict[str, MethodConfig], params: dict[str, Any], source: str
+) -> MethodConfig:
+    """The point's typed config: the one validated before Ray (a grid point), else ``params`` applied to ``base``
+    and validated now (a value a sampler drew)."""
+    return configs.get(point_key(params)) or trial_config(base, params, source)
+
+
 def check_space(
     base: MethodConfig, space: dict[str, Dimension], source: str, max_points: int = 10_000
-) -> None:
+) -> dict[str, MethodConfig]:
     """Every dimension's values must give a valid method config (unknown keys fail here), and so must
-    every point of the grid: values valid alone can be invalid together (λXY = λXZ = λYZ = 0)."""
+    every point of the grid: values valid alone can be invalid together (λXY = λXZ = λYZ = 0).
+
+    Returns each grid point's validated config by :func:`point_key` when every dimension is a grid (the trials
+    then receive their configs typed, validated once here); empty when a dimension is sampled."""
     for key, dim in space.items():
         for value in dim.candidates():
             try:
@@ -119,14 +136,16 @@ def check_space(
     grids = {k: d.grid for k, d in space.items() if d.grid is not None}
     others = {k: d.candidates()[0] for k, d in space.items() if d.grid is None}
     if math.prod(len(v) for v in grids.values()) > max_points:
-        return
+        return {}
+    configs = {}
     for point in itertools.product(*grids.values()):
         params = {**others, **dict(zip(grids, point, strict=True))}
         try:
-            trial_config(base, params, source)
+            configs[point_key(params)] = trial_config(base, params, source)
         except ConfigError as exc:
             shown = ", ".join(f"{k}={v!r}" for k, v in zip(grids, point, strict=True))
             raise ConfigError(f"{source}: sweep grid point {shown}: {str(exc).split(': ', 1)[-1]}") from None
+    return {} if others else configs
 
 
 def total_trials(job: SweepJobConfig) -> int:

@@ -185,9 +185,9 @@ def build_trainer(
     )
     return TorchTrainer(
         recipe.train_func,
-        # the config crosses the Ray boundary as one JSON dump; the worker validates it once
+        # the config crosses the Ray boundary typed (pickled as it is): validated once, where it was made
         train_loop_config={
-            "method_config": cfg.model_dump(mode="json"),
+            "method_config": cfg,
             "rows_per_worker": rows_per_worker,
             "shards": shards,
         },
