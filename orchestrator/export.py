@@ -74,7 +74,7 @@ def export_encoder(
 ) -> Path:
     """Save ``model`` + ``tokenizer`` as a sentence-transformers model with ``pooling`` to ``out``, atomically
     (a crash keeps the old one). ``write_more(folder)`` adds files of its own inside the same atomic write."""
-    # lazy: 1.5 s of imports that every training worker and trial process, which never export, would pay
+    # lazy: heavy imports that every training worker and trial process, which never export, would pay
     from sentence_transformers import SentenceTransformer, SentenceTransformerModelCardData
     from sentence_transformers.sentence_transformer.modules import Pooling, Transformer  # lazy: as above
 

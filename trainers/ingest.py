@@ -1,4 +1,4 @@
-"""The worker's data feed: its Ray Data shard ``train`` in batches, read ahead on a thread (#22.1)."""
+"""The worker's data feed: its Ray Data shard ``train`` in batches, read ahead on a thread."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ class Ingest:
     """This worker's Ray Data shard ``train`` in batches, read ahead on a thread.
 
     Ray Data starts its executor (the split coordinator, the read tasks) when the first batch is
-    asked for: about 7 s on 2 cores, which a loop that asks only when it needs the batch spends
+    asked for: seconds on a small machine, which a loop that asks only when it needs the batch spends
     waiting (``bench/results/train_throughput.md``). Made at the top of the train function, the
     reader starts while the model loads and then keeps ``depth`` batches ready while the loop
     computes; the next epoch starts reading as this one ends. ``depth=0``: read when asked.

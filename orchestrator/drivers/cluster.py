@@ -4,9 +4,9 @@
   this machine; ``host:port`` any other): connect to it.
 * Otherwise start a private local Ray - never someone else's cluster that happens to run on the machine -
   with at least 4 logical CPUs: on a 2-core machine two 1-CPU actors would otherwise take every CPU and a
-  Ray Data read task would never run (a silent hang seen here).
+  Ray Data read task would never run: the job would hang without a word.
 * A cluster that goes away mid-job ends the job with one line naming its address (exit code 2): without it
-  the driver hangs in ``ray.get`` for 60 s and Ray then exits with "Failed to connect to GCS".
+  the driver hangs in ``ray.get`` until Ray gives up with "Failed to connect to GCS".
 """
 
 from __future__ import annotations

@@ -18,9 +18,9 @@ from orchestrator.evaluation.suite import TestReport
 
 class EarlyTests:
     """A sweep that tests every trial tests each one as it finishes, on a thread of the driver, while the
-    last trials still train and leave a core idle - instead of every test after the last trial. ParaBART's
-    smoke sweep trains its third trial alone on one of the two cores (2.8 min) and then ran three 7-task
-    tests one after the other (#22.4). The test is the same call on the same checkpoint (the evaluation is
+    last trials still train and leave a core idle - instead of every test after the last trial (a sweep's last
+    trial often trains alone on part of the machine, and the tests would then wait for it, one after the
+    other). The test is the same call on the same checkpoint (the evaluation is
     deterministic and its figures do not depend on the thread count: ``test_perf_switches``); a test that
     fails here is run again after the sweep, where its error surfaces as before.
 

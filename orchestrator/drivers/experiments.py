@@ -81,7 +81,7 @@ def run_experiments(
     origs[None] = _orig_of_all(origs)  # ALL's dev texts and test sets are the union of the experiments'
     # The models are independent: as many train at once as the cluster fits (each a Ray Train run of its own,
     # started from a thread of this driver, as Tune starts trials); every one trains on the same threads as
-    # alone, so its results are the same as trained one after another (#22.4). Pairs first (seconds each):
+    # alone, so its results are the same as trained one after another. Pairs first (seconds each):
     # whether any pair set streams during training decides whether a CPU stays free for its reads.
     models_dir = Path(out_root) / "models" / name
     pairs = {key: _pairs(recipe, cfg, probe, *key) for key in runs if not _committed(state, *key)}
@@ -180,7 +180,7 @@ def _trained(
         f"[{label}] training (Ray Train, start to end) {t2 - t1:.0f} s, export + test "
         f"{time.perf_counter() - t2:.0f} s",
         flush=True,
-    )  # where a smoke run's minutes go (#22.4)
+    )  # where a run's time goes: training, against its export and test
     done = {
         "metrics": _sets_only(report.metrics),
         "headline": report.headline_value,

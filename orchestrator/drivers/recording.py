@@ -1,10 +1,9 @@
 """What a sweep trial's Ray Train controller unpickles: the report callback that records every report.
 
-The controller is a new process per trial. It imports what a callback's pickle refers to; the callback
-defined in ``sweep.py`` referred to ``drivers/train.py``, so the controller imported torch, transformers,
-MLflow and SciPy before it could start the workers (unpickling it in a fresh interpreter: 9.7 and 11.5 s
-on 2 cores beside another job; a TSDAE sweep's trial start to its controller's first log went from
-15.7-17.2 s to 12.9-14.0 s with this module). It imports Ray Tune's callback and the storage helpers only.
+The controller is a new process per trial, and it imports whatever a callback's pickle refers to: a callback
+defined beside the trainer code would make every trial's controller import torch, transformers, MLflow and
+SciPy before it could start the workers (seconds of every trial's start: ``bench/results/smoke_times.md``).
+So this module imports Ray Tune's callback and the storage helpers only.
 """
 
 from __future__ import annotations

@@ -94,7 +94,7 @@ def read_in_process(
 ) -> ray.data.Dataset:
     """The shard files under ``path`` read by this process, in file-name order, and put into Ray's object
     store as one block per file (``ray.data.from_arrow``), instead of ``read_parquet(...).materialize()``,
-    whose read tasks cost 3.75 s of every training run on 2 cores and 6.3 s in a fresh process such as a
+    whose read tasks cost seconds of every training run on a small machine, more in a fresh process such as a
     sweep's trial (``bench/results/train_startup.md``). A corpus of one shard file (every smoke preset's)
     gives the same block, rows and split between workers as that read did; of several files, file-name
     order (Ray's read planner had chosen its own). The blocks belong to this process and live on its node.
@@ -130,7 +130,7 @@ def build_trainer(
     files = shard_files(fs, path)
     if _fits(cfg, files):  # materializes(), on the build already resolved and listed here
         # read once, here, into Ray's object store: the workers' first batch then waits for no read task
-        # to start (7 of a 40 s smoke loop on 2 cores, bench/results/train_throughput.md), and epochs
+        # to start (a large share of a short run: bench/results/train_throughput.md), and epochs
         # after the first read nothing again; a larger corpus streams
         ds = read_in_process(fs, path, columns, files)
     else:
@@ -194,7 +194,7 @@ def build_trainer(
         scaling_config=scaling,
         run_config=run,
         datasets={"train": ds},
-        # one worker reads the whole dataset itself: no split coordinator to start (1 s of a smoke loop)
+        # one worker reads the whole dataset itself: no split coordinator to start
         dataset_config=DataConfig(datasets_to_split=[] if workers == 1 else "all"),
         torch_config=TorchConfig(backend="nccl" if cfg.scaling.use_gpu else "gloo"),
     )
@@ -213,7 +213,7 @@ def fit(trainer: TorchTrainer, recipe: type[Recipe], cfg: MethodConfig) -> Outco
 
     Ray Train restarts the workers after a worker or node failure (``run.max_failures`` times), but a node
     lost while it starts the workers fails its controller instead, and that it does not retry: a sweep's
-    trial ended there (seen on the two-node cluster, the node killed as the trial's workers came up). Such a
+    trial ends there when a node is killed as its workers come up. Such a
     run is started again here, from its last checkpoint (the run's storage keeps it), up to
     ``run.max_failures`` times; any other error is raised at once."""
     for attempt in range(cfg.run.max_failures + 1):
@@ -302,8 +302,8 @@ def measure_bases(recipe: type[Recipe], cfg: MethodConfig, tried=()) -> list[Bas
 # ---------------------------------------------------------------- the base model beside training
 def idle_cores(cfg: MethodConfig) -> int:
     """The driver's cores a training run of ``cfg`` leaves idle, were its workers all placed on this machine:
-    ParaBART's smoke preset trains one 1-CPU worker on a 2-core machine and the other core had nothing to do
-    for six minutes (#22.4). 0 for a GPU run, or when the workers take every core: then nothing moves."""
+    one 1-CPU worker on a 2-core machine leaves the other core with nothing to do for the whole run. 0 for a
+    GPU run, or when the workers take every core: then nothing moves."""
     if cfg.scaling.use_gpu:
         return 0
     return max(0, torch.get_num_threads() - worker_cores(cfg))
