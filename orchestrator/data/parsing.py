@@ -75,8 +75,9 @@ def import_spacy_without_torch(model: str) -> None:
 
     spaCy's machine-learning library (thinc) imports torch when it is installed, only to offer layers
     that wrap PyTorch models; the ``sm`` pipelines are thinc's own numpy networks and never use them.
-    That import is most of a parser actor's start (``bench/results/parser_actor_start.md``). Only for a process that will not need torch itself while
-    this runs (a corpus parser actor calls it first thing): ``import torch`` fails in that window, and
+    That import is most of a parser actor's start (``bench/results/parser_actor_start.md``). Only for a
+    process that will not need torch itself while this runs (a corpus parser actor calls it first thing):
+    ``import torch`` fails in that window, and
     thinc then sets ``has_torch = False``. Where spaCy or torch is loaded already, or the pipeline may
     use torch (a transformer pipeline), it does nothing. The parses are the same (test: a parser loaded
     this way against one loaded beside torch).
