@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from orchestrator.data.paraphrase import parse_tokens
 from trainers.parabart import (
     Batch,
     ParaBARTConfig,
@@ -23,7 +24,6 @@ from trainers.parabart import (
     discriminator_optimizer,
     main_loss,
     parameter_groups,
-    parse_tokens,
 )
 from trainers.parabart_batch import word_dropout
 from trainers.parabart_generate import generate
