@@ -111,6 +111,76 @@ def test_naive_head_is_gone_from_the_export(tiny_bert_dir, tmp_path):
     assert SentenceTransformer(str(out), device="cpu").encode(["a tweet"]).shape == (1, 32)
 
 
+def test_naive_head_warm_up_holds_the_encoder_bit_identical_then_lets_it_move(tiny_bert_dir):
+    """#36.3: ``head_warmup_steps: 2`` - through the recipe's own optimiser groups and loss, the encoder stays
+    bit-identical for 2 steps while NAIVE's head learns (at ``head_lr``); at step 3 the encoder moves."""
+    from trainers import common
+    from trainers.siamese import SiameseRecipe
+
+    cfg = SiameseConfig.model_validate(
+        {
+            "mode": "naive",
+            "head_warmup_steps": 2,
+            "head_lr": 1e-2,
+            "model": {"name_or_path": str(tiny_bert_dir), "max_length": 32},
+            "train": {"lr": 1e-3, "batch_size": 4},
+            "train_sets": [{"name": "s140", "path": "data/tweets/sentiment140-test.tsv"}],
+        }
+    )
+    torch.manual_seed(0)
+    recipe = SiameseRecipe(cfg, {})
+    recipe.setup()
+    module = recipe.build()
+    recipe.stepper = stepper = common.make_stepper(module, cfg, 64, **recipe.optimizer_extras(module))
+    lrs = {g["part"]: g["lr"] for g in stepper.optimizer.param_groups}
+    assert lrs == {"encoder": 1e-3, "head": 1e-2}
+    enc0 = {n: p.detach().clone() for n, p in module.encoder.named_parameters()}
+    batch = {
+        "text": ["i love it", "awful day", "so happy", "worst ever"],
+        "label": ["positive", "negative"] * 2,
+    }
+    for step in range(3):
+        head0 = [p.detach().clone() for p in module.head.parameters()]
+        loss, _ = recipe.loss(stepper.model, batch, {"step": step, "epoch": 0})
+        stepper.step(loss)
+        same = all(torch.equal(enc0[n], p) for n, p in module.encoder.named_parameters())
+        assert same == (step < 2), step
+        assert all(not torch.equal(a, b) for a, b in zip(head0, module.head.parameters(), strict=True))
+
+
+def test_naive_head_options_refused_where_they_mean_nothing():
+    base = {"train_sets": [{"name": "s140", "path": "data/tweets/sentiment140-test.tsv"}]}
+    with pytest.raises(ValueError, match="NAIVE's .*a SIAMESE run has no head"):
+        SiameseConfig.model_validate({**base, "head_warmup_steps": 5})
+    with pytest.raises(ValueError, match="must be below train.max_steps"):
+        SiameseConfig.model_validate(
+            {**base, "mode": "naive", "head_warmup_steps": 5, "train": {"max_steps": 5}}
+        )
+    with pytest.raises(ValueError, match="not under DeepSpeed"):
+        SiameseConfig.model_validate(
+            {**base, "mode": "naive", "head_warmup_steps": 5, "deepspeed": {"stage": 2}}
+        )
+
+
+def test_naive_and_siamese_compare_at_equal_encoder_work():
+    """A comparison counts the encoder's steps and texts per step: NAIVE with a 60-step head warm-up, 120 steps
+    and batch 32 is comparable with SIAMESE at 60 steps of 16 pairs; without the warm-up it is refused."""
+    from orchestrator.drivers.compare_plan import check_comparable
+    from orchestrator.errors import ConfigError
+    from trainers.siamese import SiameseRecipe
+
+    sets = {"train_sets": [{"name": "s140", "path": "data/tweets/sentiment140-test.tsv"}]}
+    siamese = SiameseConfig.model_validate({**sets, "train": {"batch_size": 16, "max_steps": 60}})
+    naive = SiameseConfig.model_validate(
+        {**sets, "mode": "naive", "head_warmup_steps": 60, "train": {"batch_size": 32, "max_steps": 120}}
+    )
+    arms = {"siamese": (SiameseRecipe, siamese), "naive": (SiameseRecipe, naive)}
+    check_comparable(arms, "t.yaml")
+    cold = naive.model_copy(update={"head_warmup_steps": 0})
+    with pytest.raises(ConfigError, match="arm 'naive' differs .* step budget"):
+        check_comparable({**arms, "naive": (SiameseRecipe, cold)}, "t.yaml")
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_siamese_under_ray_train(ray_cluster, tiny_bert_dir, tmp_path):

@@ -16,7 +16,12 @@ encoder on the pairs of several data sets at once (the same number from each).
 
 **NAIVE** (``mode: naive``): the encoder + a dense 128-unit ReLU layer + softmax over the data
 set's classes, fine-tuned end to end with cross-entropy; the head is thrown away after training
-and the encoder is used as is. **ORIG** is the untouched encoder.
+and the encoder is used as is. **ORIG** is the untouched encoder. A fresh head's first gradients are
+noise to the encoder, so NAIVE can warm its head up first (``head_warmup_steps``, ours, off by default):
+the encoder is held bit-identical for that many first steps while the head learns (at ``head_lr``),
+then both train. A comparison counts NAIVE's *encoder* steps against SIAMESE's, and texts encoded per
+step (a pair is two texts) as its batch - so NAIVE at batch 32 with a 60-step warm-up and 120 steps
+matches SIAMESE at 16 pairs and 60 steps.
 
 Evaluation (``orchestrator.evaluation.separation``): Δ cosine distance (the paper's Eq. 1-2) - the
 mean cosine distance of random different-class test pairs minus that of same-class pairs, 5,000 of
@@ -53,7 +58,7 @@ from orchestrator.export import export_encoder
 from orchestrator.models import load_encoder, pooling_for
 from orchestrator.spec import BaseResult, measure_base
 from trainers import common
-from trainers.recipe import Recipe
+from trainers.recipe import GLOBAL_BATCH, STEP_BUDGET, Recipe
 
 
 # ---------------------------------------------------------------- config
@@ -65,6 +70,12 @@ class SiameseConfig(EncoderMethodConfig):
     loss: Literal["cosine_mse", "contrastive"] = "cosine_mse"
     margin: float = Field(0.5, gt=0)
     naive_hidden: int = Field(128, gt=0)
+    head_warmup_steps: int = Field(
+        0, ge=0, description="NAIVE: the encoder held still for this many first steps while the head learns"
+    )
+    head_lr: float | None = Field(
+        None, gt=0, description="NAIVE: the head's learning rate (default train.lr)"
+    )
     train_sets: list[LabelledSet] = Field(..., min_length=1)
     test_sets: list[LabelledSet] = []
     n_pairs: int = Field(2000, gt=0, description="training pairs per train set")
@@ -91,6 +102,23 @@ class SiameseConfig(EncoderMethodConfig):
             raise ValueError("mode naive trains a classifier on exactly one train set")
         return self
 
+    @model_validator(mode="after")
+    def _head_options_are_naive(self):
+        if self.mode != "naive" and (self.head_warmup_steps or self.head_lr is not None):
+            raise ValueError(
+                "head_warmup_steps and head_lr are NAIVE's (mode: naive): a SIAMESE run has no head"
+            )
+        if self.head_warmup_steps and self.deepspeed.stage > 0:
+            raise ValueError(
+                "head_warmup_steps works with the plain / DDP optimiser only, not under DeepSpeed ZeRO"
+            )
+        if self.train.max_steps is not None and self.head_warmup_steps >= self.train.max_steps:
+            raise ValueError(
+                f"head_warmup_steps ({self.head_warmup_steps}) must be below train.max_steps "
+                f"({self.train.max_steps}): the encoder would never train"
+            )
+        return self
+
 
 # ---------------------------------------------------------------- model
 class SiameseEncoder(nn.Module):
@@ -114,6 +142,25 @@ class SiameseEncoder(nn.Module):
         states = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         pooled = mean_pool(states, attention_mask) if self.pooling == "mean" else states[:, 0]
         return self.head(pooled) if classify else pooled
+
+
+def parameter_groups(model: SiameseEncoder, cfg: SiameseConfig) -> list[dict]:
+    """AdamW groups tagged by part - the encoder's and NAIVE's head (at ``head_lr``) - so the head's warm-up
+    can hold the encoder still (:func:`trainers.common.hold_part`)."""
+    named = list(model.named_parameters())
+    parts = {
+        "encoder": ([(n, p) for n, p in named if n.startswith("encoder.")], {}),
+        "head": (
+            [(n, p) for n, p in named if not n.startswith("encoder.")],
+            {"lr": cfg.head_lr} if cfg.head_lr is not None else {},
+        ),
+    }
+    return [
+        {**g, **extra, "part": part}
+        for part, (ps, extra) in parts.items()
+        for g in common.named_param_groups(ps, cfg.train.weight_decay)
+        if g["params"]
+    ]
 
 
 def build_model(cfg: SiameseConfig, num_classes: int = 0):
@@ -266,7 +313,11 @@ class SiameseRecipe(Recipe):
         module, self.tokenizer = build_model(self.cfg, len(self.classes or []))
         return module
 
+    def optimizer_extras(self, module):
+        return {"groups": parameter_groups(module, self.cfg)}
+
     def loss(self, model, batch, state):
+        common.hold_part(self.stepper.optimizer, "encoder", frozen=state["step"] < self.cfg.head_warmup_steps)
         return compute_loss(model, self.tokenizer, batch, self.cfg, self.classes, self.device)
 
     def dev(self, module):
@@ -280,6 +331,17 @@ class SiameseRecipe(Recipe):
     @classmethod
     def selection_metric(cls, cfg):
         return cls.metric if cfg.select == "dev_delta" else None
+
+    @classmethod
+    def comparable(cls, cfg):
+        """The budget is the encoder's: its steps (NAIVE's head-only warm-up does not count) and the texts
+        it encodes per step (a SIAMESE pair is two), so NAIVE and SIAMESE are compared at equal encoder work."""
+        out = super().comparable(cfg)
+        out[STEP_BUDGET] = cfg.train.max_steps - cfg.head_warmup_steps if cfg.train.max_steps else None
+        out[GLOBAL_BATCH] = (
+            cfg.train.batch_size * cfg.scaling.num_workers * (2 if cfg.mode == "siamese" else 1)
+        )
+        return out
 
     @classmethod
     def training_data(cls, cfg):
