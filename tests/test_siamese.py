@@ -246,9 +246,22 @@ def test_experiment_presets_expand_into_valid_runs(monkeypatch):
         assert naive.mode == "naive" and [s.name for s in naive.train_sets] == ["crisis_seen_events"]
         every = cfg.run_config(None, "all")
         assert len(every.train_sets) == 3 and every.n_pairs == cfg.all_pairs // 3 and every.mode == "siamese"
+        # the paper's roles: Sentiment140 trains and Sanders tests; Sanders' topics train, SemEval's test
+        roles = {e: (b.train.name, [t.name for t in b.test]) for e, b in cfg.experiments.items()}
+        assert roles["sentiment"] == ("sentiment140", ["sanders_sentiment"])
+        assert roles["topics"] == ("sanders_topics", ["pit2015_topics"])
     # seen and unseen crisis events never overlap
     train_events = set(naive.train_sets[0].where["event"])
     assert not train_events & set(naive.test_sets[0].where["event"])
+    # NAIVE's own keys reach NAIVE runs only
+    cfg = load_config(
+        ExperimentsConfig,
+        "configs/siamese_experiments/smoke.yaml",
+        ["naive.head_warmup_steps=60", "naive.train.max_steps=120", "naive.train.batch_size=32"],
+    )
+    naive, siamese = cfg.run_config("sentiment", "naive"), cfg.run_config("sentiment", "siamese")
+    assert (naive.head_warmup_steps, naive.train.max_steps, naive.train.batch_size) == (60, 120, 32)
+    assert (siamese.head_warmup_steps, siamese.train.max_steps, siamese.train.batch_size) == (0, 60, 16)
     with pytest.raises(ConfigError, match=r"experiments\.x\.test: .*at least 1"):
         load_config(
             ExperimentsConfig,
@@ -268,14 +281,16 @@ def test_results_table_and_chart(tmp_path):
         "sanders_topics": {"delta": 0.2},
     }
     cfg = load_config(ExperimentsConfig, "configs/siamese_experiments/smoke.yaml")
-    sets = ["sentiment140", "sanders_topics", "crisis_unseen_events"]
+    sets = ["sanders_sentiment", "pit2015_topics", "crisis_unseen_events"]
     results = {
         m: {s: {"delta": 0.1 * (i + 1), "map": 0.5} for s in sets}
         for i, m in enumerate(["orig", "siamese", "all"])
     }
     write_results(tmp_path / "r", "toy", cfg, results, {"siamese-sentiment": 1}, 60.0)
     md = (tmp_path / "r" / "results.md").read_text()
-    assert "| sentiment | sentiment140 | 10.00 | 20.00 | 30.00 |" in md and "| ORIG | SIAMESE | ALL |" in md
+    assert (
+        "| sentiment | sanders_sentiment | 10.00 | 20.00 | 30.00 |" in md and "| ORIG | SIAMESE | ALL |" in md
+    )
     assert (tmp_path / "r" / "delta.png").stat().st_size > 1000
 
 

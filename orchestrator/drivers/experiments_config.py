@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from orchestrator.config import MethodConfig, StrictModel, validate
+from orchestrator.config import MethodConfig, StrictModel, set_path, validate
 from orchestrator.data.labelled import LabelledSet
 from orchestrator.drivers.registry import get_method
 
@@ -33,6 +33,11 @@ class ExperimentsConfig(StrictModel):
         "experiment's train set (the paper: 70,000)",
     )
     models: list[Literal["orig", "naive", "siamese", "all"]] = list(MODELS)
+    naive: dict[str, Any] = Field(
+        {},
+        description="SiameseConfig keys set on NAIVE runs only, over base (e.g. "
+        "head_warmup_steps, head_lr, train.max_steps, train.batch_size: NAIVE at SIAMESE's encoder work)",
+    )
     candidate_margin: float = Field(
         0.0, ge=0, description="dev Δ a model must beat ORIG's by to become candidate"
     )
@@ -58,4 +63,19 @@ class ExperimentsConfig(StrictModel):
             data.update(
                 train_sets=[e.train.model_dump()], test_sets=[t.model_dump() for t in e.test], mode=mode
             )
+            if mode == "naive":
+                for key, value in _dotted(self.naive):
+                    set_path(data, key.split("."), value, f"naive: {key}")
         return validate(get_method("siamese").config_cls, data, f"experiment {experiment or 'ALL'} ({mode})")
+
+
+def _dotted(block: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """``{train: {max_steps: 120}, head_lr: 1e-3}`` → ``[("train.max_steps", 120), ("head_lr", 1e-3)]``: a
+    nested key sets that key alone, never the whole block above it."""
+    out = []
+    for key, value in block.items():
+        if isinstance(value, dict):
+            out += _dotted(value, f"{prefix}{key}.")
+        else:
+            out.append((f"{prefix}{key}", value))
+    return out
