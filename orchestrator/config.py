@@ -402,6 +402,11 @@ class MethodConfig(StrictModel):
         """(config key, path or URI) of every data file or folder the run reads (checked before any Ray work)."""
         return []
 
+    def check_data(self) -> None:
+        """Read what a preflight can afford to read whole (small labelled files: their columns, their filters),
+        so a wrong column fails before any Ray work with its file named; nothing by default."""
+        return None
+
 
 class EncoderMethodConfig(MethodConfig):
     """A method that trains a Transformer sentence encoder (``model``) and evaluates it (``eval``)."""

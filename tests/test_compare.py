@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from orchestrator.config import REPO_ROOT as ROOT
 from orchestrator.config import validate
 from orchestrator.drivers import leaderboard as lb
 from orchestrator.drivers.compare import CompareJobConfig, arm_config, check_comparable
@@ -271,3 +272,17 @@ def test_an_arm_without_a_dev_score_shows_none_not_its_last_step():
         ln for ln in lb.markdown(b).splitlines() if ln.startswith("| tsdae") or ln.startswith("| **tsdae")
     )
     assert "10000" not in line and "| – |" in line
+
+
+@pytest.mark.parametrize("preset", sorted(p.stem for p in (ROOT / "configs" / "compare").glob("*.yaml")))
+def test_every_compare_preset_resolves(preset, monkeypatch, capsys):
+    """Each shipped compare file validates - every arm's config, the arms comparable, the reference an arm -
+    as ``--print-config`` resolves it (no Ray, no training)."""
+    import sys
+
+    from orchestrator.drivers import compare
+
+    monkeypatch.delenv("SIEVE_STORAGE", raising=False)
+    monkeypatch.setattr(sys, "argv", ["compare", "--preset", preset, "--print-config"])
+    assert compare.main("doc") == 0
+    assert capsys.readouterr().out.startswith("seeds:")

@@ -393,3 +393,30 @@ def test_experiments_job_survives_a_cut_publish_and_resumes_once(
     assert (tmp_path / "outputs" / "reports" / "exp" / "results.md").is_file()
     with pytest.raises(ConfigError, match="no experiments 'nope'"):
         ex.run_experiments(cfg, "nope", out_root=tmp_path / "outputs", resume=True)
+
+
+def test_a_wrong_column_fails_the_preflight_naming_the_file(tmp_path, monkeypatch):
+    """A labelled set read with a column its file does not have (Sanders' class column is 'sentiment') fails
+    in the preflight - before Ray, before any base model is measured - with the file, the line and the header."""
+    from orchestrator.drivers.train import preflight
+
+    monkeypatch.chdir(tmp_path)  # the preflight makes nothing there
+    cfg = SiameseConfig.model_validate(
+        {
+            "train_sets": [{"name": "s140", "path": "data/tweets/sentiment140-test.tsv"}],
+            "test_sets": [
+                {
+                    "name": "sanders",
+                    "path": "data/tweets/sanders.tsv",
+                    "where": {"label": ["positive", "negative"]},
+                }
+            ],
+            "tracking": {"tracking_uri": f"sqlite:///{tmp_path}/m.db"},
+            "run": {"storage": str(tmp_path / "store")},
+        }
+    )
+    with pytest.raises(
+        DataError, match=r"sanders\.tsv:1: missing column\(s\) label \(header: sentence, sentiment, topic\)"
+    ):
+        preflight(cfg)
+    assert not (tmp_path / "m.db").exists()

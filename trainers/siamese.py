@@ -96,6 +96,12 @@ class SiameseConfig(EncoderMethodConfig):
             *((f"test_sets[{i}].path", s.path) for i, s in enumerate(self.test_sets)),
         ]
 
+    def check_data(self) -> None:
+        """Every labelled set read whole (tweets: small): a wrong column or a filter that keeps nothing fails
+        here, naming the file, before any Ray work."""
+        for s in (*self.train_sets, *self.test_sets):
+            s.rows()
+
     @model_validator(mode="after")
     def _naive_one_set(self):
         if self.mode == "naive" and len(self.train_sets) != 1:

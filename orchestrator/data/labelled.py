@@ -100,7 +100,7 @@ def read_labelled(
     if not lines or not lines[0].strip():
         raise DataError(f"{path}: empty file (expected a header with {text_column}, {label_column})")
     header = lines[0].split("\t")
-    missing = [c for c in (text_column, label_column, *(where or {})) if c not in header]
+    missing = [c for c in dict.fromkeys((text_column, label_column, *(where or {}))) if c not in header]
     if missing:
         raise DataError(f"{path}:1: missing column(s) {', '.join(missing)} (header: {', '.join(header)})")
     ti, li = header.index(text_column), header.index(label_column)

@@ -50,6 +50,7 @@ def preflight(cfg: MethodConfig) -> str:
     for key, path in cfg.data_sources():  # first: nothing is created for a run whose data is not there
         if not storage.exists(repo_path(path)):
             raise DataError(f"{key}: {path}: no such file or folder")
+    cfg.check_data()
     exp_id = tracking.setup(cfg.tracking.tracking_uri, cfg.tracking.experiment)
     storage.check_access(cfg.run.storage)
     for source in cfg.model_sources():
