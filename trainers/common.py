@@ -317,6 +317,20 @@ def named_param_groups(named: list[tuple[str, torch.nn.Parameter]], weight_decay
     ]
 
 
+def part_groups(
+    parts: dict[str, list[tuple[str, torch.nn.Parameter]]], weight_decay: float, **lr
+) -> list[dict]:
+    """AdamW groups tagged by part (``{part: named parameters}``) - the decay rule of
+    :func:`named_param_groups` within each part, an own learning rate where ``lr`` names one (``part=rate``)
+    - so :func:`hold_part` can hold a part still."""
+    return [
+        {**g, **({"lr": lr[part]} if lr.get(part) is not None else {}), "part": part}
+        for part, named in parts.items()
+        for g in named_param_groups(named, weight_decay)
+        if g["params"]
+    ]
+
+
 def hold_part(optimizer: torch.optim.Optimizer, part: str, frozen: bool) -> None:
     """While ``frozen``, the groups tagged ``part`` step at lr 0 - AdamW then leaves those weights bit-identical
     (its decay is scaled by lr too); the schedule restores their lr after every step, so this is called before

@@ -155,18 +155,10 @@ def parameter_groups(model: SiameseEncoder, cfg: SiameseConfig) -> list[dict]:
     can hold the encoder still (:func:`trainers.common.hold_part`)."""
     named = list(model.named_parameters())
     parts = {
-        "encoder": ([(n, p) for n, p in named if n.startswith("encoder.")], {}),
-        "head": (
-            [(n, p) for n, p in named if not n.startswith("encoder.")],
-            {"lr": cfg.head_lr} if cfg.head_lr is not None else {},
-        ),
+        "encoder": [(n, p) for n, p in named if n.startswith("encoder.")],
+        "head": [(n, p) for n, p in named if not n.startswith("encoder.")],
     }
-    return [
-        {**g, **extra, "part": part}
-        for part, (ps, extra) in parts.items()
-        for g in common.named_param_groups(ps, cfg.train.weight_decay)
-        if g["params"]
-    ]
+    return common.part_groups(parts, cfg.train.weight_decay, head=cfg.head_lr)
 
 
 def build_model(cfg: SiameseConfig, num_classes: int = 0):

@@ -229,12 +229,7 @@ def parameter_groups(model: TSDAE, weight_decay: float) -> list[dict]:
         "encoder": [(n, p) for n, p in named if n.startswith("encoder.")],
         "decoder": [(n, p) for n, p in named if not n.startswith("encoder.")],
     }
-    return [
-        {**g, "part": part}
-        for part, ps in parts.items()
-        for g in common.named_param_groups(ps, weight_decay)
-        if g["params"]
-    ]
+    return common.part_groups(parts, weight_decay)
 
 
 # ---------------------------------------------------------------- noise + loss

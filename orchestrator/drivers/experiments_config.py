@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from orchestrator.config import MethodConfig, StrictModel, set_path, validate
+from orchestrator.config import MethodConfig, StrictModel, flatten, set_path, validate
 from orchestrator.data.labelled import LabelledSet
 from orchestrator.drivers.registry import get_method
 
@@ -64,18 +64,6 @@ class ExperimentsConfig(StrictModel):
                 train_sets=[e.train.model_dump()], test_sets=[t.model_dump() for t in e.test], mode=mode
             )
             if mode == "naive":
-                for key, value in _dotted(self.naive):
+                for key, value in flatten(self.naive).items():  # a nested key sets that key alone
                     set_path(data, key.split("."), value, f"naive: {key}")
         return validate(get_method("siamese").config_cls, data, f"experiment {experiment or 'ALL'} ({mode})")
-
-
-def _dotted(block: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
-    """``{train: {max_steps: 120}, head_lr: 1e-3}`` → ``[("train.max_steps", 120), ("head_lr", 1e-3)]``: a
-    nested key sets that key alone, never the whole block above it."""
-    out = []
-    for key, value in block.items():
-        if isinstance(value, dict):
-            out += _dotted(value, f"{prefix}{key}.")
-        else:
-            out.append((f"{prefix}{key}", value))
-    return out
