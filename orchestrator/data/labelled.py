@@ -82,6 +82,47 @@ def _label(raw: str, integer: bool, where: str, column: str) -> int | str:
         raise DataError(f"{where}: {column} {raw!r} is not an integer class") from None
 
 
+def read_table(
+    path: str,
+    columns: tuple[str, ...],
+    *,
+    limit: int | None = None,
+    where: dict[str, list[str]] | None = None,
+    expected: str = "",
+) -> list[tuple[str, list[str]]]:
+    """The named columns of a tab-separated file with a header (local path or s3:// URI), one entry a row:
+    (``path:line``, its values stripped, none of them empty). ``where`` keeps only the rows whose column value
+    is one of the listed values; ``expected`` names what an empty file should have held."""
+    path = repo_path(path)
+    lines = _text_lines(path)
+    if not lines or not lines[0].strip():
+        raise DataError(f"{path}: empty file (expected a header with {expected or ', '.join(columns)})")
+    header = lines[0].split("\t")
+    missing = [c for c in dict.fromkeys((*columns, *(where or {}))) if c not in header]
+    if missing:
+        raise DataError(f"{path}:1: missing column(s) {', '.join(missing)} (header: {', '.join(header)})")
+    index = [header.index(c) for c in columns]
+    rows = []
+    for lineno, row in enumerate(
+        csv.reader(io.StringIO("\n".join(lines[1:])), delimiter="\t", quoting=csv.QUOTE_NONE), start=2
+    ):
+        if not row or all(not f.strip() for f in row):
+            continue
+        if len(row) < len(header):
+            raise DataError(f"{path}:{lineno}: expected {len(header)} tab-separated fields, got {len(row)}")
+        if where and any(row[header.index(c)] not in allowed for c, allowed in where.items()):
+            continue
+        for c, i in zip(columns, index, strict=True):
+            if not row[i].strip():
+                raise DataError(f"{path}:{lineno}: empty {c}")
+        rows.append((f"{path}:{lineno}", [row[i].strip() for i in index]))
+        if limit and len(rows) >= limit:
+            break
+    if not rows:
+        raise DataError(f"{path}: no data rows after the header" + (f" matching {where}" if where else ""))
+    return rows
+
+
 def read_labelled(
     path: str,
     *,
@@ -95,33 +136,42 @@ def read_labelled(
 
     ``integer_labels=False`` keeps labels as strings (class names); ``where`` keeps only the rows
     whose column value is one of the listed values (e.g. ``{"event": [...]}``)."""
-    path = repo_path(path)
-    lines = _text_lines(path)
-    if not lines or not lines[0].strip():
-        raise DataError(f"{path}: empty file (expected a header with {text_column}, {label_column})")
-    header = lines[0].split("\t")
-    missing = [c for c in dict.fromkeys((text_column, label_column, *(where or {}))) if c not in header]
-    if missing:
-        raise DataError(f"{path}:1: missing column(s) {', '.join(missing)} (header: {', '.join(header)})")
-    ti, li = header.index(text_column), header.index(label_column)
-    rows = []
-    for lineno, row in enumerate(
-        csv.reader(io.StringIO("\n".join(lines[1:])), delimiter="\t", quoting=csv.QUOTE_NONE), start=2
-    ):
-        if not row or all(not f.strip() for f in row):
-            continue
-        if len(row) < len(header):
-            raise DataError(f"{path}:{lineno}: expected {len(header)} tab-separated fields, got {len(row)}")
-        if where and any(row[header.index(c)] not in allowed for c, allowed in where.items()):
-            continue
-        if not row[ti].strip():
-            raise DataError(f"{path}:{lineno}: empty {text_column}")
-        rows.append((row[ti].strip(), _label(row[li], integer_labels, f"{path}:{lineno}", label_column)))
-        if limit and len(rows) >= limit:
-            break
-    if not rows:
-        raise DataError(f"{path}: no data rows after the header" + (f" matching {where}" if where else ""))
-    return rows
+    table = read_table(
+        path,
+        (text_column, label_column),
+        limit=limit,
+        where=where,
+        expected=f"{text_column}, {label_column}",
+    )
+    return [(text, _label(label, integer_labels, at, label_column)) for at, (text, label) in table]
+
+
+class ScoredPairs(StrictModel):
+    """Sentence pairs with a graded similarity (STS-B: 0-5) in a config; each pair's target is
+    score / ``score_max``, in [0, 1]."""
+
+    path: str
+    text_a_column: str = "sentence1"
+    text_b_column: str = "sentence2"
+    score_column: str = "score"
+    score_max: float = Field(5.0, gt=0)
+    limit: int | None = Field(None, gt=0)
+
+    def rows(self) -> list[tuple[str, str, float]]:
+        """(text a, text b, target) rows; a score that is not a number in [0, score_max] names its line."""
+        out = []
+        columns = (self.text_a_column, self.text_b_column, self.score_column)
+        for at, (a, b, raw) in read_table(self.path, columns, limit=self.limit):
+            try:
+                score = float(raw)
+            except ValueError:
+                raise DataError(f"{at}: {self.score_column} {raw!r} is not a number") from None
+            if not 0 <= score <= self.score_max:
+                raise DataError(
+                    f"{at}: {self.score_column} {score} is outside [0, {self.score_max}] (score_max)"
+                )
+            out.append((a, b, score / self.score_max))
+        return out
 
 
 def labelled_shards(
@@ -138,19 +188,32 @@ def labelled_shards(
 
 
 def rows_to_shards(rows: list[tuple[str, object]], storage_root: str, *, source: str = "") -> str:
-    """Write ``<storage_root>/datasets/<hash>/shards/*.parquet`` (columns text, label) and a
-    manifest (written last: a folder without it is incomplete and is rewritten). Returns the folder."""
-    h = hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]
+    """(text, label) rows as shards with columns text, label (see :func:`table_to_shards`), the manifest counting
+    each label's rows."""
+    counts: dict[str, int] = {}
+    for _, y in rows:
+        counts[str(y)] = counts.get(str(y), 0) + 1
+    table = {"text": [t for t, _ in rows], "label": [y for _, y in rows]}
+    return table_to_shards(
+        table, storage_root, source=source, summary={"labels": dict(sorted(counts.items()))}
+    )
+
+
+def table_to_shards(
+    table: dict[str, list], storage_root: str, *, source: str = "", summary: dict | None = None
+) -> str:
+    """Write ``<storage_root>/datasets/<hash>/shards/*.parquet`` (one column per key of ``table``) and a
+    manifest (written last: a folder without it is incomplete and is rewritten); content-addressed, so a table
+    is written once per storage root. Returns the folder."""
+    h = hashlib.sha256(json.dumps(table).encode()).hexdigest()[:16]
     out = storage.join(storage.absolute(storage_root), "datasets", h)
+    rows = len(next(iter(table.values())))
 
     def write(folder: str) -> None:
         buf = io.BytesIO()
-        pq.write_table(pa.table({"text": [t for t, _ in rows], "label": [y for _, y in rows]}), buf)
+        pq.write_table(pa.table(table), buf)
         storage.write_bytes(storage.join(folder, "shards", "part-00000.parquet"), buf.getvalue())
-        counts: dict[str, int] = {}
-        for _, y in rows:
-            counts[str(y)] = counts.get(str(y), 0) + 1
-        manifest = {"source": source, "rows": len(rows), "labels": dict(sorted(counts.items())), "sha": h}
+        manifest = {"source": source, "rows": rows, **(summary or {}), "sha": h}
         storage.write_bytes(storage.join(folder, "manifest.json"), json.dumps(manifest, indent=2).encode())
 
     return storage.build_committed(out, write)

@@ -56,6 +56,7 @@ from orchestrator.drivers.compare_plan import (  # noqa: F401 - the compare file
     test_pooling,
 )
 from orchestrator.drivers.compare_publish import CompareResult, publish
+from orchestrator.drivers.compare_start import start_from
 from orchestrator.drivers.registry import get_method
 from orchestrator.drivers.sweep import (
     ProgressLines,
@@ -107,15 +108,22 @@ def compare_trial(
     shards: dict[str, str],
     sweep_dir: str,
     tracking: dict | None = None,
+    starts: dict[str, tuple[str, MethodConfig]] | None = None,
+    start_shards: dict[str, str] | None = None,
 ) -> None:
-    """One Tune trial: arm ``params.arm`` trained with ``params.seed`` (or its reports replayed), then its
-    selected checkpoint tested here, on the cores its workers held; the test kept in the storage."""
+    """One Tune trial: arm ``params.arm`` trained with ``params.seed`` (or its reports replayed) - after its
+    start stage, when it has one (:mod:`~orchestrator.drivers.compare_start`) - then its selected checkpoint
+    tested here, on the cores its workers held; the test kept in the storage."""
     params = tune_config["params"]
     method, base = arms[params["arm"]]
     recipe = get_method(method)
     cfg = seeded(base, params["seed"])
-    train_trial(recipe, cfg, params, shards=shards[params["arm"]], sweep_dir=sweep_dir, tracking=tracking)
     trial = ray.tune.get_context().get_trial_name()
+    if params["arm"] in (starts or {}):
+        cfg = start_from(
+            starts[params["arm"]], cfg, trial=trial, shards=start_shards[params["arm"]], where=sweep_dir
+        )
+    train_trial(recipe, cfg, params, shards=shards[params["arm"]], sweep_dir=sweep_dir, tracking=tracking)
     if storage.exists(tests_uri(sweep_dir, trial)):
         return
     row = arm_row(recipe, cfg, trial, params, sweep_dir)
@@ -185,6 +193,9 @@ def run(plan: ComparePlan, parent_id: str | None = None) -> CompareResult:
     shards = {
         name: recipe.prepare_data(cfg, progress=plan.progress) for name, (recipe, cfg) in plan.arms.items()
     }
+    start_shards = {
+        name: recipe.prepare_data(cfg, progress=plan.progress) for name, (recipe, cfg) in plan.starts.items()
+    }
     bases = measure_bases(plan, where)
     if parent_id:
         tracking.log_metrics(
@@ -207,12 +218,15 @@ def run(plan: ComparePlan, parent_id: str | None = None) -> CompareResult:
             shards=shards,
             sweep_dir=where,
             tracking=live,
+            starts={n: (recipe.name, cfg) for n, (recipe, cfg) in plan.starts.items()},
+            start_shards=start_shards,
         ),
         {"CPU": 1},
     )
     concurrent = min(
-        concurrent_trials(cfg, plan.job.max_concurrent_trials, streams=not materializes(cfg, shards[n]))
-        for n, (_, cfg) in plan.arms.items()
+        concurrent_trials(cfg, plan.job.max_concurrent_trials, streams=not materializes(cfg, data[n]))
+        for group, data in ((plan.arms, shards), (plan.starts, start_shards))
+        for n, (_, cfg) in group.items()
     )
     first_recipe = next(iter(plan.arms.values()))[0]
     if plan.resume and tune.Tuner.can_restore(where):
@@ -271,7 +285,7 @@ def trial_record(plan: ComparePlan, trial: str, params: dict, where: str) -> dic
     row.update(
         arm=params["arm"],
         seed=params["seed"],
-        method=recipe.name,
+        method=plan.method_label(params["arm"]),
         error=None,
         stopped_early=False,
         test=test["metrics"] if test else {},
@@ -302,13 +316,8 @@ def interim(plan: ComparePlan, where: str) -> str:
 
 def leaderboard(plan: ComparePlan, rows: list[dict], bases: dict[str, dict]) -> dict:
     arms = {
-        n: lb.ArmRuns(
-            n,
-            recipe.name,
-            test_pooling(cfg),
-            budget=f"{cfg.train.max_steps} × {cfg.train.batch_size * cfg.scaling.num_workers}",
-        )
-        for n, (recipe, cfg) in plan.arms.items()
+        n: lb.ArmRuns(n, plan.method_label(n), test_pooling(cfg), budget=plan.budget_label(n))
+        for n, (_, cfg) in plan.arms.items()
     }
     for r in rows:
         if not r["test"]:
@@ -367,6 +376,7 @@ def main(doc: str) -> int:
                     "seeds": plan.job.seeds,
                     "reference": plan.job.reference,
                     **{f"arm.{n}": cfg.model_dump(mode="json") for n, (_, cfg) in plan.arms.items()},
+                    **{f"arm.{n}.start": cfg.model_dump(mode="json") for n, (_, cfg) in plan.starts.items()},
                 }
             )
         result = run(plan, parent_run.info.run_id)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,12 +34,21 @@ from orchestrator.models import pooling_for
 from trainers.recipe import GLOBAL_BATCH, SENTENCES, STEP_BUDGET, Recipe
 
 
-class ArmConfig(StrictModel):
+class StageConfig(StrictModel):
     method: str
     config: str | dict[str, Any] = Field(
         ..., description="the method's preset file (relative to the repo root), or the whole config inline"
     )
-    overrides: dict[str, Any] = Field({}, description="dotted keys set on this arm's config")
+    overrides: dict[str, Any] = Field({}, description="dotted keys set on this config")
+
+
+class ArmConfig(StageConfig):
+    start: StageConfig | None = Field(
+        None,
+        description="a stage trained first, from the same base model with the arm's seed (the compare file's "
+        "common_overrides do not reach it); the arm then trains from its exported model - e.g. in-domain TSDAE "
+        "before supervised training, set against the supervised arm alone",
+    )
 
 
 class RegisterBlock(StrictModel):
@@ -99,28 +108,72 @@ class ComparePlan:
     resume: bool = False
     progress: bool = True
     verbose: bool = False
+    # arm → its start stage
+    starts: dict[str, tuple[type[Recipe], MethodConfig]] = field(default_factory=dict)
 
     @property
     def first(self) -> MethodConfig:
         return next(iter(self.arms.values()))[1]
 
+    def method_label(self, arm: str) -> str:
+        """The arm's method, after its start stage's when it has one (``tsdae → sbert``)."""
+        head = f"{self.starts[arm][0].name} → " if arm in self.starts else ""
+        return head + self.arms[arm][0].name
+
+    def budget_label(self, arm: str) -> str:
+        """Steps × global batch, and the start stage's before it."""
+
+        def budget(cfg: MethodConfig) -> str:
+            return f"{cfg.train.max_steps} × {cfg.train.batch_size * cfg.scaling.num_workers}"
+
+        cfg = self.arms[arm][1]
+        after = (
+            f" (after {self.starts[arm][0].name} {budget(self.starts[arm][1])})" if arm in self.starts else ""
+        )
+        return budget(cfg) + after
+
 
 def arm_config(
     job: CompareJobConfig, name: str, source: str, cli: list[str]
 ) -> tuple[type[Recipe], MethodConfig]:
-    arm = job.arms[name]
-    recipe = get_method(arm.method)
-    if isinstance(arm.config, dict):
-        data, where = dict(arm.config), f"{source}: arms.{name}.config"
+    return stage_config(job.arms[name], job.common_overrides, f"arms.{name}", f"arm {name!r}", source, cli)
+
+
+def start_config(
+    job: CompareJobConfig, name: str, source: str, cli: list[str], arm: tuple[type[Recipe], MethodConfig]
+) -> tuple[type[Recipe], MethodConfig]:
+    """The arm's start stage, validated, and refused where the arm could not stand beside the others: it
+    starts from another base model, keeps its runs in another storage, or exports no encoder the arm can load."""
+    stage = job.arms[name].start
+    recipe, cfg = stage_config(stage, {}, f"arms.{name}.start", f"the start of arm {name!r}", source, cli)
+    what = f"{source}: arm {name!r}: start ({stage.method})"
+    if recipe.base_model(cfg) != arm[0].base_model(arm[1]):
+        raise ConfigError(
+            f"{what} starts from {recipe.base_model(cfg)!r}, the arm from {arm[0].base_model(arm[1])!r}: "
+            "a start stage trains the arm's own base model"
+        )
+    if cfg.run.storage != arm[1].run.storage:
+        raise ConfigError(
+            f"{what}: run.storage {cfg.run.storage!r} differs from the arm's {arm[1].run.storage!r}"
+        )
+    if recipe.model_format != "sentence-transformers":
+        raise ConfigError(f"{what}: the method exports no sentence encoder folder for the arm to start from")
+    return recipe, cfg
+
+
+def stage_config(
+    stage: StageConfig, common: dict[str, Any], key: str, label: str, source: str, cli: list[str]
+) -> tuple[type[Recipe], MethodConfig]:
+    recipe = get_method(stage.method)
+    if isinstance(stage.config, dict):
+        data, where = dict(stage.config), f"{source}: {key}.config"
     else:
-        path = Path(arm.config) if Path(arm.config).is_absolute() else REPO_ROOT / arm.config
+        path = Path(stage.config) if Path(stage.config).is_absolute() else REPO_ROOT / stage.config
         data, where = read_yaml(path), str(path)
-    data["method"] = arm.method  # one preset serves simcse and sifter_simcse
-    for key, value in {**job.common_overrides, **arm.overrides}.items():
-        set_path(data, key.split("."), value, f"{source}: arms.{name}: {key}")
-    return recipe, validate(
-        recipe.config_cls, apply_overrides(data, cli), f"{where} (arm {name!r} of {source})"
-    )
+    data["method"] = stage.method  # one preset serves simcse and sifter_simcse
+    for k, value in {**common, **stage.overrides}.items():
+        set_path(data, k.split("."), value, f"{source}: {key}: {k}")
+    return recipe, validate(recipe.config_cls, apply_overrides(data, cli), f"{where} ({label} of {source})")
 
 
 def shared(recipe: type[Recipe], cfg: MethodConfig, budget: str) -> dict[str, object]:
@@ -170,6 +223,9 @@ def resolve(args: argparse.Namespace) -> ComparePlan:
     )
     cli = [o for o in args.overrides if not o.startswith("compare.")] + location_overrides(args)
     arms = {name: arm_config(job, name, str(path), cli) for name in job.arms}
+    starts = {
+        name: start_config(job, name, str(path), cli, arms[name]) for name, a in job.arms.items() if a.start
+    }
     reference = job.reference or next(iter(job.arms))
     if reference not in arms:
         raise ConfigError(f"{path}: reference {reference!r} is not one of the arms ({', '.join(arms)})")
@@ -180,15 +236,26 @@ def resolve(args: argparse.Namespace) -> ComparePlan:
     job = job.model_copy(update={"reference": reference})
     check_comparable(arms, str(path), job.budget)
     if args.print_config:
+
+        def inlined(stage: StageConfig, cfg: MethodConfig) -> StageConfig:
+            return stage.model_copy(update={"config": cfg.model_dump(mode="json"), "overrides": {}})
+
         inline = {
-            n: a.model_copy(update={"config": arms[n][1].model_dump(mode="json"), "overrides": {}})
+            n: inlined(a, arms[n][1]).model_copy(
+                update={"start": inlined(a.start, starts[n][1]) if a.start else None}
+            )
             for n, a in job.arms.items()
         }
         return ComparePlan("", job.model_copy(update={"arms": inline, "common_overrides": {}}), arms, "")
     exp_ids = {preflight(cfg) for _, cfg in arms.values()}
+    for _, cfg in starts.values():
+        preflight(cfg)
     arms = {n: (recipe, settled(cfg)) for n, (recipe, cfg) in arms.items()}  # each arm's pooling resolved
+    starts = {n: (recipe, settled(cfg)) for n, (recipe, cfg) in starts.items()}
     name = storage.safe_name(args.name or f"compare-{time.strftime('%Y%m%d-%H%M%S')}", "--name")
-    plan = ComparePlan(name, job, arms, sorted(exp_ids)[0], args.resume, not args.no_progress, args.verbose)
+    plan = ComparePlan(
+        name, job, arms, sorted(exp_ids)[0], args.resume, not args.no_progress, args.verbose, starts
+    )
     if not args.resume and not getattr(args, "status", False):
         refuse_existing(plan.first.run.storage, name)
     return plan

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 import pyarrow.fs as pafs
+from ray.train import UserCallback
 from ray.tune.integration.ray_train import TuneReportCallback
 
 from orchestrator import storage
@@ -29,14 +30,14 @@ def checkpoint_uri(checkpoint) -> str:
     return uri_on(checkpoint.filesystem, checkpoint.path)
 
 
-class RecordingTuneReportCallback(TuneReportCallback):
-    """Ray Tune's ``TuneReportCallback`` that also keeps every report (metrics + checkpoint path) in
-    ``reports_uri``, keyed by step, so a finished trial's results outlive the Tune driver."""
+class RecordingCallback(UserCallback):
+    """Keeps every report (metrics + checkpoint path) of a Ray Train run in ``reports_uri``, keyed by step, so a
+    finished run's results outlive its driver (a comparison's start stage: recorded, not reported to Tune)."""
 
     def __init__(self, reports_uri: str):
         super().__init__()
         self.reports_uri = reports_uri
-        # a trial resumed after a crash keeps the reports made before it
+        # a run resumed after a crash keeps the reports made before it
         self.by_step = (
             {str(r.get("step")): r for r in json.loads(storage.read_bytes(reports_uri))}
             if storage.exists(reports_uri)
@@ -48,3 +49,8 @@ class RecordingTuneReportCallback(TuneReportCallback):
         record = {**metrics[0], **({"checkpoint_path": checkpoint_uri(checkpoint)} if checkpoint else {})}
         self.by_step[str(record.get("step"))] = record
         storage.write_bytes(self.reports_uri, json.dumps(list(self.by_step.values()), default=str).encode())
+
+
+class RecordingTuneReportCallback(RecordingCallback, TuneReportCallback):
+    """Ray Tune's ``TuneReportCallback`` that also keeps every report (:class:`RecordingCallback`): a sweep
+    trial's."""

@@ -11,6 +11,7 @@ from orchestrator.errors import ConfigError
 from trainers.mlm import MLMRecipe
 from trainers.parabart_recipe import ParaBARTRecipe
 from trainers.recipe import Recipe
+from trainers.sbert import SBERTRecipe
 from trainers.siamese import SiameseRecipe
 from trainers.sifter_lstm import SifterLSTMRecipe
 from trainers.sifter_simcse import SIFTERSimCSERecipe, SimCSERecipe
@@ -24,6 +25,7 @@ RECIPES: tuple[type[Recipe], ...] = (
     SiameseRecipe,
     ParaBARTRecipe,
     MLMRecipe,
+    SBERTRecipe,
 )
 
 METHODS: dict[str, type[Recipe]] = {recipe.name: recipe for recipe in RECIPES}
