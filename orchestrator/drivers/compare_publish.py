@@ -91,6 +91,7 @@ def register(plan: ComparePlan, result: CompareResult, parent_id: str) -> dict |
     tags = {
         "compare": plan.name,
         "arm": row["arm"],
+        "method": plan.method_label(row["arm"]),  # a start stage's method first (tsdae → sbert)
         "seed": str(rep["seed"]),
         "run_id": parent_id,
         "config_hash": config_hash(cfg),
