@@ -248,10 +248,8 @@ def test_the_registered_winner_gets_sieves_card_beside_the_base_read_its_way_and
 def test_an_arm_without_a_dev_score_shows_none_not_its_last_step():
     """TSDAE's protocol has no dev set: its runs keep their last checkpoint and their row's ``best_dev`` is that
     step (100) - the leaderboard showed "dev ×100: 10000.00". It shows "–" now; an arm with a dev keeps it."""
-    from types import SimpleNamespace
-
     from orchestrator.config import REPO_ROOT, load_config
-    from orchestrator.drivers.compare import leaderboard
+    from orchestrator.drivers.compare import ComparePlan, leaderboard
     from orchestrator.drivers.registry import get_method
 
     def arm(method: str):
@@ -260,13 +258,21 @@ def test_an_arm_without_a_dev_score_shows_none_not_its_last_step():
         )
 
     arms = {"tsdae": arm("tsdae"), "simcse": arm("simcse")}  # one recipe without a dev score, one with
-    job = SimpleNamespace(headline=H, reference="tsdae", confidence=0.95, interval="t")
+    job = CompareJobConfig.model_validate(
+        {
+            "seeds": [1, 2],
+            "arms": {n: {"method": n, "config": "-"} for n in arms},
+            "reference": "tsdae",
+            "headline": H,
+        }
+    )
     rows = [
         {"arm": arm, "seed": s, "test": {H: 0.7 + 0.01 * s}, "best_dev": dev, "history": [{"loss": 1.0}]}
         for arm, dev in (("tsdae", 100), ("simcse", 0.85))
         for s in (1, 2)
     ]
-    b = leaderboard(SimpleNamespace(arms=arms, job=job), rows, BASE)
+    plan = ComparePlan("cmp", job, arms, "0")
+    b = leaderboard(plan, rows, BASE)
     assert math.isnan(row(b, "tsdae")["dev_mean"]) and row(b, "simcse")["dev_mean"] == pytest.approx(0.85)
     line = next(
         ln for ln in lb.markdown(b).splitlines() if ln.startswith("| tsdae") or ln.startswith("| **tsdae")

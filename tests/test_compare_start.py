@@ -120,3 +120,28 @@ def test_the_stage_trains_once_with_the_arms_seed_and_the_arm_reads_its_model(
 
     again = start_from(("tsdae", stage), arm, trial="t1", shards=tiny_shards, where=where)  # a resumed trial
     assert again == got and len(list(started.parent.iterdir())) == 1  # not trained again
+
+
+def test_the_leaderboard_names_the_start_stage_and_what_it_trained_for():
+    from orchestrator.drivers import leaderboard as lb
+    from orchestrator.drivers.compare_plan import ComparePlan
+
+    j = job({"method": "tsdae", "config": "configs/tsdae/smoke.yaml"})
+    arms = {n: arm_config(j, n, "compare.yaml", []) for n in j.arms}
+    plan = ComparePlan(
+        "cmp",
+        j.model_copy(update={"reference": "sbert", "headline": "twitterpara_ap"}),
+        arms,
+        "0",
+        starts={"tsdae_sbert": resolved(j)},
+    )
+    assert plan.method_label("tsdae_sbert") == "tsdae → sbert" and plan.method_label("sbert") == "sbert"
+    from orchestrator.drivers.compare import leaderboard
+
+    rows = [
+        {"arm": a, "seed": 1, "test": {"twitterpara_ap": 0.7}, "best_dev": 7, "history": [{"loss": 1.0}]}
+        for a in arms
+    ]
+    text = lb.markdown(leaderboard(plan, rows, {}))
+    assert "| tsdae_sbert | tsdae → sbert |" in text
+    assert "sbert 7 × 16; tsdae_sbert 7 × 16 (after tsdae 40 × 16)." in text
