@@ -5,8 +5,9 @@ ARGS`` from that point on - its own argv, working directory, stdout/stderr file 
 code - so what the catalogue checks (exit status 2, one ``error:`` line, no traceback) is what a user
 would see. A child that raises anything else prints the traceback, as the interpreter would, and exits 1.
 
-    python tests/catalogue_runner.py CASES.json RESULTS.json
-CASES.json: [{"name", "cmd": [job path, args...], "cwd"}]; RESULTS.json: [{"name", "rc", "stderr"}].
+    python tests/catalogue_runner.py CASES.json RESULTS.json [--serial]
+``--serial``: one case at a time, in order (cases that build on the state the one before left); else two at once.
+CASES.json: [{"name", "cmd": [job path, args...], "cwd"}]; RESULTS.json: [{"name", "rc", "stderr", "stdout"}].
 """
 
 from __future__ import annotations
@@ -35,12 +36,12 @@ TIMEOUT_S = 120
 
 
 def child(cmd: list[str], cwd: str, err_path: str) -> None:
-    """In the forked child: become ``python cmd...`` and never return."""
+    """In the forked child: become ``python cmd...`` and never return (stderr to ``err_path``, stdout beside it)."""
     code = 1
     try:
         fd = os.open(err_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(fd, 2)
-        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+        os.dup2(os.open(err_path + ".out", os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 1)
         os.chdir(cwd)
         sys.argv = list(cmd)
         sys.path[0] = str(Path(cmd[0]).parent)
@@ -63,9 +64,10 @@ def child(cmd: list[str], cwd: str, err_path: str) -> None:
 def main() -> None:
     cases = json.loads(Path(sys.argv[1]).read_text())
     results, running, pending = [], {}, list(cases)
+    at_once = 1 if "--serial" in sys.argv[3:] else 2  # two: most cases wait on nothing
     workdir = Path(tempfile.mkdtemp(prefix="catalogue-"))
     while pending or running:
-        while pending and len(running) < 2:  # two at a time: most cases wait on nothing
+        while pending and len(running) < at_once:
             case = pending.pop(0)
             err = str(workdir / f"{len(results) + len(running)}.err")
             pid = os.fork()
@@ -85,6 +87,7 @@ def main() -> None:
                 "name": case["name"],
                 "rc": os.waitstatus_to_exitcode(status),
                 "stderr": Path(err).read_text(errors="replace"),
+                "stdout": Path(err + ".out").read_text(errors="replace"),
             }
         )
     Path(sys.argv[2]).write_text(json.dumps(results))

@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from forked import run_forked
 
 from orchestrator import tracking
 
@@ -21,6 +22,16 @@ def promote(cwd, *args):
     )
 
 
+def promote_in_turn(cwd, cases: list[list[str]]) -> list[tuple[int, str]]:
+    """``promote.py --model enc ARGS`` for each case, one after the other, forked from one process
+    (tests/forked.py): (exit code, stderr)."""
+    job = str(ROOT / "jobs" / "promote.py")
+    got = run_forked(
+        [(str(i), [job, "--model", "enc", *a], cwd) for i, a in enumerate(cases)], cwd, serial=True
+    )
+    return [(got[str(i)]["rc"], got[str(i)]["stderr"]) for i in range(len(cases))]
+
+
 @pytest.mark.slow
 def test_promote_moves_champion_and_refuses_worse(embedded_tracking, tiny_bert_dir):
     import mlflow
@@ -33,30 +44,33 @@ def test_promote_moves_champion_and_refuses_worse(embedded_tracking, tiny_bert_d
 
     desc = mlflow.MlflowClient().get_registered_model("enc").description  # #38.1: what the aliases mean
     assert "**champion**" in desc and "jobs/promote.py --model enc --from-alias candidate" in desc
-    res = promote(embedded_tracking, "--version", str(good))
+    res = promote(embedded_tracking, "--version", str(good))  # one plain run, as a user types it
     assert res.returncode == 0, res.stderr
     assert tracking.alias_version("enc", "champion") == good
 
-    res = promote(embedded_tracking, "--version", str(worse))
-    assert res.returncode == 2 and "Traceback" not in res.stderr
-    assert "refusing to promote enc v2 (test_score=0.6) over @champion v1" in res.stderr
-    assert tracking.alias_version("enc", "champion") == good  # unchanged
-
-    res = promote(embedded_tracking, "--version", str(worse), "--force")
-    assert res.returncode == 0 and tracking.alias_version("enc", "champion") == worse
-
-    res = promote(embedded_tracking, "--version", "99")
-    assert res.returncode == 2 and res.stderr.strip() == "error: model 'enc' has no version 99"
-
-    # #39.3: what it cannot compare is refused, and @champion stays where it is (v2, forced above)
-    res = promote(embedded_tracking, "--version", str(good), "--metric", "test_nope")
-    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
-    assert res.stderr.strip() == "error: --metric 'test_nope': enc v1 has no such tag (its tags: test_score)"
-    res = promote(embedded_tracking, "--version", str(good), "--alias", " ")
-    assert res.returncode == 2 and res.stderr.strip() == "error: --alias is empty"
-    res = promote(embedded_tracking, "--from-alias", "nope")
-    assert res.returncode == 2 and res.stderr.strip() == "error: model 'enc' has no alias 'nope'"
-    assert tracking.alias_version("enc", "champion") == worse
+    refused, forced, missing, no_metric, no_alias, no_from = promote_in_turn(
+        embedded_tracking,
+        [
+            ["--version", str(worse)],
+            ["--version", str(worse), "--force"],
+            ["--version", "99"],
+            # #39.3: what it cannot compare is refused, and @champion stays where it is (v2, forced above)
+            ["--version", str(good), "--metric", "test_nope"],
+            ["--version", str(good), "--alias", " "],
+            ["--from-alias", "nope"],
+        ],
+    )
+    assert refused[0] == 2 and "Traceback" not in refused[1]
+    assert "refusing to promote enc v2 (test_score=0.6) over @champion v1" in refused[1]  # v1 held it then
+    assert forced[0] == 0, forced[1]
+    assert missing[0] == 2 and missing[1].strip() == "error: model 'enc' has no version 99"
+    assert no_metric[0] == 2 and "Traceback" not in no_metric[1], no_metric[1]
+    assert (
+        no_metric[1].strip() == "error: --metric 'test_nope': enc v1 has no such tag (its tags: test_score)"
+    )
+    assert no_alias[0] == 2 and no_alias[1].strip() == "error: --alias is empty"
+    assert no_from[0] == 2 and no_from[1].strip() == "error: model 'enc' has no alias 'nope'"
+    assert tracking.alias_version("enc", "champion") == worse  # forced, then held through every refusal
 
 
 @pytest.mark.slow

@@ -165,7 +165,9 @@ def summary(run_id, model_dir, wall_s: float, best_dev: float, base, test) -> di
         "base_dev": finite(base.dev) if base else None,
     }
     if out["best_dev"] is None:
-        out["dev"] = "none: this config trains without a dev set (eval.dev empty: fixed steps, the last checkpoint)"
+        out["dev"] = (
+            "none: this config trains without a dev set (eval.dev empty: fixed steps, the last checkpoint)"
+        )
     out[f"test_{test.headline}"] = test.headline_value
     if base is not None and test.headline in base.test.metrics:
         out[f"base_test_{test.headline}"] = base.test.metrics[test.headline]
