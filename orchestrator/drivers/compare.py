@@ -9,6 +9,10 @@ measured once per test-time pooling the arms are read with, in the same run. The
 base and against the reference arm with a 95% interval, and its training-loss level (a saturated arm
 tests nothing).
 
+An arm may first train a *start stage* - another method from the same base model, with the arm's seed - and
+train from the model it exports (:mod:`orchestrator.drivers.compare_start`): a pipeline set against its last
+stage alone (in-domain TSDAE, then SBERT, against SBERT).
+
     plan = resolve(args)       # the compare file, every arm's config validated, the arms checked comparable
     result = run(plan, parent) # data, the base per pooling, Tune over arm × seed (each trial trains and tests)
     summary = publish(...)     # (compare_publish.py) child runs, the leaderboard on the parent run,
