@@ -39,7 +39,7 @@ from orchestrator.data.labelled import ScoredPairs, table_to_shards
 from orchestrator.export import export_encoder
 from orchestrator.models import load_encoder, pooling_for
 from trainers import common
-from trainers.siamese import SiameseEncoder
+from trainers.siamese import SiameseEncoder, tokenize_texts
 from trainers.tsdae import TSDAEEval, TSDAERecipe
 
 
@@ -76,15 +76,7 @@ def compute_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Both sides of every pair in one forward pass; the MSE between their cosine and the scaled gold score."""
     n = len(batch["text_a"])
-    enc = tokenizer(
-        [str(t) for t in (*batch["text_a"], *batch["text_b"])],
-        padding=True,
-        truncation=True,
-        max_length=cfg.model.max_length,
-        return_tensors="pt",
-        return_token_type_ids=False,
-    )
-    both = model(enc["input_ids"].to(device), enc["attention_mask"].to(device))
+    both = model(*tokenize_texts(tokenizer, [*batch["text_a"], *batch["text_b"]], cfg, device))
     target = torch.as_tensor([float(y) for y in batch["label"]], dtype=both.dtype, device=device)
     loss = F.mse_loss(F.cosine_similarity(both[:n], both[n:]), target)
     return loss, {"loss": float(loss.detach())}

@@ -178,7 +178,7 @@ def pair_loss(u: torch.Tensor, v: torch.Tensor, y: torch.Tensor, cfg: SiameseCon
     return 0.5 * (y * d.pow(2) + (1 - y) * F.relu(cfg.margin - d).pow(2)).mean()
 
 
-def _tok(tokenizer, texts, cfg, device):
+def tokenize_texts(tokenizer, texts, cfg, device):
     enc = tokenizer(
         [str(t) for t in texts],
         padding=True,
@@ -199,13 +199,13 @@ def compute_loss(
     device: torch.device | str = "cpu",
 ) -> tuple[torch.Tensor, dict[str, float]]:
     if cfg.mode == "naive":
-        logits = model(*_tok(tokenizer, batch["text"], cfg, device), classify=True)
+        logits = model(*tokenize_texts(tokenizer, batch["text"], cfg, device), classify=True)
         index = {c: i for i, c in enumerate(classes or [])}
         y = torch.tensor([index[str(c)] for c in batch["label"]], device=device)
         loss = F.cross_entropy(logits, y)
         return loss, {"loss": float(loss.detach())}
     n = len(batch["text_a"])
-    both = model(*_tok(tokenizer, list(batch["text_a"]) + list(batch["text_b"]), cfg, device))
+    both = model(*tokenize_texts(tokenizer, list(batch["text_a"]) + list(batch["text_b"]), cfg, device))
     y = torch.as_tensor(np.asarray(batch["label"], dtype=np.float32), device=device)
     loss = pair_loss(both[:n], both[n:], y, cfg)
     return loss, {"loss": float(loss.detach())}
