@@ -111,6 +111,61 @@ def test_the_registration_gate_both_ways():
         lb.winner(up, "nope")
 
 
+def test_several_arms_against_one_base_are_gated_on_the_holm_adjusted_interval():
+    # three arms against one base, three seeds: 'b' (raw p 0.026) passes unadjusted, not after Holm (p 0.052)
+    def fixed(values):
+        return {s: {"test": {H: 0.75 + v}, "dev": 0.8} for s, v in zip((1, 2, 3), values, strict=True)}
+
+    b = lb.build(
+        [
+            lb.ArmRuns("a", "m", "mean", fixed([0.010, 0.012, 0.014])),
+            lb.ArmRuns("b", "m", "mean", fixed([0.005, 0.009, 0.007])),
+            lb.ArmRuns("c", "m", "mean", fixed([0.001, -0.003, 0.005])),
+        ],
+        BASE,
+        reference="c",
+        headline=H,
+    )
+    a, bb = row(b, "a"), row(b, "b")
+    assert bb["vs_base"]["low"] > 0 and bb["vs_base"]["adjusted"]["low"] < 0  # raw above 0, adjusted not
+    assert bb["vs_base"]["adjusted"]["m"] == 3 and bb["vs_base"]["adjusted"]["p"] > 0.05
+    assert a["gate"] and not bb["gate"] and not row(b, "c")["gate"]
+    assert "Holm" in lb.markdown(b) and "after Holm's adjustment over the 3 arms" in lb.gate_text(bb, H)
+    # against the reference 'c' two arms are compared: a family of two
+    assert a["vs_reference"]["adjusted"]["m"] == 2 and row(b, "c")["vs_reference"] is None
+    # one arm against the base is a family of one: nothing to adjust, the raw interval gates
+    alone = lb.build(
+        [lb.ArmRuns("b", "m", "mean", fixed([0.005, 0.009, 0.007]))], BASE, reference=None, headline=H
+    )
+    assert "adjusted" not in row(alone, "b")["vs_base"] and row(alone, "b")["gate"]
+
+
+def test_per_seed_scores_are_in_the_json_and_recompute_the_leaderboards_interval():
+    import json
+
+    from orchestrator.stats import paired_difference
+
+    b = board(simcse=runs(0.0, rng_seed=1), sifter=runs(0.004, rng_seed=2))
+    data = json.loads(lb.dumps(b))  # what the result file keeps
+    sif, sim = row(data, "sifter"), row(data, "simcse")
+    assert set(sif["per_seed"]) == {"1", "2", "3", "4", "5"}
+    mine = {s: v[H] for s, v in sif["per_seed"].items()}
+    ref = {s: v[H] for s, v in sim["per_seed"].items()}
+    again = paired_difference(mine, ref)
+    assert (again.mean, again.low, again.high) == pytest.approx(
+        (sif["vs_reference"]["mean"], sif["vs_reference"]["low"], sif["vs_reference"]["high"]), rel=1e-12
+    )
+    base = data["bases"]["mean"]["test"][H]
+    vs_base = paired_difference(mine, base)
+    assert (vs_base.low, vs_base.high) == pytest.approx(
+        (sif["vs_base"]["low"], sif["vs_base"]["high"]), rel=1e-12
+    )
+    assert (
+        sif["per_seed"]["3"]["sts_stsb_spearman_all"]
+        == runs(0.004, rng_seed=2)[3]["test"]["sts_stsb_spearman_all"]
+    )
+
+
 def test_a_saturated_arm_is_flagged_in_the_leaderboard():
     b = board(simcse=runs(0.0, loss=1.3e-5), sifter=runs(0.0, rng_seed=3, loss=0.4))
     assert row(b, "simcse")["saturated"] and not row(b, "sifter")["saturated"]

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from orchestrator.stats import gate, paired_difference
+from orchestrator.stats import gate, holm, paired_difference
 
 
 def arms(effect: float, seeds=range(1, 9), spread: float = 2.0, noise: float = 0.05, rng_seed: int = 0):
@@ -63,3 +63,54 @@ def test_the_registration_gate_needs_the_whole_interval_above_zero():
     assert not gate(paired_difference(a, b))
     mean_up = paired_difference({1: 0.9, 2: 0.5, 3: 0.95}, 0.7)  # mean above the base, interval crossing it
     assert mean_up.mean > 0 and not gate(mean_up)
+
+
+def _t2_quantile(p: float) -> float:
+    """Student's t quantile with 2 degrees of freedom, in closed form: F(t) = 1/2 + t / (2·√(2 + t²))."""
+    return (2 * p - 1) / math.sqrt(2 * p * (1 - p))
+
+
+def _t2_p(t: float) -> float:
+    """Two-sided p of t with 2 degrees of freedom: 1 − |t| / √(2 + t²)."""
+    return 1 - abs(t) / math.sqrt(2 + t * t)
+
+
+def test_holm_over_three_arms_and_three_seeds_equals_the_hand_computed_case():
+    base = 0.0
+    family = {
+        "a": ({1: 1.0, 2: 1.2, 3: 1.4}, base),  # mean 1.2, sd 0.2
+        "b": ({1: 0.5, 2: 0.9, 3: 0.7}, base),  # mean 0.7, sd 0.2: raw p 0.026 < 0.05, not after Holm
+        "c": ({1: 0.1, 2: -0.3, 3: 0.5}, base),  # mean 0.1, sd 0.4
+    }
+    se = {"a": 0.2 / math.sqrt(3), "b": 0.2 / math.sqrt(3), "c": 0.4 / math.sqrt(3)}
+    mean = {"a": 1.2, "b": 0.7, "c": 0.1}
+    p = {k: _t2_p(mean[k] / se[k]) for k in family}
+    assert p["a"] < p["b"] < p["c"] and p["b"] < 0.05  # the hand figures: 0.0091, 0.0261, 0.707
+    want_p = {"a": 3 * p["a"], "b": max(3 * p["a"], 2 * p["b"]), "c": max(3 * p["a"], 2 * p["b"], p["c"])}
+    levels = {"a": 1 - 0.05 / 3, "b": 1 - 0.05 / 2, "c": 0.95}  # each at its step: α/3, α/2, α
+    got = holm(family)
+    for k in family:
+        half = _t2_quantile(0.5 + levels[k] / 2) * se[k]
+        assert got[k].p_adjusted == pytest.approx(want_p[k], rel=1e-9), k
+        assert got[k].raw.p == pytest.approx(p[k], rel=1e-9), k
+        assert (got[k].interval.low, got[k].interval.high) == pytest.approx(
+            (mean[k] - half, mean[k] + half), rel=1e-9
+        ), k
+        assert got[k].interval.confidence == pytest.approx(levels[k])
+    assert got["a"].passes and not got["b"].passes and not got["c"].passes
+    assert gate(got["b"].raw)  # unadjusted, b would have passed: the adjustment is what stops it
+    assert got["b"].interval.low < 0 < got["b"].interval.high
+    only = holm({"a": family["a"]})["a"]
+    assert only.m == 1 and only.interval == only.raw and only.p_adjusted == pytest.approx(p["a"])
+
+
+def test_holm_never_passes_an_arm_whose_step_follows_a_failed_one():
+    # raw p 0.030 and 0.040 (3 seeds, sd 0.2): the first fails at α/2 (0.060), so Holm stops there - the second's
+    # own step-level interval (95%) lies above 0, yet its adjusted p is the running maximum, 0.060
+    got = holm({"first": ({1: 0.45, 2: 0.65, 3: 0.85}, 0.0), "second": ({1: 0.36, 2: 0.56, 3: 0.76}, 0.0)})
+    first, second = got["first"], got["second"]
+    assert first.raw.p == pytest.approx(_t2_p(0.65 / (0.2 / math.sqrt(3))))
+    assert first.p_adjusted == pytest.approx(2 * first.raw.p) and first.p_adjusted > 0.05
+    assert second.raw.p < 0.05 and second.interval.low > 0  # alone, at its step, it would pass
+    assert second.p_adjusted == pytest.approx(first.p_adjusted)
+    assert not first.passes and not second.passes

@@ -4,7 +4,9 @@ Input: every arm's runs keyed by seed (each run's test metrics, dev score and tr
 untouched base measured once per test-time pooling. Per arm: mean ± std over seeds of every headline
 test figure; the paired difference (:mod:`orchestrator.stats`) against the base read with the arm's own
 pooling and against the named reference arm, each with its interval and verdict ("indistinguishable"
-where it crosses 0); the loss level at the end of training, flagged when saturated (a loss near 0
+where it crosses 0) - and, where more than one arm is set against the same reference (or base), Holm's
+adjusted p and interval beside the raw one, which the registration gate reads; every arm's per-seed
+scores, so anyone can recompute an interval; the loss level at the end of training, flagged when saturated (a loss near 0
 carries no gradient: such an arm tests nothing). Arms are ranked by their mean headline figure.
 
 Pure functions of plain data (no Ray, no MLflow): the job (:mod:`orchestrator.drivers.compare`) feeds
@@ -18,7 +20,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from orchestrator.stats import PairedDifference, gate, paired_difference
+from orchestrator.stats import Adjusted, PairedDifference, gate, holm
 
 SATURATED_LOSS = 1e-3  # a contrastive loss this low at the end of training: the batch's negatives are trivial
 
@@ -99,18 +101,21 @@ def build(
         )
         row["loss_last"], _ = _mean_std(losses)
         row["saturated"] = bool(losses) and row["loss_last"] < SATURATED_LOSS
-        row["vs_base"] = (
-            _diff(scores, base["test"][headline], confidence, interval)
-            if base is not None and scores and headline in base["test"]
-            else None
-        )
-        # against the untouched model read its best way (MiniLM's mean when the arm reads [CLS]): never hidden
-        row["vs_strongest_base"] = (
-            _diff(scores, scored[strongest]["test"][headline], confidence, interval)
-            if strongest is not None and strongest != a.pooling and scores
-            else None
-        )
-        row["vs_reference"] = None
+        row["per_seed"] = {
+            s: {k: r["test"][k] for k in keys if k in r["test"]} for s, r in sorted(a.runs.items())
+        }
+        row["dev_per_seed"] = {s: r.get("dev") for s, r in sorted(a.runs.items())}
+        rows.append(row)
+    # the three families, each adjusted over its members (Holm): against the base read the arm's way, against
+    # the base read its strongest way, against the reference arm
+    families: dict[str, dict[str, tuple]] = {"vs_base": {}, "vs_strongest_base": {}, "vs_reference": {}}
+    for a, row in zip(arms, rows, strict=True):
+        scores = {s: r["test"][headline] for s, r in a.runs.items() if headline in r.get("test", {})}
+        base = bases.get(a.pooling)
+        if base is not None and scores and headline in base["test"]:
+            families["vs_base"][a.name] = (scores, base["test"][headline])
+        if strongest is not None and strongest != a.pooling and scores:
+            families["vs_strongest_base"][a.name] = (scores, scored[strongest]["test"][headline])
         if reference is not None and a.name != reference:
             ref = by_name[reference]
             ref_scores = {
@@ -118,16 +123,20 @@ def build(
             }
             common = sorted(set(scores) & set(ref_scores))
             if common:
-                row["vs_reference"] = _diff(
-                    {s: scores[s] for s in common}, {s: ref_scores[s] for s in common}, confidence, interval
+                families["vs_reference"][a.name] = (
+                    {s: scores[s] for s in common},
+                    {s: ref_scores[s] for s in common},
                 )
-        # registered only above the base read the arm's way *and* read its strongest way
-        row["gate"] = (
-            bool(row["vs_base"])
-            and gate(_as_diff(row["vs_base"]))
-            and (row["vs_strongest_base"] is None or gate(_as_diff(row["vs_strongest_base"])))
+    for side, family in families.items():
+        adjusted = holm(family, confidence=confidence, method=interval) if family else {}
+        for row in rows:
+            row[side] = _diff(adjusted[row["arm"]]) if row["arm"] in adjusted else None
+    for row in rows:
+        # registered only above the base read the arm's way *and* read its strongest way, each after Holm's
+        # adjustment when several arms are set against it
+        row["gate"] = _passes(row["vs_base"]) and (
+            row["vs_strongest_base"] is None or _passes(row["vs_strongest_base"])
         )
-        rows.append(row)
     rows.sort(
         key=lambda r: -r["mean"][headline] if math.isfinite(r["mean"].get(headline, math.nan)) else math.inf
     )
@@ -143,17 +152,40 @@ def build(
     }
 
 
-def _diff(a, b, confidence: float, interval: str) -> dict:
-    d = paired_difference(a, b, confidence=confidence, method=interval)
-    return {
+def _diff(adj: Adjusted) -> dict:
+    """A comparison as JSON: the raw interval and p; with ``adjusted`` (a family of more than one) Holm's p, the
+    step-level interval and its verdict."""
+    d = adj.raw
+    out = {
         "n": d.n,
         "mean": d.mean,
         "low": d.low,
         "high": d.high,
+        "p": d.p,
         "verdict": d.verdict,
         "confidence": d.confidence,
         "method": d.method,
     }
+    if adj.m > 1:
+        s = adj.interval
+        out["adjusted"] = {
+            "m": adj.m,
+            "p": adj.p_adjusted,
+            "low": s.low,
+            "high": s.high,
+            "confidence": s.confidence,
+            "verdict": "indistinguishable" if not adj.p_adjusted < 1 - d.confidence else d.verdict,
+        }
+    return out
+
+
+def _passes(d: dict | None) -> bool:
+    """The gate on one comparison: the adjusted one when there is one, else the raw interval."""
+    if d is None:
+        return False
+    if (adj := d.get("adjusted")) is not None:
+        return adj["p"] < 1 - d["confidence"] and adj["low"] > 0
+    return gate(_as_diff(d))
 
 
 def _as_diff(d: dict) -> PairedDifference:
@@ -176,13 +208,14 @@ def gate_text(row: dict, headline: str) -> str:
     d = row["vs_base"]
     if d is None:
         return f"{row['arm']}: no base measurement to gate on; not registered"
-    ci = _as_diff(d).describe(scale=100)
     rule = (
         f"gate: register only when the lower bound of the {d['confidence']:.0%} interval of {row['arm']} − base "
-        f"({row['base']}) on {headline} is above 0, over {d['n']} seed(s): {ci}"
+        f"({row['base']}) on {headline} is above 0"
+        + (f" after Holm's adjustment over the {d['adjusted']['m']} arms" if d.get("adjusted") else "")
+        + f", over {d['n']} seed(s): {_ci(d)}"
     )
     if (strong := row.get("vs_strongest_base")) is not None:
-        rule += f"; and against the base read its strongest way: {_as_diff(strong).describe(scale=100)}"
+        rule += f"; and against the base read its strongest way: {_ci(strong)}"
     return f"{rule} → {'passed' if row['gate'] else 'not passed'}"
 
 
@@ -205,7 +238,12 @@ def _ci(d: dict | None) -> str:
         return "–"
     if d["n"] < 2:
         return f"{d['mean'] * 100:+.2f} (1 pair: no interval)"
-    return _as_diff(d).describe(scale=100)
+    raw = _as_diff(d).describe(scale=100)
+    if (adj := d.get("adjusted")) is None:
+        return raw
+    return (
+        f"{raw}; Holm [{adj['low'] * 100:+.2f}, {adj['high'] * 100:+.2f}] p {adj['p']:.3g} {adj['verdict']}"
+    )
 
 
 def _loss(row: dict) -> str:
@@ -226,8 +264,12 @@ def markdown(board: dict) -> str:
     conf = f"{board['confidence']:.0%} CI, {'t over seed pairs' if board['interval'] == 't' else 'bootstrap'}"
     lines = [
         f"Ranked by mean {h} (×100) over seeds. Δ: paired by seed, mean [{conf}]; "
-        '"indistinguishable" where the interval contains 0. Loss: the training loss at the first and the last '
-        f"evaluation (mean over seeds); below {SATURATED_LOSS:g} the arm trains on no signal.",
+        '"indistinguishable" where the interval contains 0; where several arms are set against one reference '
+        "(or base), Holm's adjusted interval (each at its step's level) and adjusted p follow the raw one, and "
+        "the registration gate reads them. An interval covers the seed-to-seed variation of training on these "
+        "fixed test sets, not the sampling of the test sets. Loss: the training loss at the first and the last "
+        f"evaluation (mean over seeds); below {SATURATED_LOSS:g} the arm trains on no signal. Per-seed scores: "
+        "the JSON beside this file.",
         "",
         f"| arm | method | pooling | n | {short(h)} ×100 | Δ vs base | Δ vs {ref or 'reference'} | dev ×100 | loss |",
         "|---|---|---|---:|---:|---|---|---:|---|",
