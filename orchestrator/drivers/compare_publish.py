@@ -45,6 +45,8 @@ def publish(plan: ComparePlan, result: CompareResult, parent_id: str, out: str |
         for side in ("vs_base", "vs_reference"):
             if r[side] is not None:
                 metrics.update({f"{r['arm']}_{side}_{k}": r[side][k] for k in ("mean", "low", "high")})
+                if (adj := r[side].get("adjusted")) is not None:
+                    metrics.update({f"{r['arm']}_{side}_holm_{k}": adj[k] for k in ("low", "high", "p")})
     tracking.log_metrics({k: v for k, v in metrics.items() if v is not None and math.isfinite(v)})
     md = lb.markdown(board)
     report_dir = Path("outputs") / "reports" / plan.name
@@ -97,7 +99,7 @@ def register(plan: ComparePlan, result: CompareResult, parent_id: str) -> dict |
         "config_hash": config_hash(cfg),
         "test_metric": h,
         "test_score": f"{rep['test'][h]:.6f}",
-        "gate_low": f"{row['vs_base']['low']:.6f}",
+        "gate_low": f"{(row['vs_base'].get('adjusted') or row['vs_base'])['low']:.6f}",  # what the gate read
     }
     version = tracking.find_version(reg_name, {"compare": plan.name})
     if version is None:

@@ -109,7 +109,7 @@ def build(
     # the three families, each adjusted over its members (Holm): against the base read the arm's way, against
     # the base read its strongest way, against the reference arm
     families: dict[str, dict[str, tuple]] = {"vs_base": {}, "vs_strongest_base": {}, "vs_reference": {}}
-    for a, row in zip(arms, rows, strict=True):
+    for a in arms:
         scores = {s: r["test"][headline] for s, r in a.runs.items() if headline in r.get("test", {})}
         base = bases.get(a.pooling)
         if base is not None and scores and headline in base["test"]:
