@@ -27,7 +27,7 @@ JOBS = {
     "sifter_sweep": ["jobs/sifter_sweep.py"],
     "tsdae_sweep": ["jobs/tsdae_sweep.py"],
     "sentiment_sweep": ["jobs/sentiment_sweep.py"],
-    "siamese_experiments": ["jobs/siamese_experiments.py"],
+    "siamese_compare": ["jobs/compare.py", "--preset", "siamese_topics"],
     "parabart_sweep": ["jobs/parabart_sweep.py"],
     **{
         f"train:{m}": ["jobs/train.py", "--method", m]

@@ -71,7 +71,7 @@ def t_quantile(p: float, df: int) -> float:
 
 
 def t_sf(x: float, df: int) -> float:
-    from scipy import stats
+    from scipy import stats  # lazy: only comparisons need scipy
 
     return float(stats.t.sf(x, df))
 

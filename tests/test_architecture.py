@@ -108,6 +108,50 @@ def test_drivers_reach_recipes_only_through_the_registry():
     assert bad == []
 
 
+def engine_bypasses(files: dict[str, Path]) -> list[str]:
+    """Calls that start trials or training anywhere but the engine: a Tune experiment (``Tuner(...)``,
+    ``Tuner.restore``) outside ``drivers/engine.py``; a Ray Train run (``build_trainer``, ``fit``) outside the
+    engine's trial and a comparison's start stage (which trains inside its arm's engine trial)."""
+    allowed = {
+        "Tuner": {"orchestrator.drivers.engine"},
+        "restore": {"orchestrator.drivers.engine"},
+        "build_trainer": {"orchestrator.drivers.engine", "orchestrator.drivers.compare_start"},
+        "fit": {"orchestrator.drivers.engine", "orchestrator.drivers.compare_start"},
+    }
+    found = []
+    for module, path in files.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call):
+                f = node.func
+                name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
+                if name == "fit" and isinstance(f, ast.Attribute):  # trainer.fit() / tuner.fit(): the objects
+                    continue  # above are what is counted; `fit(trainer, ...)` is drivers.train's
+                if name in allowed and module not in allowed[name] and layer(module) == "driver":
+                    found.append(f"{module}: {name}(...)")
+    return found
+
+
+def test_every_job_runs_through_the_one_engine():
+    """Train runs, comparisons and a sweep's two stages start their trials only through
+    ``orchestrator.drivers.engine.launch`` (the e2e tests also see each job print its one line)."""
+    assert engine_bypasses(source_files()) == []
+
+
+def test_the_engine_bypass_finder_finds_a_planted_tuner(tmp_path):
+    planted = tmp_path / "x.py"
+    planted.write_text("from ray import tune\n\ndef go(t):\n    return tune.Tuner(t).fit()\n")
+    other = tmp_path / "y.py"
+    other.write_text(
+        "from orchestrator.drivers.train import build_trainer, fit\n\ndef go(r, c, s):\n    fit(build_trainer(r, c, s), r, c)\n"
+    )
+    got = engine_bypasses({"orchestrator.drivers.x": planted, "orchestrator.drivers.y": other})
+    assert got == [
+        "orchestrator.drivers.x: Tuner(...)",
+        "orchestrator.drivers.y: fit(...)",
+        "orchestrator.drivers.y: build_trainer(...)",
+    ]
+
+
 def test_cycle_finder_finds_a_planted_cycle():
     """The checker itself can fail: a graph with a cycle is caught, with the cycle named."""
     g = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}

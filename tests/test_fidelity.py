@@ -10,7 +10,6 @@ import pytest
 import yaml
 
 from orchestrator.config import load_config
-from orchestrator.drivers.experiments_config import ExperimentsConfig
 from orchestrator.drivers.registry import RECIPES, get_method
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,8 +47,6 @@ def table_value(value: str):
 
 
 def load_preset(path: str) -> dict:
-    if "siamese_experiments" in path:
-        return load_config(ExperimentsConfig, ROOT / path).model_dump(mode="json")
     method = yaml.safe_load((ROOT / path).read_text())["method"]
     return load_config(get_method(method).config_cls, ROOT / path).model_dump(mode="json")
 

@@ -3,7 +3,6 @@ resolves to the same job (the same printout again). In-process: nothing here sta
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -16,26 +15,12 @@ from orchestrator.drivers.registry import method_names
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def siamese_main():
-    sys.path.insert(0, str(ROOT / "jobs"))
-    try:
-        spec = importlib.util.spec_from_file_location(
-            "siamese_experiments_job", ROOT / "jobs" / "siamese_experiments.py"
-        )
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.pop(0)
-    return module.main
-
-
 JOBS = {
     **{
         f"sweep:{d}": (lambda d=d: sweep_job.main("doc", d), [])
         for d in sorted(p.stem for p in (ROOT / "jobs").glob("*_sweep.py"))
     },
     **{f"train:{m}": (lambda: train_job.main("doc"), ["--method", m]) for m in method_names()},
-    "siamese_experiments": (lambda: siamese_main()(), []),
     "compare": (lambda: compare.main("doc"), []),
 }
 
@@ -56,7 +41,7 @@ def test_print_config_round_trips(job, tmp_path, monkeypatch, capsys):
     (tmp_path / "job.yaml").write_text(first)
     assert printed(monkeypatch, capsys, run, [*extra, "--config", str(tmp_path / "job.yaml")]) == first
     # an override on top of the printed file still applies (the file is a config, not a frozen dump)
-    key = "base.train.seed=7" if job == "siamese_experiments" else "train.seed=7"
+    key = "train.seed=7"
     again = yaml.safe_load(
         printed(monkeypatch, capsys, run, [*extra, "--config", str(tmp_path / "job.yaml"), key])
     )
@@ -64,6 +49,6 @@ def test_print_config_round_trips(job, tmp_path, monkeypatch, capsys):
         seed = {a["config"]["train"]["seed"] for a in again["arms"].values()}.pop()
     else:
         seed = (
-            again["base"]["train"]["seed"] if job.startswith(("sweep", "siamese")) else again["train"]["seed"]
+            again["base"]["train"]["seed"] if job.startswith("sweep") else again["train"]["seed"]
         )
     assert seed == 7

@@ -30,10 +30,7 @@ def catalogue(tmp: Path, tiny: Path) -> list[tuple[str, list[str], str]]:
     (gpt / "config.json").write_text(
         '{"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 1}'
     )
-    ev, tr, sw, au, ex = (
-        str(JOBS / n)
-        for n in ("evaluate.py", "train.py", "sifter_sweep.py", "augment_corpus.py", "siamese_experiments.py")
-    )
+    ev, tr, sw, au = (str(JOBS / n) for n in ("evaluate.py", "train.py", "sifter_sweep.py", "augment_corpus.py"))
     tsv_missing = write(tmp, "nocol.tsv", "sentence1\tsentence2\na\tb\n")
     tsv_nan = write(tmp, "nan.tsv", "sentence1\tsentence2\tscore\na\tb\thigh\n")
     tsv_empty = write(tmp, "empty.tsv", "")
@@ -126,6 +123,27 @@ def catalogue(tmp: Path, tiny: Path) -> list[tuple[str, list[str], str]]:
             "sweep.space.train.eval_steps=13.7",
         ),
         (
+            "sweep: a confirm stage of one seed (no interval)",
+            [sw, "confirm.seeds=1"],
+            "confirm.seeds: 1 seed gives no interval",
+        ),
+        ("sweep: a confirm stage of no setting", [sw, "confirm.top_k=0"], "confirm.top_k: Input should be"),
+        (
+            "sweep: the explore stage's dev task among the test tasks",
+            [sw, "eval.tasks=[stsb, stsb_dev]"],
+            "the test task 'stsb_dev' is the explore stage's dev task",
+        ),
+        (
+            "sweep: a confirm seed the explore stage trained with",
+            [sw, "confirm.seeds=[42, 7]"],
+            "confirm.seeds [42] trained in the explore stage too",
+        ),
+        (
+            "sweep: a confirm stage for a method without an untouched base",
+            [str(JOBS / "sentiment_sweep.py"), "--preset", "smoke", "confirm.seeds=2"],
+            "set confirm.seeds: 0",
+        ),
+        (
             "compare: arms on unequal steps",
             [cmp, "--config", unequal],
             "arm 'b' differs from arm 'a' in the step budget",
@@ -135,12 +153,6 @@ def catalogue(tmp: Path, tiny: Path) -> list[tuple[str, list[str], str]]:
             "compare: resume without name",
             [cmp, "--resume"],
             "--resume needs --name (the comparison to continue)",
-        ),
-        ("experiments: resume without name", [ex, "--resume"], "--resume needs --name"),
-        (
-            "experiments: resume of nothing",
-            [ex, "--name", "never", "--resume", "--storage", str(tmp / "st")],
-            "--resume: no experiments 'never' at",
         ),
         (
             "corpus: missing input",

@@ -4,7 +4,6 @@ losses, NAIVE's head dropped at export, and a Ray Train run whose model loads in
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -233,166 +232,27 @@ def test_siamese_under_ray_train(ray_cluster, tiny_bert_dir, tmp_path):
     assert SentenceTransformer(str(out), device="cpu").encode(["a tweet"]).shape == (1, 32)
 
 
-def test_experiment_presets_expand_into_valid_runs(monkeypatch):
-    from orchestrator.config import load_config
-    from orchestrator.drivers.experiments_config import ExperimentsConfig
-    from orchestrator.errors import ConfigError
+def test_the_table_1_comparisons_put_each_set_in_the_papers_role():
+    """The paper's Table 1 is a comparison per experiment (ORIG measured, NAIVE the reference, SIAMESE, ALL):
+    Sentiment140 trains and Sanders tests; Sanders' topics train and SemEval's (PIT-2015) test; seen and unseen
+    crisis events never overlap; ALL trains on the three training sets at once."""
+    import yaml
 
-    monkeypatch.setenv("SIEVE_STORAGE", "s3://acme-sieve")  # the paper preset reads its data from the bucket
-    for preset in ("smoke", "paper"):
-        cfg = load_config(ExperimentsConfig, f"configs/siamese_experiments/{preset}.yaml")
-        assert set(cfg.experiments) == {"sentiment", "topics", "crisis"}
-        naive = cfg.run_config("crisis", "naive")
-        assert naive.mode == "naive" and [s.name for s in naive.train_sets] == ["crisis_seen_events"]
-        every = cfg.run_config(None, "all")
-        assert len(every.train_sets) == 3 and every.n_pairs == cfg.all_pairs // 3 and every.mode == "siamese"
-        # the paper's roles: Sentiment140 trains and Sanders tests; Sanders' topics train, SemEval's test
-        roles = {e: (b.train.name, [t.name for t in b.test]) for e, b in cfg.experiments.items()}
-        assert roles["sentiment"] == ("sentiment140", ["sanders_sentiment"])
-        assert roles["topics"] == ("sanders_topics", ["pit2015_topics"])
-    # seen and unseen crisis events never overlap
-    train_events = set(naive.train_sets[0].where["event"])
-    assert not train_events & set(naive.test_sets[0].where["event"])
-    # NAIVE's own keys reach NAIVE runs only
-    cfg = load_config(
-        ExperimentsConfig,
-        "configs/siamese_experiments/smoke.yaml",
-        ["naive.head_warmup_steps=60", "naive.train.max_steps=120", "naive.train.batch_size=32"],
-    )
-    naive, siamese = cfg.run_config("sentiment", "naive"), cfg.run_config("sentiment", "siamese")
-    assert (naive.head_warmup_steps, naive.train.max_steps, naive.train.batch_size) == (60, 120, 32)
-    assert (siamese.head_warmup_steps, siamese.train.max_steps, siamese.train.batch_size) == (0, 60, 16)
-    with pytest.raises(ConfigError, match=r"experiments\.x\.test: .*at least 1"):
-        load_config(
-            ExperimentsConfig,
-            None,
-            ["experiments.x.train.name=a", "experiments.x.train.path=b", "experiments.x.test=[]"],
-        )
+    from orchestrator.config import REPO_ROOT
 
-
-def test_results_table_and_chart(tmp_path):
-    """The experiments job's per-set bookkeeping and its report (no training: hand-made results)."""
-    from orchestrator.config import load_config
-    from orchestrator.drivers.experiments import _per_set, write_results
-    from orchestrator.drivers.experiments_config import ExperimentsConfig
-
-    assert _per_set({"sentiment140_delta": 0.1, "sentiment140_map": 0.6, "sanders_topics_delta": 0.2}) == {
-        "sentiment140": {"delta": 0.1, "map": 0.6},
-        "sanders_topics": {"delta": 0.2},
-    }
-    cfg = load_config(ExperimentsConfig, "configs/siamese_experiments/smoke.yaml")
-    sets = ["sanders_sentiment", "pit2015_topics", "crisis_unseen_events"]
-    results = {
-        m: {s: {"delta": 0.1 * (i + 1), "map": 0.5} for s in sets}
-        for i, m in enumerate(["orig", "siamese", "all"])
-    }
-    write_results(tmp_path / "r", "toy", cfg, results, {"siamese-sentiment": 1}, 60.0)
-    md = (tmp_path / "r" / "results.md").read_text()
-    assert (
-        "| sentiment | sanders_sentiment | 10.00 | 20.00 | 30.00 |" in md and "| ORIG | SIAMESE | ALL |" in md
-    )
-    assert (tmp_path / "r" / "delta.png").stat().st_size > 1000
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_experiments_job_survives_a_cut_publish_and_resumes_once(
-    ray_cluster, tiny_bert_dir, tmp_path, embedded_tracking, monkeypatch
-):
-    """#18: the experiments job trains and tests first (each model committed to its storage as it finishes),
-    then publishes. The tracking server going away mid-publish ends the job with one line and the --resume
-    command; the resume trains nothing again, finishes the publish, and a second resume adds no run and no
-    version. (The outage is injected: the registry call after the first registration raises the error the
-    MLflow client raises for a refused connection - a server killed at that instant is not reproducible.)"""
-    import mlflow
-
-    from orchestrator.drivers import experiments as ex
-    from orchestrator.drivers import publish as pub
-    from orchestrator.errors import ConfigError, TrackingError
-
-    cfg = ex.ExperimentsConfig.model_validate(
-        {
-            "base": {
-                "model": {"name_or_path": str(tiny_bert_dir), "max_length": 32, "pooling": "mean"},
-                "n_pairs": 160,
-                "eval_pairs": 100,
-                "train": {"lr": 1e-3, "batch_size": 16, "max_steps": 4, "eval_steps": 2},
-                "scaling": {"num_workers": 1, "cpus_per_worker": 1},
-                "run": {"storage": str(tmp_path / "store")},
-            },
-            "experiments": {
-                "sentiment": {
-                    "train": {
-                        "name": "sanders",
-                        "path": "data/tweets/sanders.tsv",
-                        "label_column": "sentiment",
-                        "where": {"sentiment": ["positive", "negative"]},
-                    },
-                    "test": [{"name": "s140", "path": "data/tweets/sentiment140-test.tsv"}],
-                }
-            },
-            "all_pairs": 160,
-            "models": ["orig", "siamese", "all"],
-        }
-    )
-    fits, registrations = [], []
-    real_fit, real_register = ex.fit, pub.register
-
-    def timed_fit(*a, **k):
-        start = time.time()
-        out = real_fit(*a, **k)
-        fits.append((start, time.time()))
-        return out
-
-    monkeypatch.setattr(ex, "fit", timed_fit)
-
-    def register_then_gone(*a, **k):
-        if registrations:
-            raise ConnectionError("HTTPConnectionPool: Max retries exceeded (Connection refused)")
-        registrations.append(1)
-        return real_register(*a, **k)
-
-    monkeypatch.setattr(pub, "register", register_then_gone)
-    with pytest.raises(TrackingError) as cut:
-        ex.run_experiments(cfg, "exp", out_root=tmp_path / "outputs")
-    line = str(cut.value)
-    assert "went away while experiments 'exp'" in line and "--name exp --resume" in line
-    assert str(tmp_path / "store") in line and len(fits) == 2
-    # #22.4: two 1-CPU models fit the session's 4 logical CPUs: the second started before the first ended
-    assert max(start for start, _ in fits) < min(end for _, end in fits)
-    with pytest.raises(ConfigError, match="already exist"):  # a new job may not reuse the name
-        ex.run_experiments(cfg, "exp", out_root=tmp_path / "outputs")
-
-    monkeypatch.setattr(pub, "register", real_register)
-    out = ex.run_experiments(cfg, "exp", out_root=tmp_path / "outputs", resume=True)
-    assert len(fits) == 2  # nothing trained again
-    assert out["registered"] == {"siamese-sentiment": 1, "siamese-all": 1}
-    assert "published before" in out["gates"][0] and "published before" not in out["gates"][1]
-    again = ex.run_experiments(cfg, "exp", out_root=tmp_path / "outputs", resume=True)
-    assert len(fits) == 2 and again["registered"] == out["registered"]
-    assert all("published before" in g for g in again["gates"])
-    assert again["results"] == out["results"] and {"orig", "siamese", "all"} <= set(out["results"])
-
-    client = mlflow.MlflowClient()
-    exp_id = mlflow.get_experiment_by_name("sieve").experiment_id
-    runs = client.search_runs([exp_id], "tags.`sieve.sweep` = 'exp'")
-    assert sorted(r.data.tags.get("sieve.trial", "parent") for r in runs) == [
-        "all",
-        "orig",
-        "parent",
-        "siamese-sentiment",
-    ]
-    for name in ("siamese-sentiment", "siamese-all"):
-        assert len(client.search_model_versions(f"name = '{name}'")) == 1
-        # #38.2: Sieve's one card, as the version's description (no front matter) and in the exported folder
-        desc = client.get_model_version(name, "1").description
-        assert "Trained by Sieve's `siamese` recipe" in desc and "| metric | base | candidate |" in desc
-        assert "No champion yet" in desc and not desc.startswith("---") and "language: en" not in desc
-    card = next((tmp_path / "outputs").rglob("siamese-sentiment/README.md")).read_text()
-    assert card.startswith("---") and "experiments `exp`, siamese-sentiment" in card and "Unknown" not in card
-    assert (tmp_path / "outputs" / "reports" / "exp" / "results.md").is_file()
-    with pytest.raises(ConfigError, match="no experiments 'nope'"):
-        ex.run_experiments(cfg, "nope", out_root=tmp_path / "outputs", resume=True)
+    roles = {}
+    for exp in ("sentiment", "topics", "crisis"):
+        job = yaml.safe_load((REPO_ROOT / "configs" / "compare" / f"siamese_{exp}.yaml").read_text())
+        common = job["common_overrides"]
+        roles[exp] = ([s["name"] for s in common["train_sets"]], [s["name"] for s in common["test_sets"]])
+        assert set(job["arms"]) == {"naive", "siamese", "all"} and job["reference"] == "naive"
+        assert len(job["arms"]["all"]["overrides"]["train_sets"]) == 3 and len(job["seeds"]) >= 3
+        if exp == "crisis":
+            seen = set(common["train_sets"][0]["where"]["event"])
+            assert not seen & set(common["test_sets"][0]["where"]["event"])
+    assert roles["sentiment"] == (["sentiment140"], ["sanders_sentiment"])
+    assert roles["topics"] == (["sanders_topics"], ["pit2015_topics"])
+    assert roles["crisis"] == (["crisis_seen_events"], ["crisis_unseen_events"])
 
 
 def test_a_wrong_column_fails_the_preflight_naming_the_file(tmp_path, monkeypatch):

@@ -362,7 +362,7 @@ def test_a_trial_row_is_named_as_the_trial_function_named_it_not_by_its_folder()
     trial (seen in the kill/resume test: ``t1-…`` and ``t1-…_a5af``)."""
     import pandas as pd
 
-    from orchestrator.drivers.sweep import name_of, trial_rows
+    from orchestrator.drivers.engine import name_of, trial_rows
 
     params = {"lambda_xy": 1.0, "lambda_xz": 0.0}
     name = name_of("a5c3e_00001", params)

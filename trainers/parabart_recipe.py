@@ -80,6 +80,10 @@ class ParaBARTRecipe(Recipe):
     metric, metric_label = "stsb_dev_spearman", "STS-B dev Spearman"
     columns = ("src", "tgt", "tgt_parse", "src_bag")
 
+    @classmethod
+    def dev_tasks(cls, cfg):
+        return ["stsb_dev"]
+
     def setup(self):
         self.syntax, self.tags = load_vocabs(self.job["shards"])
         self.valid = load_valid_rows(self.job["shards"]) if common.rank() == 0 else {}

@@ -159,6 +159,17 @@ class Recipe(ABC):
         """Whether a config has a dev score at all (sweeps rank settings by it)."""
         return True
 
+    @classmethod
+    def dev_tasks(cls, cfg: MethodConfig) -> list[str]:
+        """The evaluation tasks (as ``eval.tasks`` / ``eval.domain`` name them) the dev score reads: a sweep's
+        confirm stage refuses to test on one, since the explore stage selected on it."""
+        return []
+
+    @classmethod
+    def test_tasks(cls, cfg: MethodConfig) -> list[str]:
+        """The tasks the final test reads: the STS tasks and the domain tasks."""
+        return [*cfg.eval.tasks, *cfg.eval.domain]
+
     # ------------------------------------------------------------ what reports and comparisons state
     @classmethod
     def base_model(cls, cfg: MethodConfig) -> str:

@@ -35,7 +35,8 @@ Args (config keys, see :class:`SiameseConfig`)
     test_sets: labelled sets for Δ and MAP;  eval_pairs: pairs of each kind (5,000)
 
 Example
-    python jobs/siamese_experiments.py --preset smoke
+    python jobs/train.py --method siamese --preset smoke
+    python jobs/compare.py --preset siamese_crisis     # the paper's Table 1, one experiment: ORIG/NAIVE/SIAMESE/ALL
 """
 
 from __future__ import annotations
@@ -345,6 +346,3 @@ class SiameseRecipe(Recipe):
     def training_data(cls, cfg):
         return {"train_sets": [t.model_dump(mode="json") for t in cfg.train_sets], "n_pairs": cfg.n_pairs}
 
-    @staticmethod
-    def paper_preset() -> str:  # the paper's table is several runs: its own job
-        return "configs/siamese_experiments/paper.yaml"

@@ -291,6 +291,10 @@ class SIFTERSimCSERecipe(Recipe):
     metric, metric_label = "stsb_dev_spearman", "STS-B dev Spearman"
     columns = ("text", "backbone_view", "deletion_view")
 
+    @classmethod
+    def dev_tasks(cls, cfg):
+        return ["stsb_dev"]
+
     def setup(self):
         self.seen = Counter()  # rows whose Y / Z tokenized to X's ids, since this worker started
 

@@ -345,5 +345,9 @@ class TSDAERecipe(Recipe):
         return cls.metric if cfg.eval.select == "best" else None
 
     @classmethod
+    def dev_tasks(cls, cfg):
+        return [cfg.eval.dev] if cfg.eval.dev else []
+
+    @classmethod
     def has_dev(cls, cfg):
         return cfg.eval.dev is not None

@@ -36,7 +36,6 @@ import ray
 import ray.tune
 import torch
 from ray import tune
-from ray.tune.search import BasicVariantGenerator
 
 from orchestrator import storage, tracking
 from orchestrator.config import (
@@ -61,17 +60,8 @@ from orchestrator.drivers.compare_plan import (  # noqa: F401 - the compare file
 )
 from orchestrator.drivers.compare_publish import CompareResult, publish
 from orchestrator.drivers.compare_start import start_from
+from orchestrator.drivers.engine import launch, name_of, reports_uri, sweep_dir, train_trial, trial_row
 from orchestrator.drivers.registry import get_method
-from orchestrator.drivers.sweep import (
-    ProgressLines,
-    name_of,
-    reports_uri,
-    sweep_dir,
-    sweeps_root,
-    train_trial,
-    trial_name,
-    trial_row,
-)
 from orchestrator.drivers.train import (
     Outcome,
     checkpoint_at,
@@ -193,7 +183,7 @@ def measure_bases(plan: ComparePlan, where: str) -> dict[str, dict]:
 def run(plan: ComparePlan, parent_id: str | None = None) -> CompareResult:
     init_ray(quiet=not plan.verbose)
     t0 = time.time()
-    root, where = sweeps_root(plan.first.run.storage), sweep_dir(plan.first.run.storage, plan.name)
+    where = sweep_dir(plan.first.run.storage, plan.name)
     shards = {
         name: recipe.prepare_data(cfg, progress=plan.progress) for name, (recipe, cfg) in plan.arms.items()
     }
@@ -215,17 +205,14 @@ def run(plan: ComparePlan, parent_id: str | None = None) -> CompareResult:
         if parent_id
         else None
     )
-    trainable = tune.with_resources(
-        tune.with_parameters(
-            compare_trial,
-            arms={n: (recipe.name, cfg) for n, (recipe, cfg) in plan.arms.items()},
-            shards=shards,
-            sweep_dir=where,
-            tracking=live,
-            starts={n: (recipe.name, cfg) for n, (recipe, cfg) in plan.starts.items()},
-            start_shards=start_shards,
-        ),
-        {"CPU": 1},
+    trainable = tune.with_parameters(
+        compare_trial,
+        arms={n: (recipe.name, cfg) for n, (recipe, cfg) in plan.arms.items()},
+        shards=shards,
+        sweep_dir=where,
+        tracking=live,
+        starts={n: (recipe.name, cfg) for n, (recipe, cfg) in plan.starts.items()},
+        start_shards=start_shards,
     )
     concurrent = min(
         concurrent_trials(cfg, plan.job.max_concurrent_trials, streams=not materializes(cfg, data[n]))
@@ -233,30 +220,18 @@ def run(plan: ComparePlan, parent_id: str | None = None) -> CompareResult:
         for n, (_, cfg) in group.items()
     )
     first_recipe = next(iter(plan.arms.values()))[0]
-    if plan.resume and tune.Tuner.can_restore(where):
-        tuner = tune.Tuner.restore(where, trainable=trainable, resume_unfinished=True, resume_errored=True)
-    else:  # new (resolve() refused a name in use), or killed before any trial started: the base is kept
-        space = {"arm": tune.grid_search(list(plan.arms)), "seed": tune.grid_search(plan.job.seeds)}
-        tuner = tune.Tuner(
-            trainable,
-            param_space={"params": space},
-            tune_config=tune.TuneConfig(
-                num_samples=1,
-                search_alg=BasicVariantGenerator(max_concurrent=concurrent),
-                trial_name_creator=trial_name,
-                trial_dirname_creator=trial_name,
-            ),
-            run_config=tune.RunConfig(
-                name=plan.name,
-                storage_path=root,
-                verbose=1 if plan.verbose else 0,
-                callbacks=[]
-                if plan.verbose
-                else [ProgressLines(first_recipe.metric, first_recipe.metric_label)],
-                failure_config=tune.FailureConfig(max_failures=0),
-            ),
-        )
-    grid = tuner.fit()
+    # new (resolve() refused a name in use), or killed before any trial started (the base is kept): a new
+    # experiment; else the killed one restored
+    grid = launch(
+        trainable,
+        {"arm": tune.grid_search(list(plan.arms)), "seed": tune.grid_search(plan.job.seeds)},
+        name=plan.name,
+        storage_root=plan.first.run.storage,
+        resume=plan.resume,
+        concurrent=concurrent,
+        progress=(first_recipe.metric, first_recipe.metric_label),
+        verbose=plan.verbose,
+    )
     rows = collect(plan, grid, where)
     board = leaderboard(plan, rows, bases)
     return CompareResult(rows, board, time.time() - t0)

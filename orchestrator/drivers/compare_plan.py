@@ -25,8 +25,8 @@ from orchestrator.config import (
     validate,
 )
 from orchestrator.drivers.cli import location_overrides
+from orchestrator.drivers.engine import refuse_existing
 from orchestrator.drivers.registry import get_method
-from orchestrator.drivers.sweep import refuse_existing
 from orchestrator.drivers.train import preflight, settled
 from orchestrator.errors import ConfigError
 from orchestrator.evaluation.encode import test_time_pooling

@@ -19,9 +19,9 @@ from pathlib import Path
 from orchestrator import storage
 from orchestrator.config import MethodConfig, with_params
 from orchestrator.drivers.compare_plan import seeded
+from orchestrator.drivers.engine import reports_uri
 from orchestrator.drivers.recording import RecordingCallback
 from orchestrator.drivers.registry import get_method
-from orchestrator.drivers.sweep import reports_uri
 from orchestrator.drivers.train import build_trainer, fit
 
 

@@ -11,7 +11,7 @@ import torch
 
 from orchestrator import storage
 from orchestrator.config import MethodConfig
-from orchestrator.drivers.sweep import reports_uri, trial_row
+from orchestrator.drivers.engine import reports_uri, trial_row
 from orchestrator.drivers.train import Beside, worker_cores
 from orchestrator.evaluation.suite import TestReport
 

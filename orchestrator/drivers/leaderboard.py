@@ -212,10 +212,10 @@ def gate_text(row: dict, headline: str) -> str:
         f"gate: register only when the lower bound of the {d['confidence']:.0%} interval of {row['arm']} − base "
         f"({row['base']}) on {headline} is above 0"
         + (f" after Holm's adjustment over the {d['adjusted']['m']} arms" if d.get("adjusted") else "")
-        + f", over {d['n']} seed(s): {_ci(d)}"
+        + f", over {d['n']} seed(s): {ci_text(d)}"
     )
     if (strong := row.get("vs_strongest_base")) is not None:
-        rule += f"; and against the base read its strongest way: {_ci(strong)}"
+        rule += f"; and against the base read its strongest way: {ci_text(strong)}"
     return f"{rule} → {'passed' if row['gate'] else 'not passed'}"
 
 
@@ -233,7 +233,8 @@ def _pm(mean, std) -> str:
     )
 
 
-def _ci(d: dict | None) -> str:
+def ci_text(d: dict | None) -> str:
+    """A comparison in one phrase: the raw interval, and Holm's beside it when adjusted."""
     if d is None:
         return "–"
     if d["n"] < 2:
@@ -283,7 +284,7 @@ def markdown(board: dict) -> str:
         name = f"**{r['arm']}**" if r["arm"] == ref else r["arm"]
         lines.append(
             f"| {name} | {r['method']} | {r['pooling']} | {r['n']} | {_pm(r['mean'][h], r['std'][h])} | "
-            f"{_ci(r['vs_base'])} | {'(reference)' if r['arm'] == ref else _ci(r['vs_reference'])} | "
+            f"{ci_text(r['vs_base'])} | {'(reference)' if r['arm'] == ref else ci_text(r['vs_reference'])} | "
             f"{_pm(r['dev_mean'], r['dev_std'])} | {_loss(r)} |"
         )
     budgets = [f"{r['arm']} {r['budget']}" for r in board["rows"] if r.get("budget")]
@@ -298,7 +299,7 @@ def markdown(board: dict) -> str:
             f"{_x100(best['test'].get(h))} (its user's yardstick), each arm read another way:",
             "",
         ]
-        lines += [f"- {r['arm']} ({r['pooling']}): {_ci(r['vs_strongest_base'])}" for r in others]
+        lines += [f"- {r['arm']} ({r['pooling']}): {ci_text(r['vs_strongest_base'])}" for r in others]
     keys = board["keys"]
     lines += [
         "",

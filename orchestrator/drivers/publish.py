@@ -63,6 +63,18 @@ class Choice:
         return self.base_dev is None or self.best_dev > self.base_dev + self.margin
 
 
+def ranked_settings(rows: list[dict], group_out: list[str], baseline_params: dict) -> list[list[dict]]:
+    """The trials grouped by setting (their params less ``group_out``), best mean dev first; trials that ran the
+    whole budget are preferred to ones ASHA stopped, and a baseline point of the grid is not a candidate."""
+    scored = [r for r in rows if r["checkpoint_path"] and r["best_dev"] == r["best_dev"]]
+    full = [r for r in scored if not r["stopped_early"]] or scored
+    candidates = [r for r in full if not is_baseline(r["params"], baseline_params)] or full
+    groups: dict[str, list[dict]] = {}
+    for r in candidates:
+        groups.setdefault(setting_of(r["params"], group_out), []).append(r)
+    return sorted(groups.values(), key=lambda g: -float(np.mean([r["best_dev"] for r in g])))
+
+
 def choose(
     rows: list[dict],
     *,
@@ -76,12 +88,7 @@ def choose(
     untouched model (``base``) or, for a method whose baseline is a point of its grid (SIFTER-LSTM's
     plain LSTM), the mean over that point's seeds."""
     scored = [r for r in rows if r["checkpoint_path"] and r["best_dev"] == r["best_dev"]]
-    full = [r for r in scored if not r["stopped_early"]] or scored
-    candidates = [r for r in full if not is_baseline(r["params"], baseline_params)] or full
-    groups: dict[str, list[dict]] = {}
-    for r in candidates:
-        groups.setdefault(setting_of(r["params"], group_out), []).append(r)
-    best_group = max(groups.values(), key=lambda g: np.mean([r["best_dev"] for r in g]))
+    best_group = ranked_settings(rows, group_out, baseline_params)[0]
     best = max(best_group, key=lambda r: r["best_dev"])
     best_dev = float(np.mean([r["best_dev"] for r in best_group]))
     if base is not None:

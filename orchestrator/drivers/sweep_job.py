@@ -5,7 +5,11 @@
     summary = publish(plan, result)   # MLflow child runs, registration gated on beating the base, report
 
 The untouched base model is measured in the same run, with the same pooling and tasks, and is the
-first row of every comparison; the alias ``candidate`` moves only when the best setting beats it.
+first row of every comparison. A sweep explores, then confirms (:mod:`orchestrator.drivers.confirm`): the explore
+stage ranks settings on the dev task, one seed each; the confirm stage trains its ``confirm.top_k`` best again
+with fresh paired seeds through the comparison engine and tests them on the test tasks, which the exploration
+never read; ``candidate`` moves only when the best confirmed setting's interval against the base lies above 0.
+``confirm.seeds: 0`` keeps the single-seed dev gate, and the card and the last line say "unconfirmed".
 """
 
 from __future__ import annotations
@@ -29,14 +33,15 @@ from orchestrator.config import (
     set_path,
     validate,
 )
-from orchestrator.drivers import outbox
+from orchestrator.drivers import confirm, outbox
 from orchestrator.drivers import publish as pub
 from orchestrator.drivers.cli import job_parser, location_overrides, print_config
 from orchestrator.drivers.cluster import init_ray, shutdown_ray
 from orchestrator.drivers.early_tests import EarlyTests
+from orchestrator.drivers.engine import refuse_existing, sweep_dir, trial_rows
 from orchestrator.drivers.registry import get_method
 from orchestrator.drivers.report import write_sweep_report
-from orchestrator.drivers.sweep import refuse_existing, run_sweep, sweep_dir, trial_rows
+from orchestrator.drivers.sweep import run_sweep
 from orchestrator.drivers.sweep_space import SweepJobConfig, check_space, config_of
 from orchestrator.drivers.train import (
     Outcome,
@@ -64,6 +69,9 @@ def parse_args(doc: str, default_dir: str) -> argparse.Namespace:
 
 
 # ---------------------------------------------------------------- 1. resolve
+JOB_KEYS = ("sweep.", "confirm.")  # command-line keys of the sweep file itself; the rest set the base config
+
+
 @dataclass
 class SweepPlan:
     name: str
@@ -76,6 +84,13 @@ class SweepPlan:
     verbose: bool = False
     default_dir: str = ""  # the job's preset folder = its script's name (jobs/<default_dir>.py)
     configs: dict[str, MethodConfig] = field(default_factory=dict)  # each grid point's, typed (check_space)
+    confirm_seeds: list[int] = field(default_factory=list)  # the confirm stage's; empty: no confirm stage
+
+    @property
+    def registered_name(
+        self,
+    ) -> str:  # the confirm stage's; without one the best trial's config may name another
+        return self.base.tracking.registry_model_name or self.job.method.replace("_", "-")
 
 
 def resolve(args: argparse.Namespace, default_dir: str) -> SweepPlan:
@@ -86,7 +101,7 @@ def resolve(args: argparse.Namespace, default_dir: str) -> SweepPlan:
     path = args.config or resolve_config_path(args.preset, default_dir)
     job = validate(
         SweepJobConfig,
-        apply_overrides(read_yaml(Path(path)), [o for o in args.overrides if o.startswith("sweep.")]),
+        apply_overrides(read_yaml(Path(path)), [o for o in args.overrides if o.startswith(JOB_KEYS)]),
         str(path),
     )
     recipe = get_method(job.method)
@@ -97,7 +112,7 @@ def resolve(args: argparse.Namespace, default_dir: str) -> SweepPlan:
         data, source = read_yaml(base_path), str(base_path)
     for key, value in job.base_overrides.items():
         set_path(data, key.split("."), value, f"{path}: base_overrides.{key}")
-    cli = [o for o in args.overrides if not o.startswith("sweep.")] + location_overrides(args)
+    cli = [o for o in args.overrides if not o.startswith(JOB_KEYS)] + location_overrides(args)
     base = validate(recipe.config_cls, apply_overrides(data, cli), f"{source} (+ overrides)")
     if not recipe.has_dev(base):
         raise ConfigError(
@@ -105,6 +120,7 @@ def resolve(args: argparse.Namespace, default_dir: str) -> SweepPlan:
             "(eval.dev is empty - the paper's protocol); set eval.dev to tune on a labelled dev set"
         )
     configs = check_space(base, job.sweep.space, str(path))
+    seeds = confirm.check(job, recipe, base, configs, str(path))
     if args.print_config:
         return SweepPlan(
             "",
@@ -120,7 +136,17 @@ def resolve(args: argparse.Namespace, default_dir: str) -> SweepPlan:
         refuse_existing(base.run.storage, name)
     configs = {k: settled(c) for k, c in configs.items()}  # a typed copy each: nothing validated again
     return SweepPlan(
-        name, job, recipe, base, exp_id, args.resume, not args.no_progress, args.verbose, default_dir, configs
+        name,
+        job,
+        recipe,
+        base,
+        exp_id,
+        args.resume,
+        not args.no_progress,
+        args.verbose,
+        default_dir,
+        configs,
+        seeds,
     )
 
 
@@ -130,12 +156,13 @@ class SweepResult:
     shards: str
     rows: list[dict]  # every trial, best dev first
     choice: pub.Choice
-    test: TestReport  # the chosen trial's test report
-    model_dir: Path
+    test: TestReport | None  # the chosen trial's test report (None: a confirm stage tested instead)
+    model_dir: Path | None
     base: BaseResult | None  # the yardstick: the strongest of ``bases`` on the dev metric
     wall_s: float
     extra: dict = field(default_factory=dict)
     bases: list[BaseResult] = field(default_factory=list)  # every pooling the base was measured with
+    confirmed: tuple | None = None  # (settings, its ComparePlan, its CompareResult) when a confirm stage ran
 
 
 def run(plan: SweepPlan, parent_id: str | None = None) -> SweepResult:
@@ -201,6 +228,9 @@ def run(plan: SweepPlan, parent_id: str | None = None) -> SweepResult:
         baseline_params=recipe.baseline_params,
         margin=job.candidate_margin,
     )
+    if plan.confirm_seeds:  # the confirm stage trains, tests and registers: no single trial is exported
+        staged = confirm.stage(plan, rows, bases, parent_id)
+        return SweepResult(shards, rows, choice, None, None, base, time.time() - t0, bases, staged)
     # the chosen trial, exported where the registry reads it; tested once: a trial tested above is not
     # measured again (the same checkpoint, the same deterministic evaluation: a 7-task STS test is minutes)
     known = reports.get(choice.best["trial"])
@@ -225,9 +255,14 @@ def _export(plan: SweepPlan, row: dict, out: Path, tested: TestReport | None = N
 
 
 # ---------------------------------------------------------------- 3. publish
+UNCONFIRMED = " - unconfirmed: one seed, selected and gated on the same dev score (confirm.seeds: 0)"
+
+
 def publish(plan: SweepPlan, result: SweepResult, parent_id: str) -> dict:
     """Child runs, parent metrics (best and base), the model registered (``candidate`` only when it
     beats the base), and the report."""
+    if result.confirmed is not None:
+        return confirm.publish(plan, result, parent_id)
     recipe, choice, best = plan.recipe, result.choice, result.choice.best
     pub.log_trials(plan.exp_id, parent_id, plan.name, result.rows, recipe.metric)
     base_metrics = (
@@ -243,7 +278,7 @@ def publish(plan: SweepPlan, result: SweepResult, parent_id: str) -> dict:
         }
     )
     best_cfg = config_of(plan.base, plan.configs, best["params"], "best trial")
-    reg_name = best_cfg.tracking.registry_model_name or plan.job.method.replace("_", "-")
+    reg_name = best_cfg.tracking.registry_model_name or plan.registered_name
     chash, test = config_hash(best_cfg), result.test
     champion = tracking.alias_tags(reg_name, "champion")  # before this version: the one a person promoted
     card = pub.model_card(
@@ -282,7 +317,7 @@ def publish(plan: SweepPlan, result: SweepResult, parent_id: str) -> dict:
         },
     )
     registered["run_id"] = parent_id
-    line = pub.gate_line(choice, recipe.metric_label, registered)
+    line = pub.gate_line(choice, recipe.metric_label, registered) + UNCONFIRMED
     if not registered["new"]:
         line += f" (this sweep was published before: v{registered['version']} stands, nothing new registered)"
     report_dir = Path("outputs") / "reports" / plan.name
@@ -392,14 +427,19 @@ def main(doc: str, default_dir: str) -> int:
     except Exception as exc:
         raise publish_outage(exc, plan) or exc  # noqa: B904 - the outage line replaces MLflow's retries' traceback
     shutdown_ray()
-    console = result.test.table
-    if result.base is not None:
-        console += f"\n\ncandidate − base ({result.base.label}), ×100:\n" + compare_table(
-            result.base.test, result.test
-        )
+    console = summary.pop("console") if result.confirmed is not None else unconfirmed_console(result)
     data = {k: v for k, v in summary.items() if k not in ("gate", "verdict")}
     Path(summary["report"]).with_name("summary.json").write_text(json.dumps(data, indent=2) + "\n")
     console += "\n\n" + "\n".join(summary["verdict"])  # the closing verdict; its last line the registration
     pub.write_published(sweep_dir(plan.base.run.storage, plan.name), summary, console)
     print(console)
     return 0
+
+
+def unconfirmed_console(result: SweepResult) -> str:
+    console = result.test.table
+    if result.base is not None:
+        console += f"\n\ncandidate − base ({result.base.label}), ×100:\n" + compare_table(
+            result.base.test, result.test
+        )
+    return console

@@ -9,7 +9,7 @@ import json
 import math
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from ray import tune
 
 from orchestrator.config import MethodConfig, StrictModel, with_params
@@ -77,6 +77,39 @@ class SweepConfig(StrictModel):
     space: dict[str, Dimension] = {}
 
 
+class ConfirmBlock(StrictModel):
+    """The confirm stage: the explore stage's best settings trained again with fresh paired seeds and tested on
+    the test tasks, which the explore stage never read; ``candidate`` moves only when the best confirmed
+    setting's interval against the base lies above 0 (Holm-adjusted over the settings)."""
+
+    top_k: int = Field(2, ge=1, description="how many of the explore stage's best settings are confirmed")
+    seeds: int | list[int] = Field(
+        3,
+        description="paired seeds per setting: a count (the first positive seeds the explore stage did not "
+        "train with) or the seeds themselves; 0: no confirm stage - the single-seed dev gate, 'unconfirmed'",
+    )
+    confidence: float = Field(0.95, gt=0, lt=1)
+
+    @field_validator("seeds")
+    @classmethod
+    def _an_interval(cls, v):
+        n = v if isinstance(v, int) else len(v)
+        if isinstance(v, list) and len(set(v)) != len(v):
+            raise ValueError(f"seeds must be distinct: {v}")
+        if n < 0:
+            raise ValueError("a count of seeds is 0 or more")
+        if n == 1:
+            raise ValueError(
+                "1 seed gives no interval: give 2 or more, or 0 for no confirm stage (the single-seed dev gate, "
+                "reported as unconfirmed)"
+            )
+        return v
+
+    @property
+    def on(self) -> bool:
+        return self.seeds != 0 and self.seeds != []
+
+
 class SweepJobConfig(StrictModel):
     """A sweep file: the method, its base preset (+ overrides by path), and the search space."""
 
@@ -92,10 +125,11 @@ class SweepJobConfig(StrictModel):
     group_out: list[str] = Field(
         ["train.seed"], description="space keys averaged over in the report's groups"
     )
+    confirm: ConfirmBlock = ConfirmBlock()
     candidate_margin: float = Field(
         0.0,
         ge=0,
-        description="the alias `candidate` moves only when the best "
+        description="without a confirm stage (confirm.seeds: 0), the alias `candidate` moves only when the best "
         "setting's dev score beats the base model's by more than this",
     )
 
@@ -155,3 +189,16 @@ def total_trials(job: SweepJobConfig) -> int:
     return job.sweep.num_samples * math.prod(
         len(d.grid) for d in job.sweep.space.values() if d.grid is not None
     )
+
+
+def confirm_seeds(confirm: ConfirmBlock, explored: set[int], source: str) -> list[int]:
+    """The confirm stage's seeds: a count gives the first positive seeds the explore stage did not train with; a
+    list is refused where it shares one with the explore stage (a seed that selected a setting would grade it)."""
+    if isinstance(confirm.seeds, list):
+        if shared := sorted(set(confirm.seeds) & explored):
+            raise ConfigError(
+                f"{source}: confirm.seeds {shared} trained in the explore stage too; a seed that selected a "
+                "setting cannot confirm it - pick seeds it did not train with"
+            )
+        return list(confirm.seeds)
+    return list(itertools.islice((s for s in itertools.count(1) if s not in explored), confirm.seeds))

@@ -279,11 +279,8 @@ def export_and_test(
     return Path(out_dir), report
 
 
-def measure_bases(recipe: type[Recipe], cfg: MethodConfig, tried=()) -> list[BaseResult]:
-    """The untouched model, measured with every pooling results are read with: the config's, each one in
-    ``tried`` (a sweep's ``model.pooling`` values), and the folder's own saved pooling (how the user uses it
-    today). A job sets its model against the strongest - never against a weaker way of reading the same
-    model (e.g. MiniLM with CLS where it was trained for mean)."""
+def base_poolings(recipe: type[Recipe], cfg: MethodConfig, tried=()) -> list[str]:
+    """The poolings :func:`measure_bases` reads the base with, in its order (none without a base of its own)."""
     if not recipe.has_base:
         return []
     saved = saved_pooling(resolve_model_source(recipe.base_model(cfg)))
@@ -292,8 +289,16 @@ def measure_bases(recipe: type[Recipe], cfg: MethodConfig, tried=()) -> list[Bas
         if test_time_pooling(p) not in seen:  # `cls` trains an MLP head and is read as the raw [CLS] at test
             seen.add(test_time_pooling(p))
             poolings.append(p)
+    return poolings
+
+
+def measure_bases(recipe: type[Recipe], cfg: MethodConfig, tried=()) -> list[BaseResult]:
+    """The untouched model, measured with every pooling results are read with: the config's, each one in
+    ``tried`` (a sweep's ``model.pooling`` values), and the folder's own saved pooling (how the user uses it
+    today). A job sets its model against the strongest - never against a weaker way of reading the same
+    model (e.g. MiniLM with CLS where it was trained for mean)."""
     out = []
-    for p in poolings:
+    for p in base_poolings(recipe, cfg, tried):
         variant = cfg.model_copy(deep=True)
         variant.model.pooling = p
         out.append(recipe.evaluate_base(variant))

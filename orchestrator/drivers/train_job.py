@@ -1,7 +1,8 @@
 """``jobs/train.py``: one training run of any method, beside its base model.
 
-config (validated once) → preflight → data → base model measured → Ray Train → export → test →
-one MLflow run (kept as a pending record when the tracking server is gone)
+config (validated once) → preflight → data → base model measured → one trial of the engine (one arm × one seed:
+a Ray Train run inside a Tune trial, as every job's) → export → test → one MLflow run (kept as a pending record
+when the tracking server is gone)
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ from orchestrator.drivers import outbox
 from orchestrator.drivers import publish as pub
 from orchestrator.drivers.cli import job_parser, location_overrides, print_config
 from orchestrator.drivers.cluster import init_ray, shutdown_ray
+from orchestrator.drivers.engine import run_one, sweep_dir
 from orchestrator.drivers.registry import get_method, method_names
 from orchestrator.drivers.train import (
     Beside,
-    build_trainer,
+    Outcome,
+    checkpoint_at,
     export_and_test,
     export_dir,
-    fit,
     idle_cores,
     measure_bases,
     preflight,
@@ -58,7 +60,15 @@ def main(doc: str) -> int:
         args.name or cfg.run.name or f"{args.method}-{time.strftime('%Y%m%d-%H%M%S')}", "--name"
     )
     exp_id = preflight(cfg)  # tracking server, storage, model source: fail before any Ray work
-    if storage.exists(taken := storage.join(cfg.run.storage, "train", name)):  # Ray Train would resume it
+    taken = next(  # Ray Train would resume it: the engine's experiment, or a run made before the engine
+        (
+            p
+            for p in (sweep_dir(cfg.run.storage, name), storage.join(cfg.run.storage, "train", name))
+            if storage.exists(p)
+        ),
+        None,
+    )
+    if taken:
         raise ConfigError(
             f"--name {name!r}: a run of that name exists at {taken}; its checkpoints would be "
             f"resumed under this config - pass another --name"
@@ -84,7 +94,9 @@ def main(doc: str) -> int:
             flush=True,
         )
     bases = [] if args.no_base or beside is not None else measure_bases(recipe, cfg)
-    outcome = fit(build_trainer(recipe, cfg, shards, name=name, mlflow_run=(run_id, uri)), recipe, cfg)
+    # one arm × one seed through the engine every job runs on (a comparison is arms × seeds, a sweep explores)
+    best, history = run_one(recipe, cfg, shards, name=name, mlflow_run=(run_id, uri), verbose=args.verbose)
+    outcome = Outcome(checkpoint_at(best["checkpoint_path"]), best, history)
     if beside is not None:
         bases = beside.result()
     base = max(bases, key=lambda b: b.dev) if bases else None

@@ -89,6 +89,7 @@ def test_compare_killed_and_resumed_trains_and_tests_each_trial_once(
     proc = run_job(tmp_path, store, "--config", str(cfg), "--name", "cmp", "--resume")
     out, _ = proc.communicate(timeout=800)
     assert proc.returncode == 0, out[-4000:]
+    assert "engine: experiment 'cmp' restored at " in out  # the one engine every job runs on, its resume rule
     starts = [p.name.rsplit("-", 1)[0] for p in (where / "invocations").iterdir()]
     assert len(set(starts)) == 4 and all(starts.count(t) == 1 for t in tested_before), starts  # trained once
     tests = sorted(p.stem for p in (where / "tests").iterdir())

@@ -27,9 +27,11 @@ def sweep_file(
     workers: int = 2,
     concurrent: int | None = None,
     every_trial: bool = False,
+    confirm: dict | None = None,
 ) -> Path:
     cfg = {
         "method": "sifter_simcse",
+        "confirm": confirm or {"seeds": 0},  # the single-seed gate unless a test confirms
         "base": str(ROOT / "configs" / "sifter_simcse" / "smoke.yaml"),
         "test_every_trial": every_trial,
         "base_overrides": {
@@ -170,9 +172,9 @@ def test_tiny_sweep_registers_best_and_reports(ray_cluster, tiny_bert_dir, tmp_p
         and (float(mv.tags["dev_score"]) > float(mv.tags["base_dev_score"])) == beats
     )
     assert (summary["registered"]["alias"] == "candidate") == beats
-    assert (
-        out.strip().splitlines()[-1].startswith("candidate:" if beats else "the sweep found nothing better")
-    )
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("candidate:" if beats else "the sweep found nothing better")
+    assert last.endswith("unconfirmed: one seed, selected and gated on the same dev score (confirm.seeds: 0)")
     # #38.5: the console closes on a verdict of at most 8 lines: setting, figures beside base and champion, the
     # largest regression, the noise, absolute paths, the next command, the registration line last
     lines = out.strip().splitlines()
@@ -258,9 +260,8 @@ def test_tiny_sweep_registers_best_and_reports(ray_cluster, tiny_bert_dir, tmp_p
 
 def test_ray_job_submit_runs_the_sweep(ray_cluster, tiny_bert_dir, tmp_path, store):
     """The README's cluster command, against the session's head node: `ray job submit --working-dir .`."""
-    cfg = sweep_file(
-        tmp_path, tiny_bert_dir, [SIFTER], workers=1
-    )  # what is tested is the submission, not DDP
+    # what is tested is the submission (not DDP) of the main job as users run it: explore, then confirm
+    cfg = sweep_file(tmp_path, tiny_bert_dir, [SIFTER], workers=1, confirm={"top_k": 1, "seeds": 2})
     tracking = f"sqlite:///{tmp_path / 'submitted.db'}"
     env = {**os.environ, "RAY_ADDRESS": os.environ["SIEVE_TEST_DASHBOARD"]}
     # the head's job agent can be unreachable for a while ("please try again later"; seen twice in ~6 full
@@ -297,7 +298,38 @@ def test_ray_job_submit_runs_the_sweep(ray_cluster, tiny_bert_dir, tmp_path, sto
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
     assert "succeeded" in res.stdout
     summary = final_json(res.stdout)
-    assert summary["registered"]["version"] == 1 and summary["trials"] == 1
+    # explore (1 trial, seed 42), then confirm: the setting again with 2 fresh seeds, tested beside the base
+    assert (
+        summary["trials"] == 1
+        and summary["confirm"]["seeds"] == [1, 2]
+        and summary["confirm"]["failed"] == []
+    )
+    reports = Path(re.search(r"\(summary JSON: (/\S+)\)", res.stdout).group(1)).parent.parent  # the job's cwd
+    board = json.loads((reports / summary["confirm"]["comparison"] / "leaderboard.json").read_text())
+    (top,) = board["rows"]
+    assert top["arm"] == "rank1" and sorted(top["per_seed"]) == ["1", "2"] and top["n"] == 2
+    from orchestrator.stats import gate, paired_difference
+
+    base = board["bases"][top["pooling"]]["test"][board["headline"]]
+    again = paired_difference({s: v[board["headline"]] for s, v in top["per_seed"].items()}, base)
+    assert (
+        again.low == pytest.approx(top["vs_base"]["low"])
+        and gate(again) == top["gate"] == summary["beats_base"]
+    )
+    lines = res.stdout.strip().splitlines()
+    assert any(line.startswith("| rank1 | sifter_simcse | mean | 2 |") for line in lines)  # the confirm table
+    name = summary["sweep"]  # both stages through the one engine every job runs on
+    assert f"engine: experiment '{name}' started" in res.stdout
+    assert f"engine: experiment '{name}-confirm' started" in res.stdout
+    mlflow = mlflow_at(tmp_path)
+    mlflow.set_tracking_uri(tracking)
+    mlflow.set_registry_uri(tracking)
+    versions = mlflow.MlflowClient().search_model_versions("name = 'sifter-simcse'")
+    if summary["beats_base"]:  # registered only when the confirmed interval lies above the base
+        assert summary["registered"]["version"] == 1 and lines[-1].startswith("candidate: sifter-simcse v1")
+        assert [v.tags["compare"] for v in versions] == [summary["confirm"]["comparison"]]
+    else:
+        assert summary["registered"] is None and versions == [] and lines[-1].startswith("no candidate:")
 
 
 def test_killed_driver_resumes_without_rerunning_finished_trials(ray_cluster, tiny_bert_dir, tmp_path, store):

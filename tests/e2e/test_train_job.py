@@ -108,6 +108,9 @@ def test_train_job_tracks_live_exports_and_keeps_secrets(ray_cluster, tiny_bert_
         time.sleep(1)
     out, _ = proc.communicate(timeout=400)
     assert proc.returncode == 0, out[-3000:]
+    assert (
+        f"engine: experiment 'live' started at {tmp_path / 'store' / 'sweeps' / 'live'}" in out
+    )  # the one engine
     assert seen_running is not None, "no dev evaluation reached MLflow while the job ran"
     n_dev, losses = seen_running
     assert n_dev >= 1 and len(losses) >= 2  # loss every step, dev every 2 steps, before the end

@@ -1,0 +1,323 @@
+"""The experiment engine every job runs on: a plan's trials as one Ray Tune experiment, each trial one Ray Train
+run (:func:`train_trial`) recorded in the experiment's storage.
+
+A comparison is arms × seeds (a grid of trials, :mod:`~orchestrator.drivers.compare`); a sweep's explore stage
+draws its trials from a search space (:mod:`~orchestrator.drivers.sweep`), and its confirm stage is a comparison
+(:mod:`~orchestrator.drivers.confirm`). All of them go through :func:`launch`, with one resume rule (a killed
+driver's experiment is restored from its storage; a trial that finished training is never trained again, its
+recorded reports are replayed), one naming of trials (their setting, readable in logs, reports and MLflow),
+one progress line per evaluation, and one way of reading a trial back (:func:`trial_row`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from pathlib import Path
+
+import ray
+import ray.tune
+from mlflow import MlflowClient
+from ray import tune
+from ray.tune.search import BasicVariantGenerator
+
+from orchestrator import storage
+from orchestrator.config import MethodConfig
+from orchestrator.drivers.publish import flat_params
+from orchestrator.drivers.recording import RecordingTuneReportCallback, uri_on
+from orchestrator.drivers.registry import get_method
+from orchestrator.drivers.report import params_label
+from orchestrator.drivers.train import build_trainer, fit
+from orchestrator.errors import ConfigError
+from orchestrator.live_runs import create_child_run
+
+
+def launch(
+    trainable,
+    space: dict,
+    *,
+    name: str,
+    storage_root: str,
+    resume: bool,
+    concurrent: int,
+    progress: tuple[str, str],
+    verbose: bool = False,
+    search_alg=None,
+    scheduler=None,
+    metric: str | None = None,
+    num_samples: int = 1,
+    callbacks: tuple = (),
+):
+    """Run (or, ``resume``, restore and finish) the Tune experiment ``name``: ``trainable(tune_config)`` once per
+    point of ``space`` (``{"params": space}`` reaches the trial), at most ``concurrent`` at once, each holding
+    1 CPU for its driver (its workers ask for their own). Returns the ``ResultGrid``. ``progress``: the
+    (metric, label) of the one line printed per evaluation (``verbose``: Tune's own status table instead)."""
+    root, path = sweeps_root(storage_root), sweep_dir(storage_root, name)
+    trainable = tune.with_resources(trainable, {"CPU": 1})
+    restore = resume and tune.Tuner.can_restore(path)
+    # the one line every job prints as its trials start: train, compare, a sweep's explore and confirm stages
+    print(f"engine: experiment {name!r} {'restored' if restore else 'started'} at {path}", flush=True)
+    if restore:
+        return tune.Tuner.restore(
+            path, trainable=trainable, resume_unfinished=True, resume_errored=True
+        ).fit()
+    tuner = tune.Tuner(
+        trainable,
+        param_space={"params": space},
+        tune_config=tune.TuneConfig(
+            metric=metric,
+            mode="max" if metric else None,
+            scheduler=scheduler,
+            num_samples=num_samples,
+            search_alg=search_alg or BasicVariantGenerator(max_concurrent=concurrent),
+            trial_name_creator=trial_name,  # the setting, readable in logs, reports and MLflow
+            trial_dirname_creator=trial_name,
+        ),
+        run_config=tune.RunConfig(
+            name=name,
+            storage_path=root,
+            verbose=1 if verbose else 0,
+            callbacks=[*callbacks, *([] if verbose else [ProgressLines(*progress)])],
+            failure_config=tune.FailureConfig(max_failures=0),
+        ),
+    )
+    return tuner.fit()
+
+
+def run_one(
+    recipe,
+    cfg: MethodConfig,
+    shards: str,
+    *,
+    name: str,
+    mlflow_run: tuple[str, str] | None = None,
+    verbose: bool = False,
+) -> tuple[dict, list[dict]]:
+    """A train run: one arm × one seed, through :func:`launch` like every other plan; its selected report (the
+    best by the recipe's selection metric, or the last) and every report, read back from the storage."""
+    where = sweep_dir(cfg.run.storage, name)
+    params = {"arm": name, "seed": cfg.train.seed}
+    trainable = tune.with_parameters(
+        one_trial,
+        method=recipe.name,
+        cfg=cfg,
+        shards=shards,
+        sweep_dir=where,
+        tracking={"run_id": mlflow_run[0], "uri": mlflow_run[1]} if mlflow_run else None,
+    )
+    (result,) = launch(
+        trainable,
+        params,
+        name=name,
+        storage_root=cfg.run.storage,
+        resume=False,
+        concurrent=1,
+        progress=(recipe.metric, recipe.metric_label),
+        verbose=verbose,
+    )
+    if result.error is not None:
+        raise result.error
+    trial = name_of(result.metrics["trial_id"], params)
+    has_dev = recipe.has_dev(cfg)  # without a dev score, the last checkpoint (a paper's fixed-steps protocol)
+    records = json.loads(storage.read_bytes(reports_uri(where, trial)))
+    row = trial_row(
+        trial,
+        params,
+        records,
+        recipe.metric if has_dev else "step",
+        recipe.selection_metric(cfg) if has_dev else None,
+    )
+    if row["best"] is None:
+        raise ConfigError(f"train run {name!r}: training reported no checkpoint")
+    return {**row["best"], "checkpoint_path": row["checkpoint_path"]}, row["history"]
+
+
+def one_trial(
+    tune_config: dict, *, method: str, cfg: MethodConfig, shards: str, sweep_dir: str, tracking=None
+):
+    """The trainable of :func:`run_one`: ``cfg`` as it is (its seed, its config)."""
+    train_trial(
+        get_method(method), cfg, tune_config["params"], shards=shards, sweep_dir=sweep_dir, tracking=tracking
+    )
+
+
+# ---------------------------------------------------------------- a trial
+def reports_uri(sweep_dir: str, trial: str) -> str:
+    """Where a trial's every report (metrics + checkpoint path) is kept (:class:`RecordingTuneReportCallback`)."""
+    return storage.join(sweep_dir, "reports", f"{trial}.json")
+
+
+def train_trial(
+    recipe, cfg: MethodConfig, params: dict, *, shards: str, sweep_dir: str, tracking: dict | None = None
+) -> None:
+    """Inside a Tune trial: train ``cfg`` once (or replay a finished trial's reports), every evaluation
+    recorded in the sweep's storage; shared by the sweeps and ``jobs/compare.py``."""
+    trial = ray.tune.get_context().get_trial_name()
+    reports, done = reports_uri(sweep_dir, trial), storage.join(sweep_dir, "done", trial)
+    if storage.exists(done):
+        storage.write_bytes(storage.join(sweep_dir, "replays", f"{trial}-{time.time_ns()}"), b"")  # audit
+        for record in json.loads(storage.read_bytes(reports)):
+            ray.tune.report(record)
+        return
+    # an audit line per training start: proves on resume that finished trials were not re-run
+    log = storage.join(sweep_dir, "invocations", f"{trial}-{time.time_ns()}.json")
+    storage.write_bytes(log, json.dumps({"trial": trial, "params": params}).encode())
+    # a train job's own run (made before Ray), else the trial's run nested under its job's
+    run_id = (tracking.get("run_id") or _child_run(tracking, trial, params, cfg)) if tracking else None
+    trainer = build_trainer(
+        recipe,
+        cfg,
+        shards,
+        name=trial,
+        callbacks=[RecordingTuneReportCallback(reports)],
+        storage_path=storage.join(sweep_dir, "train"),
+        mlflow_run=(run_id, tracking["uri"]) if run_id else None,
+    )
+    fit(trainer, recipe, cfg)
+    storage.write_bytes(done, b"")
+
+
+def _child_run(tracking: dict, trial: str, params: dict, cfg: MethodConfig) -> str | None:
+    """The trial's MLflow run, nested under the sweep's, made when the trial starts (the same run again
+    when a resumed trial starts over); None when the server cannot be reached - the driver logs the
+    trial at the end instead."""
+    tags = {"sieve.sweep": tracking["sweep"], "sieve.trial": trial, "sieve.role": "trial"}
+    try:
+        client = MlflowClient(tracking_uri=tracking["uri"])
+        flt = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
+        found = client.search_runs([tracking["experiment_id"]], filter_string=flt, max_results=1)
+        if found:
+            return found[0].info.run_id
+        return create_child_run(
+            tracking["experiment_id"],
+            tracking["parent_run_id"],
+            trial,
+            tags,
+            {"sweep": flat_params(params), "config": cfg.model_dump(mode="json")},
+            tracking["uri"],
+        )
+    except Exception as exc:  # noqa: BLE001 - tracking must not stop training
+        print(f"warning: trial {trial}: no live MLflow run ({str(exc).splitlines()[0][:160]})", flush=True)
+        return None
+
+
+def sweeps_root(storage_root: str) -> str:
+    """The folder of every sweep: Tune's ``storage_path``."""
+    return storage.join(storage.absolute(storage_root), "sweeps")
+
+
+def sweep_dir(storage_root: str, name: str) -> str:
+    """Where sweep ``name`` keeps its Tune state, trials and reports."""
+    return storage.join(sweeps_root(storage_root), name)
+
+
+def refuse_existing(storage_root: str, name: str) -> None:
+    """A new sweep may not reuse a name (its state would be mixed with the old one's)."""
+    if storage.exists(path := sweep_dir(storage_root, name)):
+        raise ConfigError(f"sweep {name!r} already exists at {path}: pass --resume, or another --name")
+
+
+# ---------------------------------------------------------------- naming and progress
+def trial_name(trial) -> str:
+    """``t3-lambdaxy1-lambdaxz1-train.lr3e-05``: the trial's index and its setting, the config keys without their
+    ``_`` (ASCII, short; Tune marks a folder's copy with ``_xxxx``, so a name has none)."""
+    return name_of(trial.trial_id, trial.config.get("params", {}))
+
+
+def name_of(trial_id: str, params: dict) -> str:
+    """:func:`trial_name` from a trial's id and sampled point (what a finished trial's result still has).
+    A trial's *folder* can be named otherwise: Tune adds ``_xxxx`` to a folder that already exists, as
+    when a sweep resumes from a snapshot taken before the trial's folder was made."""
+    label = params_label(params).replace("=", "").replace(", ", "-")
+    index = trial_id.rsplit("_", 1)[-1].lstrip("0") or "0"
+    return f"t{index}-{re.sub(r'[^A-Za-z0-9.+-]', '', label)[:60]}"
+
+
+class ProgressLines(tune.Callback):
+    """One line per evaluation and per finished trial (instead of Tune's periodic status table)."""
+
+    def __init__(self, metric: str, label: str):
+        self.metric, self.label, self.best, self.done = metric, label, {}, 0
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        value = result.get(self.metric)
+        if value is None:
+            return
+        self.best[trial.trial_id] = max(self.best.get(trial.trial_id, -math.inf), value)
+        print(
+            f"[{trial}] step {result.get('step')}: {self.label} {value * 100:.2f} "
+            f"(best {self.best[trial.trial_id] * 100:.2f}), loss {result.get('loss', float('nan')):.4g}",
+            flush=True,
+        )
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self.done += 1
+        print(f"[{trial}] finished ({self.done} trial(s) done)", flush=True)
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        print(f"[{trial}] failed: {str(trial.error_file or '')}", flush=True)
+
+
+# ---------------------------------------------------------------- summarising trials
+def trial_rows(result_grid, metric: str, select: str | None = "") -> list[dict]:
+    """One row per trial (:func:`trial_row`), best dev first."""
+    rows = []
+    for r in result_grid:
+        df = r.metrics_dataframe
+        history = json.loads(df.to_json(orient="records")) if df is not None and len(df) else []
+        params, trial_id = r.config.get("params", {}), (r.metrics or {}).get("trial_id")
+        # named as the trial function named it (its reports, MLflow run, early test), not by its folder
+        name = name_of(trial_id, params) if trial_id else (Path(r.path).name if r.path else "?")
+        rows.append(
+            trial_row(
+                name,
+                params,
+                history,
+                metric,
+                select,
+                filesystem=r.filesystem,
+                error=str(r.error).splitlines()[0][:300] if r.error else None,
+            )
+        )
+    most = max((len(x["history"]) for x in rows), default=0)
+    for x in rows:
+        x["stopped_early"] = 0 < len(x["history"]) < most
+    rows.sort(key=lambda x: -x["best_dev"] if x["best_dev"] == x["best_dev"] else math.inf)
+    return rows
+
+
+def trial_row(
+    trial: str,
+    params: dict,
+    history: list[dict],
+    metric: str,
+    select: str | None = "",
+    *,
+    filesystem=None,
+    error: str | None = None,
+) -> dict:
+    """A trial's row: params, every evaluation, the selected one (by ``select``, default ``metric``; None:
+    the last) with its checkpoint path, and its ``metric`` as ``best_dev``. ``history``: the trial's reports
+    (Tune's, or the ones :class:`RecordingTuneReportCallback` kept)."""
+    select = metric if select == "" else select
+    evals = [h for h in history if h.get(metric) is not None and h[metric] == h[metric]]  # drop NaN
+    # a trial restored after a driver crash may report a step again (Ray Train resuming from its
+    # checkpoint, or trial_fn replaying a finished trial): the latest report of a step stands
+    evals = sorted(
+        {h.get("step", i): h for i, h in enumerate(evals)}.values(), key=lambda h: h.get("step", 0)
+    )
+    best = (max(evals, key=lambda h: h.get(select, -math.inf)) if select else evals[-1]) if evals else None
+    return {
+        "trial": trial,
+        "params": params,
+        "history": evals,
+        "best": best,
+        "best_dev": best[metric] if best else float("nan"),
+        # Tune records the path on the sweep's storage (the run's storage is below it): as a URI
+        "checkpoint_path": uri_on(filesystem, best["checkpoint_path"])
+        if best and best.get("checkpoint_path")
+        else None,
+        "error": error,
+    }
