@@ -48,7 +48,5 @@ def test_print_config_round_trips(job, tmp_path, monkeypatch, capsys):
     if job == "compare":  # every arm's config
         seed = {a["config"]["train"]["seed"] for a in again["arms"].values()}.pop()
     else:
-        seed = (
-            again["base"]["train"]["seed"] if job.startswith("sweep") else again["train"]["seed"]
-        )
+        seed = again["base"]["train"]["seed"] if job.startswith("sweep") else again["train"]["seed"]
     assert seed == 7

@@ -30,7 +30,9 @@ def catalogue(tmp: Path, tiny: Path) -> list[tuple[str, list[str], str]]:
     (gpt / "config.json").write_text(
         '{"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 1}'
     )
-    ev, tr, sw, au = (str(JOBS / n) for n in ("evaluate.py", "train.py", "sifter_sweep.py", "augment_corpus.py"))
+    ev, tr, sw, au = (
+        str(JOBS / n) for n in ("evaluate.py", "train.py", "sifter_sweep.py", "augment_corpus.py")
+    )
     tsv_missing = write(tmp, "nocol.tsv", "sentence1\tsentence2\na\tb\n")
     tsv_nan = write(tmp, "nan.tsv", "sentence1\tsentence2\tscore\na\tb\thigh\n")
     tsv_empty = write(tmp, "empty.tsv", "")

@@ -345,4 +345,3 @@ class SiameseRecipe(Recipe):
     @classmethod
     def training_data(cls, cfg):
         return {"train_sets": [t.model_dump(mode="json") for t in cfg.train_sets], "n_pairs": cfg.n_pairs}
-
