@@ -284,7 +284,7 @@ def publish(plan: SweepPlan, result: SweepResult, parent_id: str) -> dict:
     card = pub.model_card(
         recipe=recipe,
         cfg=best_cfg,
-        origin=f"sweep `{plan.name}`, trial `{best['trial']}`",
+        origin=f"sweep `{plan.name}`, trial `{best['trial']}`; unconfirmed: one seed, selected and gated on the same dev score",
         params=best["params"],
         test=test,
         base=result.base,

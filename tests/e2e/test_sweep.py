@@ -216,6 +216,7 @@ def test_tiny_sweep_registers_best_and_reports(ray_cluster, tiny_bert_dir, tmp_p
     assert (exported / "config_sentence_transformers.json").is_file()
     card = (exported / "README.md").read_text()
     assert "sifter_simcse" in card and "| metric | base | candidate |" in card and "Licence" in card
+    assert "unconfirmed: one seed, selected and gated on the same dev score" in card  # confirm.seeds: 0
     other = tmp_path / "elsewhere"
     other.mkdir()
     res = subprocess.run(
