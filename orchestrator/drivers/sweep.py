@@ -35,7 +35,14 @@ from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter
 
 from orchestrator.config import MethodConfig
 from orchestrator.drivers.cluster import concurrent_trials
-from orchestrator.drivers.engine import launch, refuse_existing, sweep_dir, train_trial, trial_name
+from orchestrator.drivers.engine import (  # noqa: F401 - ProgressLines: Tune's pickled state of a sweep started
+    ProgressLines,  # before the engine took it names it here, and a --resume unpickles it
+    launch,
+    refuse_existing,
+    sweep_dir,
+    train_trial,
+    trial_name,
+)
 from orchestrator.drivers.registry import get_method
 from orchestrator.drivers.sweep_space import SweepJobConfig, config_of, total_trials
 from orchestrator.drivers.train import materializes

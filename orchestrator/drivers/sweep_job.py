@@ -230,7 +230,9 @@ def run(plan: SweepPlan, parent_id: str | None = None) -> SweepResult:
     )
     if plan.confirm_seeds:  # the confirm stage trains, tests and registers: no single trial is exported
         staged = confirm.stage(plan, rows, bases, parent_id)
-        return SweepResult(shards, rows, choice, None, None, base, time.time() - t0, bases, staged)
+        return SweepResult(
+            shards, rows, choice, None, None, base, time.time() - t0, bases=bases, confirmed=staged
+        )
     # the chosen trial, exported where the registry reads it; tested once: a trial tested above is not
     # measured again (the same checkpoint, the same deterministic evaluation: a 7-task STS test is minutes)
     known = reports.get(choice.best["trial"])
