@@ -189,6 +189,7 @@ def publish(plan, result, parent_id: str) -> dict:
         + "\n".join(f"- {s['arm']}: {s['label']}" for s in settings)
         + f"\n\n{table}\n\n{summary['gate'] or ''}\n\n{last}\n"
     )
+    (report_dir / "leaderboard.json").write_text(lb.dumps(board))  # the confirm table's per-seed scores
     mlflow.log_artifacts(str(report_dir), "report")
     mlflow.set_tags({"beats_base": str(bool(top["gate"])).lower(), "sieve.confirmed": "true"})
     verdict = [
