@@ -146,6 +146,21 @@ def catalogue(tmp: Path, tiny: Path) -> list[tuple[str, list[str], str]]:
             "set confirm.seeds: 0",
         ),
         (
+            "sweep: resume of a name never run",
+            [sw, "--name", "never", "--resume", "--storage", str(tmp / "st")],
+            "no sweep 'never' at",
+        ),
+        (
+            "compare: resume of a name never run",
+            [cmp, "--name", "never", "--resume", "--storage", str(tmp / "st")],
+            "no comparison 'never' at",
+        ),
+        (
+            "compare: status of a name never run",
+            [cmp, "--name", "never", "--status", "--storage", str(tmp / "st")],
+            "no comparison 'never' at",
+        ),
+        (
             "compare: arms on unequal steps",
             [cmp, "--config", unequal],
             "arm 'b' differs from arm 'a' in the step budget",

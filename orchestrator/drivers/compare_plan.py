@@ -25,7 +25,7 @@ from orchestrator.config import (
     validate,
 )
 from orchestrator.drivers.cli import location_overrides
-from orchestrator.drivers.engine import refuse_existing
+from orchestrator.drivers.engine import refuse_existing, require_existing
 from orchestrator.drivers.registry import get_method
 from orchestrator.drivers.train import preflight, settled
 from orchestrator.errors import ConfigError
@@ -258,6 +258,8 @@ def resolve(args: argparse.Namespace) -> ComparePlan:
     )
     if not args.resume and not getattr(args, "status", False):
         refuse_existing(plan.first.run.storage, name)
+    else:  # --resume / --status of a name never run: refused here, not answered with a new run or an empty board
+        require_existing(plan.first.run.storage, name, "comparison")
     return plan
 
 

@@ -213,6 +213,14 @@ def sweep_dir(storage_root: str, name: str) -> str:
     return storage.join(sweeps_root(storage_root), name)
 
 
+def require_existing(storage_root: str, name: str, what: str) -> None:
+    """``--resume`` / ``--status`` name a run that exists: a name never run is refused before any work."""
+    if not storage.exists(path := sweep_dir(storage_root, name)):
+        raise ConfigError(
+            f"no {what} {name!r} at {path}: nothing to continue or read (check --name and --storage)"
+        )
+
+
 def refuse_existing(storage_root: str, name: str) -> None:
     """A new sweep may not reuse a name (its state would be mixed with the old one's)."""
     if storage.exists(path := sweep_dir(storage_root, name)):

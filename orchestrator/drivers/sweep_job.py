@@ -38,7 +38,7 @@ from orchestrator.drivers import publish as pub
 from orchestrator.drivers.cli import job_parser, location_overrides, print_config
 from orchestrator.drivers.cluster import init_ray, shutdown_ray
 from orchestrator.drivers.early_tests import EarlyTests
-from orchestrator.drivers.engine import refuse_existing, sweep_dir, trial_rows
+from orchestrator.drivers.engine import refuse_existing, require_existing, sweep_dir, trial_rows
 from orchestrator.drivers.registry import get_method
 from orchestrator.drivers.report import write_sweep_report
 from orchestrator.drivers.sweep import run_sweep
@@ -134,6 +134,8 @@ def resolve(args: argparse.Namespace, default_dir: str) -> SweepPlan:
     name = storage.safe_name(args.name or f"{default_dir}-{time.strftime('%Y%m%d-%H%M%S')}", "--name")
     if not args.resume:  # before the corpus is built and the base measured, not minutes later
         refuse_existing(base.run.storage, name)
+    else:
+        require_existing(base.run.storage, name, "sweep")
     configs = {k: settled(c) for k, c in configs.items()}  # a typed copy each: nothing validated again
     return SweepPlan(
         name,
