@@ -42,16 +42,31 @@ def main() -> None:
     report = ROOT / "outputs" / "reports" / name
     rows = json.loads((report / "trials.json").read_text())
     base = json.loads((report / "base.json").read_text())
-    best = json.loads((ROOT / "outputs" / "models" / name / "test.json").read_text())["metrics"]
+    confirmed = (
+        report / "leaderboard.json"
+    )  # explore, then confirm: the confirmed setting's mean over its seeds
+    if confirmed.is_file():
+        board = json.loads(confirmed.read_text())
+        top = board["rows"][0]
+        best = top["mean"]
+        extra = (
+            f"Confirm: {top['arm']} over seeds {top['seeds']}, test avg − base "
+            f"{top['vs_base']['mean'] * 100:+.2f} [{top['vs_base']['low'] * 100:+.2f}, {top['vs_base']['high'] * 100:+.2f}] "
+            f"(the candidate row below: its mean over those seeds; the trial rows: the explore stage, one seed each)."
+        )
+    else:  # confirm.seeds: 0 - the best trial's own test
+        best = json.loads((ROOT / "outputs" / "models" / name / "test.json").read_text())["metrics"]
+        extra = "Unconfirmed (confirm.seeds: 0): the candidate row is the best explore trial's own test."
     key = lambda t: f"sts_{t}_spearman_all"  # noqa: E731
     md = [f"# Main job `{name}` (`python jobs/sifter_sweep.py --preset {args.preset}`, 2-core CPU)", ""]
     if wall is not None:
         md += [
-            f"Whole job **{wall:.1f} min** (Ray start, corpus build, the base model's evaluation, {len(rows)} trials of "
-            f"2 Ray Train workers, the best trial's 7-task test, MLflow logging + registration, report); "
+            f"Whole job **{wall:.1f} min** (Ray start, corpus build, the base model's evaluation, {len(rows)} explore "
+            "trials, the confirm stage's trials and their 7-task tests, MLflow logging + registration, report); "
             f"it printed {lines} lines. Last line: `{gate}`",
             "",
         ]
+    md += [extra, ""]
     md += [
         "| model | STS-B dev | " + " | ".join(TASKS) + " | avg |",
         "|---|---:|" + "---:|" * (len(TASKS) + 1),

@@ -190,6 +190,14 @@ def publish(plan, result, parent_id: str) -> dict:
         + f"\n\n{table}\n\n{summary['gate'] or ''}\n\n{last}\n"
     )
     (report_dir / "leaderboard.json").write_text(lb.dumps(board))  # the confirm table's per-seed scores
+    (report_dir / "trials.json").write_text(
+        json.dumps(result.rows, indent=2, default=str)
+    )  # the explore stage's
+    if result.base is not None:
+        b = result.base
+        (report_dir / "base.json").write_text(
+            json.dumps({"label": b.label, "dev": b.dev, "test": b.test.metrics})
+        )
     mlflow.log_artifacts(str(report_dir), "report")
     mlflow.set_tags({"beats_base": str(bool(top["gate"])).lower(), "sieve.confirmed": "true"})
     verdict = [
