@@ -133,3 +133,74 @@ def test_the_main_job_confirms_and_its_plan_is_a_comparison_of_its_best_settings
     assert simcse.lambda_xx == 1 and simcse.dropout == 0.1 and cplan.arms["rank2"][1].lambda_xy == 1
     args.overrides = ["confirm.seeds=0"]
     assert resolve(args, "sifter_sweep").confirm_seeds == []
+
+
+def test_the_stand_in_goes_through_the_sweeps_publish_path_and_nothing_is_registered(embedded_tracking):
+    """The same stand-in through the job's own publish step (embedded MLflow, no Ray: the explore and confirm
+    trials are the rows their stages would record): rank1, first on dev, is not above the base on the tests,
+    so nothing is registered, the parent run says beats_base=false and the last line says why."""
+    import mlflow
+
+    from orchestrator.drivers.compare_publish import CompareResult
+    from orchestrator.drivers.sweep_job import SweepResult, resolve
+
+    args = Namespace(
+        resume=False,
+        name="standin",
+        config=None,
+        preset="smoke",
+        overrides=["confirm.top_k=2", "confirm.seeds=3"],
+        storage=None,
+        tracking_uri=None,
+        no_progress=True,
+        print_config=False,
+        verbose=False,
+    )
+    plan = resolve(args, "sifter_sweep")
+    grid = plan.job.sweep.space["lambdas"].grid
+    explore = [
+        row("t0", {"lambdas": grid[0]}, 0.99),
+        row("t1", {"lambdas": grid[1]}, 0.80),
+    ]  # grid[0] by construction
+    settings = confirm.top_settings(explore, plan.job.group_out, {}, 2)
+    cplan = confirm.comparison(plan, settings, plan.registered_name)
+    base = BaseResult(0.80, TestReport("b", {H: 0.75}, H, ""), "base (default, mean)")
+    tests = {"rank1": [0.748, 0.752, 0.750], "rank2": [0.749, 0.751, 0.753]}  # neither above the base
+    trials = [
+        {**row(f"{a}-s{s}", {"arm": a, "seed": s}, 0.9), "arm": a, "seed": s, "test": {H: v}, "headline": H}
+        for a, vs in tests.items()
+        for s, v in zip(plan.confirm_seeds, vs, strict=True)
+    ]
+    board = lb.build(
+        [
+            lb.ArmRuns(
+                a, "sifter_simcse", "mean", {t["seed"]: {"test": t["test"]} for t in trials if t["arm"] == a}
+            )
+            for a in tests
+        ],
+        {"mean": {"label": base.label, "dev": base.dev, "test": base.test.metrics}},
+        reference="rank1",
+        headline=H,
+    )
+    result = SweepResult(
+        "shards",
+        explore,
+        choose(explore, group_out=[], base=base, baseline_params={}),
+        None,
+        None,
+        base,
+        1.0,
+        bases=[base],
+        confirmed=(settings, cplan, CompareResult(trials, board, 1.0)),
+    )
+    assert result.choice.beats_base  # the dev gate alone would have let it through
+    with mlflow.start_run(experiment_id=plan.exp_id) as parent:
+        summary = confirm.publish(plan, result, parent.info.run_id)
+    assert summary["registered"] is None and summary["beats_base"] is False
+    assert summary["verdict"][-1].startswith(
+        "no candidate: the best confirmed setting does not beat the base"
+    )
+    assert mlflow.MlflowClient().search_model_versions("name = 'sifter-simcse'") == []
+    assert mlflow.get_run(parent.info.run_id).data.tags["beats_base"] == "false"
+    report = (embedded_tracking / "outputs" / "reports" / "standin" / "summary.md").read_text()
+    assert "## 1. Explore" in report and "## 2. Confirm" in report and "| rank1 |" in report
