@@ -121,6 +121,7 @@ def test_sweep_spread_over_two_nodes_survives_losing_one_and_registers(
     storage.write_bytes(f"{s3_bucket}/corpora/c.txt", ("\n".join(lines) + "\n").encode())
     cfg = {
         "method": "sifter_simcse",
+        "confirm": {"seeds": 0},  # what is tested is the lost node; the confirm stage is test_sweep.py's
         "base": str(ROOT / "configs" / "sifter_simcse" / "smoke.yaml"),
         "base_overrides": {
             "model.name_or_path": f"{s3_bucket}/models/tiny",
