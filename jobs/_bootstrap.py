@@ -21,11 +21,12 @@ import orchestrator  # noqa: E402,F401 - on the path only now; its import sets t
 
 def run(main) -> None:
     from orchestrator.errors import SieveError  # here, not at the top: sys.path gets the repo root above
+    from orchestrator.uris import redact
 
     try:
         code = main()
     except SieveError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {redact(str(exc))}", file=sys.stderr)  # no URI's password, whoever wrote the message
         sys.exit(2)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -45,7 +45,7 @@ class Backbone:
 def causal_decoder(source: str | Path, *, layers: int | None = None, weights: bool = True):
     """(decoder, names of its newly initialised parameters): the folder's architecture as a decoder."""
     quiet_transformers()
-    conf = AutoConfig.from_pretrained(source, local_files_only=True)
+    conf = AutoConfig.from_pretrained(source, local_files_only=True, trust_remote_code=False)
     conf.is_decoder, conf.add_cross_attention = True, True
     if layers is not None:
         conf.num_hidden_layers = layers
@@ -53,7 +53,7 @@ def causal_decoder(source: str | Path, *, layers: int | None = None, weights: bo
         return AutoModelForCausalLM.from_config(conf), set()
     with loading():
         decoder, info = AutoModelForCausalLM.from_pretrained(
-            source, config=conf, local_files_only=True, output_loading_info=True
+            source, config=conf, local_files_only=True, trust_remote_code=False, output_loading_info=True
         )
     return decoder, set(info["missing_keys"])
 
@@ -73,7 +73,11 @@ def bert2bert(
         encoder = AutoModel.from_config(conf, add_pooling_layer=False)
         decoder, _ = causal_decoder(source, layers=decoder_layers, weights=False)
         tie_vocabulary(encoder.get_input_embeddings(), decoder, output=tie_output)
-        return Backbone(encoder, decoder, AutoTokenizer.from_pretrained(source, local_files_only=True))
+        return Backbone(
+            encoder,
+            decoder,
+            AutoTokenizer.from_pretrained(source, local_files_only=True, trust_remote_code=False),
+        )
     encoder, tokenizer = load_encoder(name, add_pooling_layer=False)
     decoder, new = causal_decoder(source, layers=decoder_layers)
     tie_vocabulary(encoder.get_input_embeddings(), decoder, output=tie_output)
@@ -89,8 +93,12 @@ def bart(
     quiet_transformers()
     if conf.model_type == "bart":  # pretrained BART: encoder + the first decoder layers
         with loading():
-            model = BartModel.from_pretrained(source, local_files_only=True) if weights else BartModel(conf)
-        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+            model = (
+                BartModel.from_pretrained(source, local_files_only=True, trust_remote_code=False)
+                if weights
+                else BartModel(conf)
+            )
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True, trust_remote_code=False)
         if decoder_layers > model.config.decoder_layers:
             raise ConfigError(
                 f"decoder_layers {decoder_layers}: {name!r} has only "
@@ -167,7 +175,7 @@ def build(
     ``skeleton``: a folder with the backbone's ``config.json`` + tokenizer (saved with an export):
     the same architecture with no weights loaded (a state dict follows)."""
     source = Path(skeleton) if skeleton else resolve_model_source(name)
-    conf = AutoConfig.from_pretrained(source, local_files_only=True)
+    conf = AutoConfig.from_pretrained(source, local_files_only=True, trust_remote_code=False)
     arch = architecture if architecture != "auto" else ("bart" if conf.model_type == "bart" else "bert2bert")
     if conf.model_type not in ("bert", "bart"):
         raise ConfigError(

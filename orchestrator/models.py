@@ -127,11 +127,44 @@ def champion_set_by_hand(client, model: str, version: int) -> str | None:
     )
 
 
+# the files through which transformers would import a folder's own Python code (``auto_map``)
+_CODE_HOOKS = ("config.json", "tokenizer_config.json", "processor_config.json", "preprocessor_config.json")
+
+
 def _check_model_dir(path: Path, name: str) -> Path:
+    """A model folder is input Sieve does not trust: read as data, before any work - ``config.json`` parses,
+    nothing in it (or in the tokenizer's config) asks to import the folder's own code, and the weights are
+    safetensors (a pickle is never loaded)."""
     if not path.is_dir():
         raise ModelSourceError(f"model {name!r}: {path} is not a folder")
     if not (path / "config.json").is_file():
         raise ModelSourceError(f"model {name!r}: {path} has no config.json (not a transformers model folder)")
+    for hook in _CODE_HOOKS:
+        if not (path / hook).is_file():
+            continue
+        try:
+            data = json.loads((path / hook).read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            where = f" line {exc.lineno}" if isinstance(exc, json.JSONDecodeError) else ""
+            raise ModelSourceError(f"model {name!r}: {path / hook}{where} is not valid JSON") from None
+        if not isinstance(data, dict):
+            raise ModelSourceError(f"model {name!r}: {path / hook} is not a JSON object")
+        if "auto_map" in data:
+            raise ModelSourceError(
+                f"model {name!r}: {path / hook} has an auto_map - the folder asks to run its own Python code, "
+                "and Sieve never runs code from a model folder (use a folder of a built-in architecture)"
+            )
+    if not any(path.glob("*.safetensors")) and not (path / "model.safetensors.index.json").is_file():
+        pickles = sorted(p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt"))
+        raise ModelSourceError(
+            f"model {name!r}: {path} has no safetensors weights"
+            + (
+                f" (only {', '.join(pickles)}: a pickle, never loaded here - convert it once where you trust it: "
+                "AutoModel.from_pretrained(folder).save_pretrained(folder, safe_serialization=True))"
+                if pickles
+                else ""
+            )
+        )
     return path
 
 
@@ -171,7 +204,7 @@ def load_config(name: str, *, dropout: float | None = None):
 
     path = resolve_model_source(name)
     try:
-        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
     except Exception as exc:  # noqa: BLE001 - any unreadable config is the user's input
         raise ModelSourceError(
             f"model {name!r}: cannot read {path}/config.json ({type(exc).__name__}: {exc})"
@@ -197,7 +230,7 @@ def set_dropout(config, p: float) -> None:
 def load_tokenizer(name: str):
     path = resolve_model_source(name)
     try:
-        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+        return AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
     except Exception as exc:  # noqa: BLE001
         raise ModelSourceError(
             f"model {name!r}: cannot load a tokenizer from {path} ({type(exc).__name__})"
@@ -227,7 +260,9 @@ def load_encoder(
     if standalone:
         cls = getattr(importlib.import_module(_STANDALONE_ENCODERS[standalone]), standalone)
         with loading():
-            return cls.from_pretrained(path, config=config, local_files_only=True), load_tokenizer(name)
+            return cls.from_pretrained(
+                path, config=config, local_files_only=True, trust_remote_code=False
+            ), load_tokenizer(name)
 
     kwargs = {} if attention == "auto" else {"attn_implementation": attention}  # transformers' kernel choice
     if config.model_type in {"bert", "roberta", "xlm-roberta", "camembert", "electra"}:
@@ -235,7 +270,12 @@ def load_encoder(
     with loading():
         try:
             model, info = AutoModel.from_pretrained(
-                path, config=config, local_files_only=True, output_loading_info=True, **kwargs
+                path,
+                config=config,
+                local_files_only=True,
+                trust_remote_code=False,
+                output_loading_info=True,
+                **kwargs,
             )
         except Exception as exc:  # noqa: BLE001
             raise ModelSourceError(

@@ -32,6 +32,8 @@ from mlflow.exceptions import MlflowException, RestException
 
 from orchestrator.config import flatten
 from orchestrator.errors import StorageError, TrackingError, TrackingUnreachable
+from orchestrator.uris import check_transport, without_credentials
+from orchestrator.uris import redact as redact_uris
 
 EMBEDDED_DIRNAME = "mlruns"
 SECRET_ENV_VARS = (
@@ -64,7 +66,19 @@ def embedded_artifact_root(tracking_uri: str) -> str | None:
 
 
 def resolve_tracking_uri(configured: str | None = None) -> str:
-    return configured or os.environ.get("MLFLOW_TRACKING_URI") or embedded_uri()
+    """The tracking URI to use: the configured one, else ``MLFLOW_TRACKING_URI``, else the embedded store. A
+    ``user:password@`` in it is taken out (MLflow reads it from ``MLFLOW_TRACKING_USERNAME`` / ``_PASSWORD``,
+    as every process this one starts does), so no request, log line or message carries it."""
+    uri = configured or os.environ.get("MLFLOW_TRACKING_URI") or embedded_uri()
+    clean, user, password = without_credentials(uri)
+    if user is None and password is None:
+        return uri
+    check_transport(uri, "tracking URI")
+    if user is not None:
+        os.environ["MLFLOW_TRACKING_USERNAME"] = user
+    if password is not None:
+        os.environ["MLFLOW_TRACKING_PASSWORD"] = password
+    return clean
 
 
 def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
@@ -249,6 +263,7 @@ def redact(value: Any, key: str = "") -> Any:
     if isinstance(value, str):
         for secret in secret_values():
             value = value.replace(secret, REDACTED)
+        value = redact_uris(value)  # a URI's user:password@
     return value
 
 
@@ -281,7 +296,7 @@ def log_sentence_encoder(model_dir: str | Path, name: str = "model", *, register
     from orchestrator.models import loading  # lazy: transformers, as above
 
     with loading():
-        st = SentenceTransformer(str(model_dir), device="cpu")
+        st = SentenceTransformer(str(model_dir), device="cpu", trust_remote_code=False)
     return mlflow.sentence_transformers.log_model(
         st,
         name=name,

@@ -403,6 +403,7 @@ def ray_cluster(tmp_path_factory, s3_endpoint):
         )
         os.environ["RAY_ADDRESS"] = f"127.0.0.1:{port}"
         os.environ["SIEVE_TEST_DASHBOARD"] = f"http://127.0.0.1:{dashboard}"
+        os.environ["SIEVE_TEST_RAY_TEMP"] = temp_dir  # its session logs, for tests that search them
         ray.init()
         yield os.environ["RAY_ADDRESS"]
     finally:
@@ -413,7 +414,7 @@ def ray_cluster(tmp_path_factory, s3_endpoint):
             temp_dir, also=lambda cmd: "ray.util.client.server" in cmd and f"--port={client}" in cmd.split()
         )
         shutil.rmtree(temp_dir, ignore_errors=True)
-        for k in ["RAY_ADDRESS", "SIEVE_TEST_DASHBOARD"]:
+        for k in ["RAY_ADDRESS", "SIEVE_TEST_DASHBOARD", "SIEVE_TEST_RAY_TEMP"]:
             os.environ.pop(k, None)
 
 

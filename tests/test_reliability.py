@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,29 @@ def write(tmp, name, data: bytes | str):
     return str(p)
 
 
+CANARY = "canary-pw-2c81"  # a password in a tracking URI
+
+
+def model_folder(tmp: Path, tiny: Path, name: str) -> Path:
+    """A copy of the tiny model folder, to spoil."""
+    folder = tmp / f"model-{name}"
+    shutil.copytree(tiny, folder, dirs_exist_ok=True)
+    return folder
+
+
+def with_auto_map(folder: Path) -> Path:
+    """A folder whose config asks transformers to import its own module - which, run, leaves a marker file."""
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["auto_map"] = {"AutoConfig": "evil.EvilConfig", "AutoModel": "evil.EvilModel"}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    marker = folder / "CODE-RAN"
+    (folder / "evil.py").write_text(
+        f"from pathlib import Path\nPath({str(marker)!r}).write_text('ran')\n"
+        "from transformers import BertConfig as EvilConfig, BertModel as EvilModel\n"
+    )
+    return marker
+
+
 def catalogue(tmp: Path, tiny: Path) -> list[tuple[str, list[str], str]]:
     """(case, command, expected one-line stderr fragment)."""
     cfg = write(tmp, "bad_key.yaml", "method: simcse\ntrain:\n  lrr: 1\n")
@@ -30,6 +54,14 @@ def catalogue(tmp: Path, tiny: Path) -> list[tuple[str, list[str], str]]:
     (gpt / "config.json").write_text(
         '{"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 1}'
     )
+    (gpt / "model.safetensors").write_bytes(b"")  # refused for its architecture before any weight is read
+    code, corrupt, bare, pickled = (
+        model_folder(tmp, tiny, n) for n in ("code", "corrupt", "bare", "pickled")
+    )
+    with_auto_map(code)
+    (corrupt / "config.json").write_text('{"model_type": "bert",\n  "hidden_size": 32\n')
+    (bare / "model.safetensors").unlink()
+    (pickled / "model.safetensors").rename(pickled / "pytorch_model.bin")
     ev, tr, sw, au = (
         str(JOBS / n) for n in ("evaluate.py", "train.py", "sifter_sweep.py", "augment_corpus.py")
     )
@@ -223,6 +255,28 @@ def catalogue(tmp: Path, tiny: Path) -> list[tuple[str, list[str], str]]:
         ("model: missing folder", [ev, "--model", str(tmp / "no" / "model")], "no such folder"),
         ("model: wrong architecture", [ev, "--model", str(gpt)], "is not a text encoder"),
         ("model: not a model folder", [ev, "--model", str(tmp)], "has no config.json"),
+        ("model: its own code (auto_map)", [ev, "--model", str(code)], "never runs code from a model folder"),
+        (
+            "model: corrupt config.json",
+            [tr, "--method", "simcse", f"model.name_or_path={corrupt}", "--storage", str(tmp / "st")],
+            "config.json line 3 is not valid JSON",
+        ),
+        ("model: no weights", [ev, "--model", str(bare)], "has no safetensors weights"),
+        (
+            "model: pickle weights only",
+            [tr, "--method", "simcse", f"model.name_or_path={pickled}", "--storage", str(tmp / "st")],
+            "only pytorch_model.bin: a pickle, never loaded",
+        ),
+        (
+            "tracking: a password over plain http to another machine",
+            [tr, "--method", "simcse", "--tracking-uri", f"http://sieve:{CANARY}@mlflow.example.com"],
+            "tracking URI http://sieve:***@mlflow.example.com: a password over plain http",
+        ),
+        (
+            "tracking: unreachable, a password in the URI",
+            [tr, "--method", "simcse", "--tracking-uri", f"http://sieve:{CANARY}@127.0.0.1:9"],
+            "MLflow tracking server http://127.0.0.1:9 unreachable",
+        ),
         (
             "tracking: unreachable",
             [tr, "--method", "simcse", "--tracking-uri", "http://127.0.0.1:9"],
@@ -257,6 +311,9 @@ def test_bad_input_catalogue(tmp_path, tiny_bert_dir, s3_endpoint):
             # own INFO lines when it creates an embedded store aside)
             failures.append(f"{name}: {len(err)} lines: {stderr[-600:]!r}")
     assert failures == []
+    assert not [
+        n for n, r in got.items() if CANARY in r["stderr"] + r["stdout"]
+    ]  # a URI's password: never shown
     assert not (tmp_path / "o").exists() and not (tmp_path / "outputs").exists()  # no partial output
     assert set(Path("/tmp/ray").glob("session_2*")) == sessions  # no case started Ray
     store = tmp_path / "mlruns" / "mlflow.db"
@@ -269,6 +326,32 @@ def test_bad_input_catalogue(tmp_path, tiny_bert_dir, s3_endpoint):
         experiments = client.search_experiments()
         assert not client.search_runs([e.experiment_id for e in experiments]) if experiments else True
         assert client.search_registered_models() == []
+
+
+def test_a_model_folder_that_asks_to_run_its_code_is_refused_even_with_yes_on_stdin(tmp_path, tiny_bert_dir):
+    """transformers asks "Do you wish to run the custom code? [y/N]" for a folder with an ``auto_map``; a script
+    that answers ``y`` would run the folder's module. The job never gets there: one line, exit 2, nothing ran."""
+    folder = model_folder(tmp_path, tiny_bert_dir, "code")
+    marker = with_auto_map(folder)
+    res = subprocess.run(
+        [sys.executable, str(JOBS / "evaluate.py"), "--model", str(folder), "--tasks", "stsb"],
+        input="y\ny\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    err = [line for line in res.stderr.strip().splitlines() if line.strip()]
+    assert res.returncode == 2 and len(err) == 1 and "never runs code from a model folder" in err[0], (
+        res.stderr
+    )
+    assert not marker.exists()
+    # and where a load is reached some other way, transformers is told not to trust the folder either
+    from orchestrator.models import load_config
+
+    with pytest.raises(Exception, match="auto_map|never runs code"):
+        load_config(str(folder))
+    assert not marker.exists()
 
 
 @pytest.mark.slow

@@ -321,7 +321,7 @@ def load_exported(model_dir) -> tuple[SentimentLSTM, Batcher, SifterLSTMConfig]:
     return (
         model,
         Batcher(
-            AutoTokenizer.from_pretrained(d, local_files_only=True),
+            AutoTokenizer.from_pretrained(d, local_files_only=True, trust_remote_code=False),
             word_set if cfg.short_circuit else set(),
             cfg.max_length,
         ),

@@ -31,7 +31,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import mlflow
 import ray
 import ray.tune
 import torch
@@ -60,7 +59,16 @@ from orchestrator.drivers.compare_plan import (  # noqa: F401 - the compare file
 )
 from orchestrator.drivers.compare_publish import CompareResult, publish
 from orchestrator.drivers.compare_start import start_from
-from orchestrator.drivers.engine import launch, name_of, reports_uri, sweep_dir, train_trial, trial_row
+from orchestrator.drivers.engine import (
+    launch,
+    live_tracking,
+    name_of,
+    parent_run,
+    reports_uri,
+    sweep_dir,
+    train_trial,
+    trial_row,
+)
 from orchestrator.drivers.registry import get_method
 from orchestrator.drivers.train import (
     Outcome,
@@ -195,16 +203,7 @@ def run(plan: ComparePlan, parent_id: str | None = None) -> CompareResult:
         tracking.log_metrics(
             {f"base_{p}_test_{k}": v for p, b in bases.items() for k, v in b["test"].items()}
         )
-    live = (
-        {
-            "uri": tracking.resolve_tracking_uri(plan.first.tracking.tracking_uri),
-            "experiment_id": plan.exp_id,
-            "parent_run_id": parent_id,
-            "sweep": plan.name,
-        }
-        if parent_id
-        else None
-    )
+    live = live_tracking(plan.first.tracking.tracking_uri, plan.exp_id, parent_id, plan.name)
     trainable = tune.with_parameters(
         compare_trial,
         arms={n: (recipe.name, cfg) for n, (recipe, cfg) in plan.arms.items()},
@@ -336,30 +335,21 @@ def main(doc: str) -> int:
     where = sweep_dir(plan.first.run.storage, plan.name)
     if plan.resume and pub.answer_published(where, f"comparison {plan.name!r}", t0):
         return 0
-    parent = (
-        tracking.find_run(plan.exp_id, {"sieve.sweep": plan.name, "sieve.role": "compare"})
-        if plan.resume
-        else None
-    )
-    with mlflow.start_run(
-        run_id=parent.info.run_id if parent else None,
-        experiment_id=plan.exp_id,
-        run_name=None if parent else plan.name,
-    ) as parent_run:
-        if parent is None:
-            mlflow.set_tags(
-                {"sieve.sweep": plan.name, "sieve.role": "compare", "sieve.arms": ", ".join(plan.arms)}
-            )
-            tracking.log_params(
-                {
-                    "seeds": plan.job.seeds,
-                    "reference": plan.job.reference,
-                    **{f"arm.{n}": cfg.model_dump(mode="json") for n, (_, cfg) in plan.arms.items()},
-                    **{f"arm.{n}.start": cfg.model_dump(mode="json") for n, (_, cfg) in plan.starts.items()},
-                }
-            )
-        result = run(plan, parent_run.info.run_id)
-        summary = publish(plan, result, parent_run.info.run_id, out=args.out)
+    with parent_run(
+        plan.exp_id,
+        plan.name,
+        "compare",
+        plan.resume,
+        {"sieve.arms": ", ".join(plan.arms)},
+        {
+            "seeds": plan.job.seeds,
+            "reference": plan.job.reference,
+            **{f"arm.{n}": cfg.model_dump(mode="json") for n, (_, cfg) in plan.arms.items()},
+            **{f"arm.{n}.start": cfg.model_dump(mode="json") for n, (_, cfg) in plan.starts.items()},
+        },
+    ) as parent:
+        result = run(plan, parent.info.run_id)
+        summary = publish(plan, result, parent.info.run_id, out=args.out)
     shutdown_ray()
     console = "\n".join(
         [

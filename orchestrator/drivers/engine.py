@@ -15,15 +15,17 @@ import json
 import math
 import re
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
+import mlflow
 import ray
 import ray.tune
 from mlflow import MlflowClient
 from ray import tune
 from ray.tune.search import BasicVariantGenerator
 
-from orchestrator import storage
+from orchestrator import storage, tracking
 from orchestrator.config import MethodConfig
 from orchestrator.drivers.publish import flat_params
 from orchestrator.drivers.recording import RecordingTuneReportCallback, uri_on
@@ -177,6 +179,37 @@ def train_trial(
     )
     fit(trainer, recipe, cfg)
     storage.write_bytes(done, b"")
+
+
+@contextmanager
+def parent_run(experiment_id: str, name: str, role: str, resume: bool, tags: dict, params: dict):
+    """The job's MLflow parent run (its trials' runs nest under it): found again by name and role when the
+    job resumes, else started with its tags and params."""
+    found = tracking.find_run(experiment_id, {"sieve.sweep": name, "sieve.role": role}) if resume else None
+    with mlflow.start_run(
+        run_id=found.info.run_id if found else None,
+        experiment_id=experiment_id,
+        run_name=None if found else name,
+    ) as run:
+        if found is None:
+            mlflow.set_tags({"sieve.sweep": name, "sieve.role": role, **tags})
+            tracking.log_params(params)
+        yield run
+
+
+def live_tracking(
+    tracking_uri: str | None, experiment_id: str, parent_id: str | None, name: str
+) -> dict | None:
+    """Where a plan's trials log while they train: each its own MLflow run, nested under the job's parent run
+    (None without one: the trials are logged at the end)."""
+    if not parent_id:
+        return None
+    return {
+        "uri": tracking.resolve_tracking_uri(tracking_uri),
+        "experiment_id": experiment_id,
+        "parent_run_id": parent_id,
+        "sweep": name,
+    }
 
 
 def _child_run(tracking: dict, trial: str, params: dict, cfg: MethodConfig) -> str | None:

@@ -38,7 +38,14 @@ from orchestrator.drivers import publish as pub
 from orchestrator.drivers.cli import job_parser, location_overrides, print_config
 from orchestrator.drivers.cluster import init_ray, shutdown_ray
 from orchestrator.drivers.early_tests import EarlyTests
-from orchestrator.drivers.engine import refuse_existing, require_existing, sweep_dir, trial_rows
+from orchestrator.drivers.engine import (
+    live_tracking,
+    parent_run,
+    refuse_existing,
+    require_existing,
+    sweep_dir,
+    trial_rows,
+)
 from orchestrator.drivers.registry import get_method
 from orchestrator.drivers.report import write_sweep_report
 from orchestrator.drivers.sweep import run_sweep
@@ -179,16 +186,7 @@ def run(plan: SweepPlan, parent_id: str | None = None) -> SweepResult:
     base = max(bases, key=lambda b: b.dev) if bases else None
     if base is not None and parent_id:  # on the parent run at once: the yardstick of every trial curve
         tracking.log_metrics({"base_dev": base.dev})
-    live = (
-        {
-            "uri": tracking.resolve_tracking_uri(plan.base.tracking.tracking_uri),
-            "experiment_id": plan.exp_id,
-            "parent_run_id": parent_id,
-            "sweep": plan.name,
-        }
-        if parent_id
-        else None
-    )
+    live = live_tracking(plan.base.tracking.tracking_uri, plan.exp_id, parent_id, plan.name)
     early = (
         EarlyTests(plan.base, recipe, lambda row: _export(plan, row, _trial_dir(plan, row["trial"]))[1])
         if job.test_every_trial
@@ -404,30 +402,21 @@ def main(doc: str, default_dir: str) -> int:
         sweep_dir(plan.base.run.storage, plan.name), f"sweep {plan.name!r}", t0
     ):
         return 0
-    parent = (
-        tracking.find_run(plan.exp_id, {"sieve.sweep": plan.name, "sieve.role": "sweep"})
-        if plan.resume
-        else None
-    )
     try:
-        with mlflow.start_run(
-            run_id=parent.info.run_id if parent else None,
-            experiment_id=plan.exp_id,
-            run_name=None if parent else plan.name,
-        ) as parent_run:
-            if parent is None:
-                mlflow.set_tags(
-                    {"sieve.sweep": plan.name, "sieve.role": "sweep", "sieve.method": plan.job.method}
-                )
-                tracking.log_params(
-                    {
-                        "base": plan.base.model_dump(mode="json"),
-                        "space": plan.job.sweep.model_dump(mode="json"),
-                        "config_hash": config_hash(plan.base),
-                    }
-                )
-            result = run(plan, parent_run.info.run_id)
-            summary = publish(plan, result, parent_run.info.run_id)
+        with parent_run(
+            plan.exp_id,
+            plan.name,
+            "sweep",
+            plan.resume,
+            {"sieve.method": plan.job.method},
+            {
+                "base": plan.base.model_dump(mode="json"),
+                "space": plan.job.sweep.model_dump(mode="json"),
+                "config_hash": config_hash(plan.base),
+            },
+        ) as parent:
+            result = run(plan, parent.info.run_id)
+            summary = publish(plan, result, parent.info.run_id)
     except Exception as exc:
         raise publish_outage(exc, plan) or exc  # noqa: B904 - the outage line replaces MLflow's retries' traceback
     shutdown_ray()

@@ -40,6 +40,7 @@ from orchestrator.evaluation.encode import test_time_pooling
 from orchestrator.evaluation.suite import TestReport
 from orchestrator.models import pooling_for, resolve_model_source, saved_pooling
 from orchestrator.spec import BaseResult
+from orchestrator.uris import without_credentials
 from trainers.recipe import Recipe
 
 
@@ -60,8 +61,12 @@ def preflight(cfg: MethodConfig) -> str:
 
 def settled(cfg: MethodConfig) -> MethodConfig:
     """A copy of ``cfg`` with an encoder's pooling resolved (the config's, else the model folder's own, else the
-    method's), so every worker, report and MLflow param sees the one value. After :func:`preflight`: it reads
-    the model folder."""
+    method's), so every worker, report and MLflow param sees the one value; and its tracking URI without a
+    ``user:password@`` (:func:`preflight` moved it to MLflow's environment), so no worker is handed it. After
+    :func:`preflight`: it reads the model folder."""
+    uri = cfg.tracking.tracking_uri
+    if uri and (clean := without_credentials(uri)[0]) != uri:
+        cfg = cfg.model_copy(update={"tracking": cfg.tracking.model_copy(update={"tracking_uri": clean})})
     if not isinstance(cfg, EncoderMethodConfig) or cfg.model.pooling is not None:
         return cfg
     return cfg.model_copy(update={"model": cfg.model.model_copy(update={"pooling": pooling_for(cfg)})})

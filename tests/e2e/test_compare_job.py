@@ -1,7 +1,9 @@
 """``jobs/compare.py`` end to end on the session's local Ray cluster, on a tiny random BERT: 2 arms × 2 seeds,
 the driver killed after the first trial finished and resumed; every trial trained once and tested once, the
 leaderboard on the MLflow parent run (one child run per trial) and as the console's last lines, the
-registration gate applied."""
+registration gate applied; the experiment's state then rewritten as if killed mid-publish, and the resume
+replays every trial without training or testing it again (the engine's resume rule, the same for a sweep).
+"""
 
 from __future__ import annotations
 
@@ -136,6 +138,43 @@ def test_compare_killed_and_resumed_trains_and_tests_each_trial_once(
         "leaderboard/leaderboard.png",
     } <= artifacts
     assert "sifter_vs_reference_low" in parents[0].data.metrics
+
+    # Tune snapshots its state every few seconds: a driver killed right after a trial ended brings it back as
+    # unfinished. Made certain here, as the engine's resume rule for every job (sweeps, comparisons, train
+    # runs): the latest snapshot edited to say every trial was still RUNNING and the record of publication
+    # removed (killed before its publish ended); resumed, each trial is called again, replays its reports,
+    # trains and tests nothing, and the publish adds no second parent run, child run or version
+    replays = where / "replays"
+    replayed = len(list(replays.iterdir())) if replays.is_dir() else 0
+    state_file = sorted(where.glob("experiment_state-*.json"))[-1]
+    state = json.loads(state_file.read_text())
+    for entry in state["trial_data"]:
+        trial = json.loads(entry[0])
+        assert trial["status"] == "TERMINATED"
+        entry[0] = json.dumps({**trial, "status": "RUNNING"})
+    assert len(state["trial_data"]) == 4
+    state_file.write_text(json.dumps(state))
+    (where / "published.json").unlink()
+    kept = {p.stem: p.stat().st_mtime_ns for p in (where / "tests").iterdir()}
+    proc = run_job(tmp_path, store, "--config", str(cfg), "--name", "cmp", "--resume")
+    out, _ = proc.communicate(timeout=800)
+    assert proc.returncode == 0, out[-4000:]
+    assert sorted(p.name.rsplit("-", 1)[0] for p in (where / "invocations").iterdir()) == sorted(starts)
+    assert len(list(replays.iterdir())) == replayed + 4  # every trial called again, and replayed
+    assert {p.stem: p.stat().st_mtime_ns for p in (where / "tests").iterdir()} == kept  # nothing tested again
+    again = json.loads((tmp_path / "outputs" / "reports" / "cmp" / "leaderboard.json").read_text())
+    assert [r["per_seed"] for r in again["rows"]] == [r["per_seed"] for r in board["rows"]]
+    parents = mlflow.search_runs(
+        [exp.experiment_id], filter_string="tags.`sieve.role` = 'compare'", output_format="list"
+    )
+    children = mlflow.search_runs(
+        [exp.experiment_id], filter_string="tags.`sieve.role` = 'trial'", output_format="list"
+    )
+    assert len(parents) == 1 and sorted(c.data.tags["sieve.trial"] for c in children) == tests
+    versions = mlflow.MlflowClient().search_model_versions("name = 'sifter-simcse'") + (
+        mlflow.MlflowClient().search_model_versions("name = 'simcse'")
+    )
+    assert len(versions) == (registered is not None)
 
     # #39.4: resumed once more, a finished comparison answers from its record: no Ray, nothing trained
     again = run_job(tmp_path, store, "--config", str(cfg), "--name", "cmp", "--resume")

@@ -1,12 +1,12 @@
 """The main job end to end on the session's local Ray cluster: a tiny sweep, MLflow parent/child
-runs, registration with alias, the report; and a driver killed mid-sweep, then resumed."""
+runs, registration with alias, the report; and the README's `ray job submit`, explore then confirm. A driver
+killed and resumed is the engine's one resume rule, the same for every job: ``tests/e2e/test_compare_job.py``."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -339,93 +339,3 @@ def test_ray_job_submit_runs_the_sweep(ray_cluster, tiny_bert_dir, tmp_path, sto
             and versions == []
             and any(x.startswith("no candidate:") for x in lines)
         )
-
-
-def test_killed_driver_resumes_without_rerunning_finished_trials(ray_cluster, tiny_bert_dir, tmp_path, store):
-    # killed while the 2nd runs; 1-worker trials (quicker to start than 2), one at a time
-    cfg = sweep_file(tmp_path, tiny_bert_dir, [SIFTER, SIMCSE], workers=1, concurrent=1)
-    proc = run_job(tmp_path, store, "--config", str(cfg), "--name", "resumable", start_new_session=True)
-    invocations = store / "sweeps" / "resumable" / "invocations"
-    deadline = time.time() + 600
-    while time.time() < deadline:  # one trial at a time: a 2nd start means the 1st has finished
-        if invocations.is_dir() and len(list(invocations.iterdir())) >= 2:
-            break
-        if proc.poll() is not None:
-            pytest.fail("the sweep ended before it could be killed:\n" + proc.stdout.read()[-3000:])
-        time.sleep(1)
-    else:
-        pytest.fail("no second trial started in time")
-    time.sleep(2)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(30)
-    first = {p.name.rsplit("-", 1)[0] for p in invocations.iterdir()}
-
-    proc = run_job(tmp_path, store, "--config", str(cfg), "--name", "resumable", "--resume")
-    out, _ = proc.communicate(timeout=800)
-    assert proc.returncode == 0, out[-4000:]
-    assert final_json(out)["trials"] == 2
-    starts = [p.name.rsplit("-", 1)[0] for p in invocations.iterdir()]
-    finished_before_kill = sorted(first)[0]
-    assert starts.count(finished_before_kill) == 1  # not trained again (Tune may call it again: it replays)
-    assert len(set(starts)) == 2
-    rows = json.loads((tmp_path / "outputs" / "reports" / "resumable" / "trials.json").read_text())
-    assert [[int(h["step"]) for h in r["history"]] for r in rows] == [[2, 4], [2, 4]]  # every report, once
-    assert all(r["checkpoint_path"] for r in rows)
-    # Tune snapshots its state every few seconds: a driver killed right after a trial ended brings it
-    # back as unfinished. Made certain here: the latest snapshot is edited to say both trials were
-    # still RUNNING; resumed, they are called again, replay their reports, and train nothing.
-    sweep_dir = store / "sweeps" / "resumable"
-    replays = (
-        sweep_dir / "replays"
-    )  # (the first resume may already have replayed the trial killed at its end)
-    replayed = len(list(replays.iterdir())) if replays.is_dir() else 0
-    state_file = sorted(sweep_dir.glob("experiment_state-*.json"))[-1]
-    state = json.loads(state_file.read_text())
-    for entry in state["trial_data"]:
-        trial = json.loads(entry[0])
-        assert trial["status"] == "TERMINATED"
-        entry[0] = json.dumps({**trial, "status": "RUNNING"})
-    assert len(state["trial_data"]) == 2
-    state_file.write_text(json.dumps(state))
-    published = sweep_dir / "published.json"  # written last by the first resume: the sweep had finished
-    assert json.loads(published.read_text())["summary"]["trials"] == 2
-    published.unlink()  # as if killed before its publish ended: Tune's state is all the resume has
-    proc = run_job(tmp_path, store, "--config", str(cfg), "--name", "resumable", "--resume")
-    out, _ = proc.communicate(timeout=800)
-    assert proc.returncode == 0, out[-4000:]
-    assert sorted(p.name.rsplit("-", 1)[0] for p in invocations.iterdir()) == sorted(
-        starts
-    )  # no new training
-    assert len(list(replays.iterdir())) == replayed + 2  # both were called again, and replayed
-    again = json.loads((tmp_path / "outputs" / "reports" / "resumable" / "trials.json").read_text())
-    assert [(r["trial"], r["best_dev"], r["checkpoint_path"]) for r in again] == [
-        (r["trial"], r["best_dev"], r["checkpoint_path"]) for r in rows
-    ]  # the same results, replayed
-
-    mlflow = mlflow_at(tmp_path)
-    exp = mlflow.get_experiment_by_name("sieve")
-    children = mlflow.search_runs(
-        [exp.experiment_id], filter_string="tags.`sieve.role` = 'trial'", output_format="list"
-    )
-    trials = [c.data.tags["sieve.trial"] for c in children]
-    assert len(trials) == 2 and len(set(trials)) == 2  # exactly one child run per trial
-    parents = mlflow.search_runs(
-        [exp.experiment_id], filter_string="tags.`sieve.role` = 'sweep'", output_format="list"
-    )
-    assert len(parents) == 1
-    # #18.1: the second resume found the sweep published: one version, and the job said so
-    versions = mlflow.MlflowClient().search_model_versions("name = 'sifter-simcse'")
-    assert [v.tags.get("sieve.publish") for v in versions] == ["sweep:resumable"]
-    assert "nothing new registered" in out.strip().splitlines()[-1]
-    # #39.4: a finished, published sweep resumed again answers from its record: no Ray, nothing trained
-    proc = run_job(tmp_path, store, "--config", str(cfg), "--name", "resumable", "--resume")
-    out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, out[-4000:]
-    assert "Started a local Ray instance" not in out and "Connecting to existing Ray" not in out
-    assert (
-        out.strip()
-        .splitlines()[-1]
-        .startswith("sweep 'resumable' had finished and was published: nothing trained")
-    )
-    assert sorted(p.name.rsplit("-", 1)[0] for p in invocations.iterdir()) == sorted(starts)
-    assert len(mlflow.MlflowClient().search_model_versions("name = 'sifter-simcse'")) == 1

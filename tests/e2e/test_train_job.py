@@ -36,6 +36,7 @@ def train(tmp_path, *args, timeout=600, extra_env=None):
     )
 
 
+URI_PASSWORD = "uri-canary-51c9"
 FAKE_MLFLOW_PASSWORD = "fake-mlflow-password-7f3a91"
 
 
@@ -70,8 +71,8 @@ def test_train_job_tracks_live_exports_and_keeps_secrets(ray_cluster, tiny_bert_
             "--no-progress",
             "--storage",
             str(tmp_path / "store"),
-            "--tracking-uri",
-            mlflow_server,
+            "--tracking-uri",  # a password in the URI (issue 56): used for basic auth, shown nowhere
+            mlflow_server.replace("http://", f"http://sieve:{URI_PASSWORD}@"),
             "--name",
             "live",
             f"model.name_or_path={tiny_bert_dir}",
@@ -141,6 +142,7 @@ def test_train_job_tracks_live_exports_and_keeps_secrets(ray_cluster, tiny_bert_
     secrets = [
         os.environ["AWS_SECRET_ACCESS_KEY"],
         FAKE_MLFLOW_PASSWORD,
+        URI_PASSWORD,
         Path(os.environ["RAY_AUTH_TOKEN_PATH"]).read_text().strip(),
     ]
     logged = tmp_path / "logged"
@@ -153,3 +155,6 @@ def test_train_job_tracks_live_exports_and_keeps_secrets(ray_cluster, tiny_bert_
         assert secret not in out and secret not in recorded
         leaked = [str(p) for p in written if secret.encode() in p.read_bytes()]
         assert leaked == [], f"secret found in {leaked}"
+    # nor Ray's logs of the session (its drivers', workers' and controllers' output): the URI's password
+    ray_logs = [p for p in Path(os.environ["SIEVE_TEST_RAY_TEMP"]).rglob("*.log") if p.is_file()]
+    assert ray_logs and not [str(p) for p in ray_logs if URI_PASSWORD.encode() in p.read_bytes()]
