@@ -35,7 +35,9 @@ def test_wrong_architecture_is_refused(tmp_path):
     from transformers import GPT2Config
 
     GPT2Config(n_layer=1, n_embd=8, n_head=2, architectures=["GPT2LMHeadModel"]).save_pretrained(tmp_path)
-    (tmp_path / "model.safetensors").write_bytes(b"")  # refused for its architecture before any weight is read
+    (tmp_path / "model.safetensors").write_bytes(
+        b""
+    )  # refused for its architecture before any weight is read
     with pytest.raises(ModelSourceError, match="not a text encoder"):
         load_encoder(str(tmp_path))
 
