@@ -154,7 +154,7 @@ def _check_model_dir(path: Path, name: str) -> Path:
                 f"model {name!r}: {path / hook} has an auto_map - the folder asks to run its own Python code, "
                 "and Sieve never runs code from a model folder (use a folder of a built-in architecture)"
             )
-    if not any(path.glob("*.safetensors")) and not (path / "model.safetensors.index.json").is_file():
+    if not any(path.glob("*.safetensors")):  # one file, or a sharded model's shards
         pickles = sorted(p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt"))
         raise ModelSourceError(
             f"model {name!r}: {path} has no safetensors weights"
