@@ -477,6 +477,7 @@ def test_an_unsupported_model_is_refused_with_one_clear_line(tmp_path, tiny_bart
     t5 = tmp_path / "t5"
     t5.mkdir()
     (t5 / "config.json").write_text('{"model_type": "t5", "architectures": ["T5Model"], "d_model": 16}')
+    (t5 / "model.safetensors").write_bytes(b"")  # refused for its architecture before any weight is read
     with pytest.raises(ConfigError, match="ParaBART needs a BART or BERT model folder .*model_type 't5'"):
         build_model(tiny(t5), Vocab([]), Vocab([]))
     with pytest.raises(

@@ -27,7 +27,7 @@ from orchestrator import storage
 from orchestrator.evaluation.suite import compare_table
 from orchestrator.live_runs import create_child_run
 from orchestrator.spec import BaseResult
-from orchestrator.tracking import find_run, find_version, set_alias
+from orchestrator.tracking import find_run, find_version, redact, set_alias
 from orchestrator.tracking import register as register_version
 
 
@@ -208,7 +208,7 @@ def model_card(
         "Apache-2.0); the training and evaluation data keep theirs (`data/SOURCES.md`).",
         "",
     ]
-    return "\n".join(lines)
+    return redact("\n".join(lines))  # a URI's password or a secret's value in an override never reaches a card
 
 
 def register(
