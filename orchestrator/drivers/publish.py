@@ -208,7 +208,8 @@ def model_card(
         "Apache-2.0); the training and evaluation data keep theirs (`data/SOURCES.md`).",
         "",
     ]
-    return redact("\n".join(lines))  # a URI's password or a secret's value in an override never reaches a card
+    # a URI's password or a secret's value in an override never reaches a card
+    return redact("\n".join(lines))
 
 
 def register(
