@@ -29,7 +29,10 @@ CONFIG_DIR = REPO_ROOT / "configs"
 class StrictModel(BaseModel):
     """Base for every config block: unknown keys are errors, not silently ignored."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+    # NaN and infinity are refused in every number: `train.lr=.inf` would train on nothing but NaN
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, protected_namespaces=(), allow_inf_nan=False
+    )
 
 
 Pooling = Literal["cls", "cls_before_pooler", "mean"]
@@ -300,6 +303,12 @@ class ScalingBlock(StrictModel):
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
         "PACK",
         description="how the workers' bundles are placed on nodes (STRICT_SPREAD: one worker per node)",
+    )
+    wait_for_nodes_s: float = Field(
+        600,
+        ge=0,
+        description="on a cluster that can add nodes (one the job joined through RAY_ADDRESS), how long to wait "
+        "for a node a worker fits on before the job stops; a private local Ray cannot grow: no wait",
     )
 
 

@@ -44,3 +44,24 @@ class TrackingUnreachable(TrackingError):
 class TrackingRejected(SieveError):
     """The tracking server (or the client on its behalf) refused a record: retrying it would be refused
     again, so it is kept aside rather than parked as an outage."""
+
+
+class TrainingDiverged(SieveError):
+    """The loss became NaN or infinite: every later step would train on it, so training stops at once."""
+
+
+def sieve_cause(exc: BaseException | None) -> SieveError | None:
+    """The :class:`SieveError` a worker raised, found inside what Ray hands the driver (a Tune trial's error
+    wraps Ray Train's, which wraps the worker's): the user's one line, not three layers of traceback."""
+    seen, todo = set(), [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, SieveError):
+            return e
+        todo += [e.__cause__, e.__context__, getattr(e, "cause", None)]
+        failures = getattr(e, "worker_failures", None)  # Ray Train: {rank: the worker's exception}
+        todo += list(failures.values()) if isinstance(failures, dict) else []
+    return None

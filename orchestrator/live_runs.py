@@ -13,7 +13,7 @@ from typing import Any
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param
 
-from orchestrator.tracking import clean_params
+from orchestrator.tracking import clean_params, redact
 
 
 class LiveRun:
@@ -85,3 +85,25 @@ def create_run(
     run = client.create_run(experiment_id, run_name=name, tags={"mlflow.runName": name, **tags})
     client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in clean_params(params).items()])
     return run.info.run_id
+
+
+def close_failed(run_id: str, tracking_uri: str, exc: BaseException) -> None:
+    """A job that stops after its run was made: the run ends FAILED (KILLED on Ctrl-C) with the reason's first
+    line, redacted, as the tag ``sieve.failure`` - nothing stays RUNNING. One quick try: the job's own error
+    line must not wait on a tracking server that is away (the run then stays as the server last saw it)."""
+    reason = redact((str(exc).strip().splitlines() or [type(exc).__name__])[0])[:500]
+    keys = ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")
+    saved = {k: os.environ.get(k) for k in keys}
+    os.environ.update(dict(zip(keys, ("0", "5"), strict=True)))
+    try:
+        client = MlflowClient(tracking_uri=tracking_uri)
+        client.set_tag(run_id, "sieve.failure", reason)
+        client.set_terminated(run_id, "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
+    except Exception:  # noqa: BLE001, S110 - best effort: the job's error is what the user must see
+        pass
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

@@ -45,13 +45,17 @@ def run(
     resume=None,
     seen=None,
     crash_before=None,
+    nan_at=None,
     ray=None,
+    made=None,
 ):
     cfg = ContrastiveConfig.model_validate(
         {"train": {"batch_size": 2, "epochs": epochs, "eval_steps": eval_steps, "lr": 0.05}}
     )
     torch.manual_seed(0)
     module = torch.nn.Linear(2, 1)
+    if made is not None:
+        made.append(module)
     stepper = common.make_stepper(module, cfg, rows_per_worker=10)
     ray = ray or Ray(tmp_path, resume)
     monkeypatch.setattr(loop, "report", ray.report)
@@ -68,6 +72,8 @@ def run(
         (seen if seen is not None else []).append(batch)
         x, y = X[2 * i : 2 * i + 2], Y[2 * i : 2 * i + 2]
         loss = ((stepper.model(x) - y) ** 2).mean()
+        if state["step"] + 1 == nan_at:  # what a far too large learning rate comes to
+            loss = loss * float("nan")
         return loss, {"loss": loss.item()}
 
     def dev(m):
@@ -146,3 +152,15 @@ def test_a_restart_skips_the_trained_batches_and_ends_where_an_uninterrupted_run
     ] == 1  # history came along
     assert resumed[-1]["dev"] == pytest.approx(clean[-1]["dev"], abs=1e-6)
     assert torch.allclose(module.weight, clean_module.weight, atol=1e-6)
+
+
+def test_a_nan_loss_stops_training_before_its_step_and_names_it(tmp_path, monkeypatch):
+    from orchestrator.errors import TrainingDiverged
+
+    ray = Ray(tmp_path)
+    with pytest.raises(
+        TrainingDiverged, match=r"the loss is nan at step 5 \(train.lr 0.05\): training stops"
+    ):
+        run(tmp_path, monkeypatch, nan_at=5, ray=ray, made=(made := []))
+    assert [m["step"] for m, _ in ray.reports] == [3]  # the evaluations before it, nothing after
+    assert all(torch.isfinite(p).all() for p in made[0].parameters())  # the NaN step was never taken

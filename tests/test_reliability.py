@@ -108,6 +108,21 @@ def catalogue(tmp: Path, tiny: Path) -> list[tuple[str, list[str], str]]:
             "train.lr: Input should be a valid number",
         ),
         (
+            "config: infinite learning rate",  # every NaN or inf in a config; the runtime guard: test_loop.py
+            [tr, "--method", "simcse", "train.lr=.inf"],
+            "train.lr: Input should be a finite number",
+        ),
+        (
+            "scaling: a GPU this machine does not have, before Ray",  # not a silent wait for a placement
+            [tr, "--method", "simcse", "scaling.use_gpu=true"],
+            "scaling.use_gpu=true: each worker needs 1 GPU, and no node of the Ray cluster has more than 0",
+        ),
+        (
+            "scaling: more CPUs per worker than the machine has",
+            [sw, "--preset", "smoke", "scaling.cpus_per_worker=64"],
+            "scaling.cpus_per_worker=64: each worker needs 64 CPU, and no node of the Ray cluster has more than",
+        ),
+        (
             "config: negative lambda",
             [tr, "--method", "sifter_simcse", "lambda_xy=-1"],
             "lambda_xy: Input should be greater than or equal to 0",
@@ -864,3 +879,64 @@ def test_a_cluster_that_goes_away_mid_job_ends_it_with_one_line_naming_it(tmp_pa
     last = err.strip().splitlines()[-1]
     assert last.startswith("error: the Ray cluster at ") and f":{port} went away mid-job" in last, err[-3000:]
     assert took < 30
+
+
+def test_a_workers_own_error_is_found_inside_what_ray_hands_the_driver():
+    """A Tune trial's error wraps Ray Train's, which holds each worker's: the job prints the worker's one line.
+    The wrappers are Ray's own classes, built here as Ray builds them (no cluster needed to nest them)."""
+    from ray.exceptions import RayTaskError
+    from ray.train.v2.api.exceptions import WorkerGroupError
+
+    from orchestrator.errors import TrainingDiverged, sieve_cause
+
+    diverged = TrainingDiverged("the loss is nan at step 3")
+    group = WorkerGroupError("Training failed due to worker errors", {0: RuntimeError("gloo"), 1: diverged})
+    try:
+        raise RuntimeError("trial failed") from RayTaskError("train_fn", "Traceback ...", group)
+    except RuntimeError as exc:
+        wrapped = exc
+    assert sieve_cause(wrapped) is diverged
+    assert sieve_cause(WorkerGroupError("x", {0: RuntimeError("gloo")})) is None  # Ray's own error stays
+
+
+def test_a_job_stopped_after_its_run_was_made_ends_it_failed_with_the_reason(tmp_path):
+    """A real MLflow store (SQLite): the run a job made ends FAILED, its reason's first line a tag, redacted."""
+    from mlflow import MlflowClient
+
+    from orchestrator.live_runs import close_failed, create_run
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("e")
+    run_id = create_run(exp, "r", {}, {"a": 1}, uri)
+    assert client.get_run(run_id).info.status == "RUNNING"
+    close_failed(
+        run_id, uri, ValueError(f"s3://k:{CANARY}@bucket/x: no such bucket\nTraceback (second line)")
+    )
+    run = client.get_run(run_id)
+    assert run.info.status == "FAILED"
+    assert run.data.tags["sieve.failure"] == "s3://k:***@bucket/x: no such bucket"
+    stopped = create_run(exp, "s", {}, {}, uri)
+    close_failed(stopped, uri, KeyboardInterrupt())
+    assert client.get_run(stopped).info.status == "KILLED"
+    close_failed(run_id, "http://127.0.0.1:9", RuntimeError("x"))  # a server that is away: no wait, no raise
+
+
+def test_what_a_worker_asks_for_is_set_against_each_node():
+    """The resource check's arithmetic on hand-made nodes: a worker must fit on one node, and the nodes together
+    must hold every worker (two 3-CPU nodes hold two 2-CPU workers, not three)."""
+    from orchestrator.config import ScalingBlock
+    from orchestrator.drivers.cluster import _short_of
+
+    two = [{"CPU": 3.0, "GPU": 0.0}, {"CPU": 3.0}]
+    assert _short_of(ScalingBlock(num_workers=2, cpus_per_worker=2), two) is None
+    assert _short_of(ScalingBlock(num_workers=3, cpus_per_worker=2), two) == (
+        "scaling.num_workers=3: the Ray cluster's nodes hold 2 workers of {'CPU': 2.0}"
+    )
+    assert _short_of(ScalingBlock(num_workers=1, cpus_per_worker=4), two) == (
+        "scaling.cpus_per_worker=4: each worker needs 4 CPU, and no node of the Ray cluster has more than 3"
+    )
+    assert _short_of(ScalingBlock(num_workers=1, use_gpu=True), two).startswith(
+        "scaling.use_gpu=true: each worker needs 1 GPU, and no node of the Ray cluster has more than 0"
+    )
+    assert _short_of(ScalingBlock(num_workers=2, use_gpu=True), [{"CPU": 8.0, "GPU": 1.0}] * 2) is None

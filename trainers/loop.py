@@ -25,6 +25,7 @@ from pathlib import Path
 import ray.train
 import torch
 
+from orchestrator.errors import TrainingDiverged
 from orchestrator.live_runs import LiveRun
 from trainers import common
 from trainers.common import autocast, rank, world_size
@@ -83,6 +84,7 @@ def train_loop(
                 c.on_batch(state)
             with autocast(cfg):
                 loss, logs = loss_fn(batch, state)
+            stop_if_diverged(cfg, state, logs)
             for c in callbacks:
                 c.on_forward(state)
             stepper.step(loss)
@@ -218,7 +220,17 @@ class Evaluation(Callback):
         report(metrics, self.stepper, dict(state))
 
 
-# ---------------------------------------------------------------- what the callbacks use
+# ---------------------------------------------------------------- what the loop and the callbacks use
+def stop_if_diverged(cfg, state: dict, logs: dict) -> None:
+    """A NaN or infinite loss (every recipe logs its loss as a float) stops training before its step: each
+    later step would train on it. Raised on the worker; the job prints it as its one line."""
+    if not math.isfinite(logs.get("loss", 0.0)):
+        raise TrainingDiverged(
+            f"the loss is {logs['loss']} at step {state['step'] + 1} (train.lr {cfg.train.lr:g}): "
+            "training stops here; a lower train.lr (or fp32: perf.bf16=off) usually cures it"
+        )
+
+
 @contextmanager
 def eval_threads(cfg):
     """On CPU, rank 0 evaluates alone while the other workers wait for it: it may use their cores too."""

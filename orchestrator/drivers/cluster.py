@@ -19,6 +19,8 @@ import time
 
 import ray
 
+from orchestrator.errors import ConfigError
+
 MIN_LOCAL_CPUS = 4
 # the test hooks of trainers/fault_injection.py (unset in real runs), passed on to every Ray worker of a job
 TEST_HOOKS = ("SIEVE_FAIL_", "SIEVE_HOLD_", "SIEVE_STEP_DELAY", "SIEVE_SKIP_RNG")
@@ -73,20 +75,108 @@ def watch_cluster(gcs_address: str, *, every_s: float = 2.0, grace_s: float = 10
     return thread
 
 
-def init_ray(*, num_cpus: int | None = None, quiet: bool = False) -> None:
-    """``quiet``: worker processes' logs stay in Ray's log files (errors still surface as exceptions)."""
+def init_ray(*, num_cpus: int | None = None, quiet: bool = False, needs=()) -> None:
+    """``quiet``: worker processes' logs stay in Ray's log files (errors still surface as exceptions).
+    ``needs``: the configs the job will train (:func:`check_resources`), checked once connected."""
+    global _PRIVATE
     if ray.is_initialized():
+        check_resources(needs)
         return
     kwargs = {"log_to_driver": not quiet}
     if hooks := fault_hooks():
         kwargs["runtime_env"] = {"env_vars": hooks}
-    address = os.environ.get("RAY_ADDRESS")
-    if address and address != "local":
+    if joins_cluster():
         ray.init(**kwargs)
+        _PRIVATE = False
     else:  # a new private local cluster (address="local": even when another one runs on this machine)
         cpus = num_cpus or max(MIN_LOCAL_CPUS, os.cpu_count() or 1)
         ray.init(address="local", num_cpus=cpus, include_dashboard=True, dashboard_host="127.0.0.1", **kwargs)
+        _PRIVATE = True
     watch_cluster(ray.get_runtime_context().gcs_address)
+    check_resources(needs)
+
+
+_PRIVATE = True  # the job started its own local Ray, which never adds a node
+
+
+def joins_cluster() -> bool:
+    """``RAY_ADDRESS`` names a cluster to join (else the job starts a private local Ray)."""
+    address = os.environ.get("RAY_ADDRESS")
+    return bool(address) and address != "local"
+
+
+def local_node(num_cpus: int | None = None) -> dict[str, float]:
+    """The resources :func:`init_ray` gives a private local Ray, known before it starts (Ray counts the GPUs
+    CUDA shows it)."""
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return {"CPU": num_cpus or max(MIN_LOCAL_CPUS, os.cpu_count() or 1), "GPU": gpus}
+
+
+def worker_bundle(scaling) -> dict[str, float]:
+    """What one training worker asks Ray for (``scaling`` is a config's ScalingBlock)."""
+    bundle = {"CPU": scaling.cpus_per_worker, **scaling.resources_per_worker}
+    if scaling.use_gpu:
+        bundle.setdefault("GPU", 1)
+    return bundle
+
+
+def _short_of(scaling, nodes: list[dict]) -> str | None:
+    """Why ``scaling``'s workers cannot all be placed on ``nodes`` (each node's resources), naming the key and
+    both numbers; None when they can."""
+    bundle = worker_bundle(scaling)
+    if any(all(n.get(k, 0) >= v for k, v in bundle.items()) for n in nodes):
+        held = sum(min(int(n.get(k, 0) // v) for k, v in bundle.items()) for n in nodes)
+        if held < scaling.num_workers:
+            return f"scaling.num_workers={scaling.num_workers}: the Ray cluster's nodes hold {held} workers of {bundle}"
+        return None
+    for key, per in bundle.items():  # the first thing no node has enough of
+        most = max((n.get(key, 0) for n in nodes), default=0)
+        if most < per:
+            name = {"CPU": f"scaling.cpus_per_worker={per:g}", "GPU": "scaling.use_gpu=true"}.get(
+                key, f"scaling.resources_per_worker.{key}={per:g}"
+            )
+            return f"{name}: each worker needs {per:g} {key}, and no node of the Ray cluster has more than {most:g}"
+    return f"scaling: no node of the Ray cluster has all of {bundle} at once"
+
+
+def _nodes() -> list[dict]:
+    """Each live node's resources; before Ray starts, the one node the private local Ray will have."""
+    if not ray.is_initialized():
+        return [local_node()]
+    return [n["Resources"] for n in ray.nodes() if n["Alive"]]
+
+
+def check_resources(cfgs, *, poll_s: float = 5.0) -> None:
+    """Before any worker is placed (Ray would wait for it without a word, forever): each config's workers fit
+    the cluster's nodes, or the job stops in one line naming the key and both numbers. A cluster the job joined
+    may add nodes (KubeRay's autoscaler): there the job asks for them and waits ``scaling.wait_for_nodes_s``."""
+    private = _PRIVATE or not ray.is_initialized()
+    for scaling in {c.scaling.model_dump_json(): c.scaling for c in cfgs}.values():
+        short = _short_of(scaling, _nodes())
+        if short is not None and not private:
+            short = _wait_for_nodes(scaling, short, poll_s)
+        if short is not None:
+            waited = "" if private else f" (waited scaling.wait_for_nodes_s={scaling.wait_for_nodes_s:g} s)"
+            raise ConfigError(f"{short}{waited}; nothing was trained")
+
+
+def _wait_for_nodes(scaling, short: str, poll_s: float) -> str | None:
+    """Ask the autoscaler for the workers' bundles and wait for a fit; the request is withdrawn either way (Ray
+    Train's placement group asks for what it needs): what is still short, or None."""
+    from ray.autoscaler.sdk import request_resources
+
+    print(f"{short}: waiting up to {scaling.wait_for_nodes_s:g} s for the cluster to add one", flush=True)
+    request_resources(bundles=[worker_bundle(scaling)] * scaling.num_workers)
+    deadline = time.monotonic() + scaling.wait_for_nodes_s
+    try:
+        while short is not None and time.monotonic() < deadline:
+            time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
+            short = _short_of(scaling, _nodes())
+        return short
+    finally:
+        request_resources(bundles=[])
 
 
 def concurrent_trials(cfg, requested: int | None, streams: bool = True) -> int:

@@ -189,7 +189,10 @@ def measure_bases(plan: ComparePlan, where: str) -> dict[str, dict]:
 
 
 def run(plan: ComparePlan, parent_id: str | None = None) -> CompareResult:
-    init_ray(quiet=not plan.verbose)
+    init_ray(
+        quiet=not plan.verbose,
+        needs=[cfg for _, cfg in (*plan.arms.values(), *plan.starts.values())],
+    )
     t0 = time.time()
     where = sweep_dir(plan.first.run.storage, plan.name)
     shards = {

@@ -32,8 +32,8 @@ from orchestrator.drivers.recording import RecordingTuneReportCallback, uri_on
 from orchestrator.drivers.registry import get_method
 from orchestrator.drivers.report import params_label
 from orchestrator.drivers.train import build_trainer, fit
-from orchestrator.errors import ConfigError
-from orchestrator.live_runs import create_child_run
+from orchestrator.errors import ConfigError, sieve_cause
+from orchestrator.live_runs import close_failed, create_child_run
 
 
 def launch(
@@ -119,8 +119,8 @@ def run_one(
         progress=(recipe.metric, recipe.metric_label),
         verbose=verbose,
     )
-    if result.error is not None:
-        raise result.error
+    if result.error is not None:  # a worker's own one-line error (a diverged loss), else Ray's
+        raise sieve_cause(result.error) or result.error
     trial = name_of(result.metrics["trial_id"], params)
     has_dev = recipe.has_dev(cfg)  # without a dev score, the last checkpoint (a paper's fixed-steps protocol)
     records = json.loads(storage.read_bytes(reports_uri(where, trial)))
@@ -194,7 +194,11 @@ def parent_run(experiment_id: str, name: str, role: str, resume: bool, tags: dic
         if found is None:
             mlflow.set_tags({"sieve.sweep": name, "sieve.role": role, **tags})
             tracking.log_params(params)
-        yield run
+        try:
+            yield run
+        except BaseException as exc:  # ends FAILED (KILLED on Ctrl-C) with its reason: nothing stays RUNNING
+            close_failed(run.info.run_id, mlflow.get_tracking_uri(), exc)
+            raise
 
 
 def live_tracking(

@@ -177,7 +177,7 @@ class SweepResult:
 def run(plan: SweepPlan, parent_id: str | None = None) -> SweepResult:
     """The data, the base model measured, the sweep (each trial logging into its own nested MLflow run
     while it trains), and the chosen trial exported and tested."""
-    init_ray(quiet=not plan.verbose)
+    init_ray(quiet=not plan.verbose, needs=[plan.base, *plan.configs.values()])
     t0 = time.time()
     recipe, job = plan.recipe, plan.job
     shards = recipe.prepare_data(plan.base, progress=plan.progress)

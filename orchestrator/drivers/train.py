@@ -18,6 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+import ray
 import ray.data
 import torch
 from ray.exceptions import NodeDiedError, RayActorError
@@ -34,7 +35,7 @@ from ray.train.torch import TorchConfig, TorchTrainer
 
 from orchestrator import storage, tracking
 from orchestrator.config import EncoderMethodConfig, MethodConfig, repo_path
-from orchestrator.drivers.cluster import fault_hooks
+from orchestrator.drivers.cluster import check_resources, fault_hooks, joins_cluster, worker_bundle
 from orchestrator.errors import ConfigError, DataError, SieveError
 from orchestrator.evaluation.encode import test_time_pooling
 from orchestrator.evaluation.suite import TestReport
@@ -52,6 +53,8 @@ def preflight(cfg: MethodConfig) -> str:
         if not storage.exists(repo_path(path)):
             raise DataError(f"{key}: {path}: no such file or folder")
     cfg.check_data()
+    if not ray.is_initialized() and not joins_cluster():  # the private local Ray's resources are known now
+        check_resources([cfg])
     exp_id = tracking.setup(cfg.tracking.tracking_uri, cfg.tracking.experiment)
     storage.check_access(cfg.run.storage)
     for source in cfg.model_sources():
@@ -158,13 +161,10 @@ def build_trainer(
             f"{steps} - raise train.epochs to repeat the data",
             flush=True,
         )
-    resources = {"CPU": cfg.scaling.cpus_per_worker, **cfg.scaling.resources_per_worker}
-    if cfg.scaling.use_gpu:
-        resources.setdefault("GPU", 1)
     scaling = ScalingConfig(
         num_workers=workers,
         use_gpu=cfg.scaling.use_gpu,
-        resources_per_worker=resources,
+        resources_per_worker=worker_bundle(cfg.scaling),
         placement_strategy=cfg.scaling.placement_strategy,
     )
     env = {

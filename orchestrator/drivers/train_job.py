@@ -80,7 +80,19 @@ def main(doc: str) -> int:
     # into it while training; what an outage keeps from it is logged from the record at the end
     run_id = live_runs.create_run(exp_id, name, {"sieve.method": args.method}, params, uri)
 
-    init_ray(quiet=not args.verbose)
+    try:  # from here on a stop ends the run FAILED with its reason (nothing stays RUNNING)
+        return _train(args, recipe, cfg, path, overrides, name, params, run_id, uri)
+    except BaseException as exc:
+        live_runs.close_failed(run_id, uri, exc)
+        raise
+
+
+def _train(
+    args, recipe, cfg, path: Path, overrides: list[str], name: str, params: dict, run_id: str, uri: str
+) -> int:
+    """Data, the base model beside training, one arm × one seed through the engine, export and test, the run's
+    record logged (or kept for `jobs/sync_tracking.py` through an outage), the results printed."""
+    init_ray(quiet=not args.verbose, needs=[cfg])
     t0 = time.time()
     shards = recipe.prepare_data(cfg, progress=not args.no_progress)
     # the untouched model (the config's pooling and the folder's own): on the cores training leaves idle while

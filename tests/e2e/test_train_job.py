@@ -158,3 +158,76 @@ def test_train_job_tracks_live_exports_and_keeps_secrets(ray_cluster, tiny_bert_
     # nor Ray's logs of the session (its drivers', workers' and controllers' output): the URI's password
     ray_logs = [p for p in Path(os.environ["SIEVE_TEST_RAY_TEMP"]).rglob("*.log") if p.is_file()]
     assert ray_logs and not [str(p) for p in ray_logs if URI_PASSWORD.encode() in p.read_bytes()]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_loss_that_turns_nan_stops_the_job_in_one_line_and_its_run_ends_failed(
+    ray_cluster, tiny_bert_dir, tmp_path
+):
+    """#56: a learning rate far too large (1e30 - finite: a config refuses inf) makes the loss NaN within a few
+    steps. The worker stops before training on it; the job prints the worker's one line (not Ray's nested
+    errors), exits 2, exports nothing, and the MLflow run it made at the start ends FAILED with that reason."""
+    import mlflow
+
+    res = train(
+        tmp_path,
+        "--storage",
+        str(tmp_path / "store"),
+        "--name",
+        "nan",
+        "--no-base",
+        f"model.name_or_path={tiny_bert_dir}",
+        "model.max_length=16",
+        "train.batch_size=8",
+        "train.max_steps=8",
+        "train.eval_steps=8",
+        "train.lr=1e30",
+        "data.limit=60",
+        "data.parser_workers=1",
+        "eval.tasks=[stsb]",
+        "scaling.num_workers=1",
+        "run.max_failures=0",
+    )
+    last = res.stderr.strip().splitlines()[-1]
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert re.fullmatch(
+        r"error: the loss is (nan|inf) at step [1-8] \(train.lr 1e\+30\): training stops here; .+", last
+    )
+    assert not (tmp_path / "store" / "models" / "nan").exists()
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("sieve").experiment_id])
+    assert run.info.status == "FAILED" and run.data.tags["sieve.failure"] == last.removeprefix("error: ")
+
+
+@pytest.mark.timeout(120)
+def test_a_cluster_that_never_gets_a_fitting_node_stops_the_job_after_its_wait(
+    ray_cluster, tiny_bert_dir, tmp_path
+):
+    """#56: joined to a cluster (which might add nodes), a job asking for a GPU no node has waits
+    ``scaling.wait_for_nodes_s`` and stops in one line naming the key and both numbers - not Ray's silent wait
+    for a placement; the MLflow run the job had made ends FAILED with that line."""
+    import mlflow
+
+    assert os.environ.get("RAY_ADDRESS")  # the session's cluster: the job joins it, as under `ray job submit`
+    t0 = time.time()
+    res = train(
+        tmp_path,
+        "--storage",
+        str(tmp_path / "store"),
+        "--no-base",
+        f"model.name_or_path={tiny_bert_dir}",
+        "scaling.use_gpu=true",
+        "scaling.wait_for_nodes_s=4",
+        timeout=100,
+    )
+    last = res.stderr.strip().splitlines()[-1]
+    assert res.returncode == 2 and time.time() - t0 < 60, res.stderr[-3000:]
+    assert last == (
+        "error: scaling.use_gpu=true: each worker needs 1 GPU, and no node of the Ray cluster has more than 0 "
+        "(waited scaling.wait_for_nodes_s=4 s); nothing was trained"
+    )
+    assert "waiting up to 4 s for the cluster to add one" in res.stdout
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("sieve").experiment_id])
+    assert run.info.status == "FAILED" and run.data.tags["sieve.failure"] == last.removeprefix("error: ")
