@@ -9,6 +9,7 @@ exit code 2, with no traceback.
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
@@ -23,6 +24,10 @@ def run(main) -> None:
     from orchestrator.errors import SieveError  # here, not at the top: sys.path gets the repo root above
     from orchestrator.uris import redact
 
+    # `kill` / `ray job stop` (SIGTERM) ends a job as Ctrl-C does: its MLflow run is closed and its claim on
+    # its name given back on the way out (the default would end the process on the spot)
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _interrupted)
     try:
         code = main()
     except SieveError as exc:
@@ -32,3 +37,7 @@ def run(main) -> None:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
     sys.exit(code or 0)
+
+
+def _interrupted(signum, frame) -> None:
+    raise KeyboardInterrupt

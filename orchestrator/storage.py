@@ -144,6 +144,35 @@ def write_bytes(uri: str, data: bytes) -> None:
         raise
 
 
+def create_exclusive(uri: str, data: bytes) -> bool:
+    """Write ``uri`` only if nothing is there, atomically against any other writer: False when it exists. Local:
+    ``O_CREAT | O_EXCL``; S3: a conditional write (``If-None-Match: *``), answered 412 when the key exists."""
+    if is_s3(uri):
+        bucket, key = split_s3(uri)
+        try:
+            s3_client().put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+            return True
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in {
+                "PreconditionFailed",
+                "412",
+                "ConditionalRequestConflict",
+            }:
+                return False
+            raise _s3_error(uri, exc) from None
+        except Exception as exc:  # noqa: BLE001
+            raise _s3_error(uri, exc) from None
+    path = Path(uri)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    return True
+
+
 def exists(uri: str) -> bool:
     if is_s3(uri):
         bucket, key = split_s3(uri)

@@ -116,6 +116,7 @@ def test_the_main_job_confirms_and_its_plan_is_a_comparison_of_its_best_settings
         no_progress=True,
         print_config=False,
         verbose=False,
+        take_over=False,
     )
     plan = resolve(args, "sifter_sweep")
     assert plan.confirm_seeds == [1, 2, 3]  # the explore stage trained with 42
@@ -155,6 +156,7 @@ def test_the_stand_in_goes_through_the_sweeps_publish_path_and_nothing_is_regist
         no_progress=True,
         print_config=False,
         verbose=False,
+        take_over=False,
     )
     plan = resolve(args, "sifter_sweep")
     grid = plan.job.sweep.space["lambdas"].grid

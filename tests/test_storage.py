@@ -162,3 +162,58 @@ def test_a_checkpoint_on_s3_is_recorded_with_its_scheme_and_read_back(s3_bucket,
     with again.as_directory() as local:
         assert (Path(local) / "state.json").read_text() == "{}"
     assert checkpoint_uri(Checkpoint(str(tmp_path / "ckpt"))) == str(tmp_path / "ckpt")  # local: unchanged
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_one_claim_per_name_and_a_dead_owners_claim_taken_over_only_when_asked(where, tmp_path, request):
+    """#56: the atomic create (local O_EXCL; S3 If-None-Match on moto) lets one claim in; the owner is named;
+    a claim whose process is gone is refused until --take-over, which then holds it; at exit it goes back."""
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    from orchestrator import claims
+    from orchestrator.errors import ConfigError
+
+    base = request.getfixturevalue("s3_bucket") if where == "s3" else str(tmp_path / "store")
+    uri = claims.claim_uri(base, "run")
+    assert storage.create_exclusive(uri, b"first") and not storage.create_exclusive(uri, b"second")
+    assert storage.read_bytes(uri) == b"first"  # the second writer changed nothing
+    storage.remove(uri)
+
+    claims.claim(base, "run", job="jobs/train.py")
+    claims.claim(base, "run", job="jobs/train.py")  # this process again (a sweep, then its confirm): its own
+    claims.release_all()
+    assert not storage.exists(uri)
+
+    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) as other:  # a live owner
+        owner = {"job": "jobs/train.py", "host": socket.gethostname(), "pid": other.pid, "started": "now"}
+        storage.write_bytes(uri, json.dumps(owner).encode())
+        with pytest.raises(
+            ConfigError,
+            match=rf"--name 'run' is claimed by jobs/train.py on .*, pid {other.pid}, started now \(still running; "
+            r".*: wait for it to end, or pick another --name",
+        ):
+            claims.claim(base, "run", job="jobs/train.py", take_over=True)  # never taken from a live owner
+        other.kill()
+    storage.remove(uri)
+
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    owner = {
+        "job": "jobs/compare.py",
+        "host": socket.gethostname(),
+        "pid": int(dead.stdout),
+        "started": "then",
+    }
+    storage.write_bytes(uri, json.dumps(owner).encode())
+    with pytest.raises(
+        ConfigError, match=r"\(no longer running; .*\): if it no longer runs, pass --take-over"
+    ):
+        claims.claim(base, "run", job="jobs/compare.py")
+    claims.claim(base, "run", job="jobs/compare.py", take_over=True)
+    assert json.loads(storage.read_bytes(uri))["pid"] == os.getpid()
+    claims.release_all()
+    assert not storage.exists(uri)

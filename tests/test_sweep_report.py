@@ -215,6 +215,7 @@ def test_sweep_job_resolves_without_ray(embedded_tracking):
         no_progress=True,
         print_config=False,
         verbose=False,
+        take_over=False,
     )
     plan = resolve(args, "sifter_sweep")
     assert plan.base.train.lr == 4e-5 and plan.base.model.pooling == "mean"  # resolved from MiniLM's folder

@@ -45,6 +45,11 @@ def job_parser(doc: str, preset_dir: str | None) -> argparse.ArgumentParser:
         help="local path or s3:// URI for corpora, checkpoints and sweeps "
         "(default: $SIEVE_STORAGE/runs when SIEVE_STORAGE is set, else the config's run.storage)",
     )
+    ap.add_argument(
+        "--take-over",
+        action="store_true",
+        help="run under a --name whose claim a job that no longer runs left behind (killed, its machine lost)",
+    )
     ap.add_argument("--no-progress", action="store_true", help="no progress bars")
     ap.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     ap.add_argument("--verbose", action="store_true", help="Ray's worker logs and Tune's status table too")

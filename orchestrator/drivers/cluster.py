@@ -19,6 +19,7 @@ import time
 
 import ray
 
+from orchestrator.claims import release_all
 from orchestrator.errors import ConfigError
 
 MIN_LOCAL_CPUS = 4
@@ -67,6 +68,7 @@ def watch_cluster(gcs_address: str, *, every_s: float = 2.0, grace_s: float = 10
                         file=sys.stderr,
                         flush=True,
                     )
+                    release_all()  # os._exit skips atexit: the job's claim on its name goes back here
                     os._exit(2)
 
     _WATCH_STOP.clear()

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from orchestrator import storage
+from orchestrator.claims import claim
 from orchestrator.config import (
     REPO_ROOT,
     EncoderMethodConfig,
@@ -256,6 +257,8 @@ def resolve(args: argparse.Namespace) -> ComparePlan:
     plan = ComparePlan(
         name, job, arms, sorted(exp_ids)[0], args.resume, not args.no_progress, args.verbose, starts
     )
+    if not getattr(args, "status", False):  # one run per name at a time (--status only reads)
+        claim(plan.first.run.storage, name, job="jobs/compare.py", take_over=args.take_over)
     if not args.resume and not getattr(args, "status", False):
         refuse_existing(plan.first.run.storage, name)
     else:  # --resume / --status of a name never run: refused here, not answered with a new run or an empty board

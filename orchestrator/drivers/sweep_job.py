@@ -23,6 +23,7 @@ from pathlib import Path
 import mlflow
 
 from orchestrator import storage, tracking
+from orchestrator.claims import claim
 from orchestrator.config import (
     REPO_ROOT,
     MethodConfig,
@@ -139,6 +140,7 @@ def resolve(args: argparse.Namespace, default_dir: str) -> SweepPlan:
     exp_id = preflight(base)  # tracking server, storage, model source: fail before any Ray work
     base = settled(base)
     name = storage.safe_name(args.name or f"{default_dir}-{time.strftime('%Y%m%d-%H%M%S')}", "--name")
+    claim(base.run.storage, name, job=f"jobs/{default_dir}.py", take_over=args.take_over)  # one run per name
     if not args.resume:  # before the corpus is built and the base measured, not minutes later
         refuse_existing(base.run.storage, name)
     else:

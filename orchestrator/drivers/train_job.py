@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from orchestrator import live_runs, storage, tracking
+from orchestrator.claims import claim
 from orchestrator.config import apply_overrides, config_hash, read_yaml, resolve_config_path, validate
 from orchestrator.drivers import outbox
 from orchestrator.drivers import publish as pub
@@ -60,6 +61,7 @@ def main(doc: str) -> int:
         args.name or cfg.run.name or f"{args.method}-{time.strftime('%Y%m%d-%H%M%S')}", "--name"
     )
     exp_id = preflight(cfg)  # tracking server, storage, model source: fail before any Ray work
+    claim(cfg.run.storage, name, job="jobs/train.py", take_over=args.take_over)  # one run per name at a time
     taken = next(  # Ray Train would resume it: the engine's experiment, or a run made before the engine
         (
             p

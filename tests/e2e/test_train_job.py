@@ -107,8 +107,17 @@ def test_train_job_tracks_live_exports_and_keeps_secrets(ray_cluster, tiny_bert_
                 seen_running = (len(history), client.get_metric_history(runs[0].info.run_id, "loss"))
                 break
         time.sleep(1)
+    # #56: a second job of the same name on the same storage, while the first trains: refused in one line
+    # naming the owner, before it touches anything (the first one's model is checked below)
+    second = train(tmp_path, "--storage", str(tmp_path / "store"), "--name", "live", timeout=120)
+    assert second.returncode == 2 and re.fullmatch(
+        rf"error: --name 'live' is claimed by jobs/train.py on \S+, pid {proc.pid}, started .* \(still running; "
+        r"\S+/claims/live.json\): wait for it to end, or pick another --name",
+        second.stderr.strip().splitlines()[-1],
+    ), second.stderr[-2000:]
     out, _ = proc.communicate(timeout=400)
     assert proc.returncode == 0, out[-3000:]
+    assert not (tmp_path / "store" / "claims" / "live.json").exists()  # given back when the job ended
     assert (
         f"engine: experiment 'live' started at {tmp_path / 'store' / 'sweeps' / 'live'}" in out
     )  # the one engine
