@@ -12,6 +12,7 @@ CASES.json: [{"name", "cmd": [job path, args...], "cwd"}]; RESULTS.json: [{"name
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import runpy
@@ -56,6 +57,7 @@ def child(cmd: list[str], cwd: str, err_path: str) -> None:
             traceback.print_exc()
             code = 1
     finally:
+        atexit._run_exitfuncs()  # what the interpreter runs at exit (a job gives back its claim on its name)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

@@ -18,6 +18,8 @@ import threading
 import time
 
 import ray
+import torch
+from ray.autoscaler.sdk import request_resources
 
 from orchestrator.claims import release_all
 from orchestrator.errors import ConfigError
@@ -110,8 +112,6 @@ def joins_cluster() -> bool:
 def local_node(num_cpus: int | None = None) -> dict[str, float]:
     """The resources :func:`init_ray` gives a private local Ray, known before it starts (Ray counts the GPUs
     CUDA shows it)."""
-    import torch
-
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return {"CPU": num_cpus or max(MIN_LOCAL_CPUS, os.cpu_count() or 1), "GPU": gpus}
 
@@ -167,8 +167,6 @@ def check_resources(cfgs, *, poll_s: float = 5.0) -> None:
 def _wait_for_nodes(scaling, short: str, poll_s: float) -> str | None:
     """Ask the autoscaler for the workers' bundles and wait for a fit; the request is withdrawn either way (Ray
     Train's placement group asks for what it needs): what is still short, or None."""
-    from ray.autoscaler.sdk import request_resources
-
     print(f"{short}: waiting up to {scaling.wait_for_nodes_s:g} s for the cluster to add one", flush=True)
     request_resources(bundles=[worker_bundle(scaling)] * scaling.num_workers)
     deadline = time.monotonic() + scaling.wait_for_nodes_s

@@ -172,7 +172,7 @@ def test_train_job_tracks_live_exports_and_keeps_secrets(ray_cluster, tiny_bert_
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_loss_that_turns_nan_stops_the_job_in_one_line_and_its_run_ends_failed(
-    ray_cluster, tiny_bert_dir, tmp_path
+    ray_cluster, tiny_bert_dir, tiny_shards, tmp_path
 ):
     """#56: a learning rate far too large (1e30 - finite: a config refuses inf) makes the loss NaN within a few
     steps. The worker stops before training on it; the job prints the worker's one line (not Ray's nested
@@ -192,8 +192,7 @@ def test_a_loss_that_turns_nan_stops_the_job_in_one_line_and_its_run_ends_failed
         "train.max_steps=8",
         "train.eval_steps=8",
         "train.lr=1e30",
-        "data.limit=60",
-        "data.parser_workers=1",
+        f"data.shards={tiny_shards}",  # the session's corpus: nothing parsed again
         "eval.tasks=[stsb]",
         "scaling.num_workers=1",
         "run.max_failures=0",
