@@ -778,6 +778,13 @@ def test_a_checkpoint_whose_extra_state_file_holds_a_pickled_callable_is_refused
     torch.save(extra_states(outer), good / EXTRA_STATE)
     assert read_extra_states(good) == {"0._extra_state": {"tags": ["<pad>", "NP", "VP"]}}
 
+    # #56: the plain (DDP) checkpoint and the RNG states go through the same weights-only read, naming the file
+    from trainers.checkpoint import load_weights_only
+
+    torch.save({"model": {}, "hook": os.system}, tmp_path / "model.pt")
+    with pytest.raises(DataError, match=rf"^{tmp_path / 'model.pt'}: refused - not a weights-only file"):
+        load_weights_only(tmp_path / "model.pt")
+
     bad = tmp_path / "bad"
     (bad / "ds").mkdir(parents=True)  # a ZeRO checkpoint's layout; DeepSpeed is never reached
     torch.save({"_extra_state": os.system}, bad / EXTRA_STATE)

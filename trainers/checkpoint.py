@@ -65,18 +65,25 @@ def extra_states(module: torch.nn.Module) -> dict:
     }
 
 
-def read_extra_states(checkpoint_dir: Path) -> dict:
-    """The extra states a ZeRO checkpoint keeps in :data:`EXTRA_STATE`, loaded weights-only: a file holding
-    anything but tensors and plain containers (a pickled callable) is refused, naming the file."""
-    path = Path(checkpoint_dir) / EXTRA_STATE
-    if not path.is_file():
-        return {}
+def load_weights_only(path: Path):
+    """``torch.load`` of one of our checkpoint files, weights-only: a file holding anything but tensors and plain
+    containers (a pickled callable: what a writer of the run's storage could plant) is refused in one line
+    naming it, not a raw ``UnpicklingError``."""
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         raise DataError(
             f"{path}: refused - not a weights-only file ({str(exc).splitlines()[0][:160]})"
         ) from None
+
+
+def read_extra_states(checkpoint_dir: Path) -> dict:
+    """The extra states a ZeRO checkpoint keeps in :data:`EXTRA_STATE`, loaded weights-only: a file holding
+    anything but tensors and plain containers (a pickled callable) is refused, naming the file."""
+    path = Path(checkpoint_dir) / EXTRA_STATE
+    if not path.is_file():
+        return {}
+    return load_weights_only(path)
 
 
 def load_module_state(checkpoint_dir) -> dict:

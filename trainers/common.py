@@ -28,6 +28,7 @@ from trainers.checkpoint import (  # noqa: F401 - recipes read load_module_state
     deepspeed_reads_weights_only,
     extra_states,
     load_module_state,
+    load_weights_only,
     rng_state,
     set_rng_state,
 )
@@ -252,7 +253,7 @@ class Stepper:
         # a resumed run draws the same dropout masks as an uninterrupted one (SIEVE_SKIP_RNG_RESTORE: the
         # tests' negative control, which shows the equivalence bound fails without it)
         if rng_file.is_file() and not os.environ.get("SIEVE_SKIP_RNG_RESTORE"):
-            set_rng_state(torch.load(rng_file, weights_only=True))
+            set_rng_state(load_weights_only(rng_file))
         return self._load(directory)
 
     def _load(self, directory: Path) -> dict:
@@ -261,7 +262,7 @@ class Stepper:
                 _, blob = self.model.load_checkpoint(str(directory), tag="ds")
             blob = blob or {}
         else:
-            blob = torch.load(directory / "model.pt", map_location="cpu", weights_only=True)
+            blob = load_weights_only(directory / "model.pt")
             self.module.load_state_dict(blob["model"])
             self.optimizer.load_state_dict(blob["optimizer"])
             self.scheduler.load_state_dict(blob["scheduler"])

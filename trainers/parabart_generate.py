@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from trainers.checkpoint import load_weights_only
 from trainers.parabart import ParaBART, ParaBARTConfig, Vocab, build_model
 from trainers.parabart_batch import Batch
 
@@ -39,7 +40,7 @@ def load_parabart(model_dir) -> tuple[ParaBART, Batch]:
     """The saved model for generation: ``generate(model, batcher, [src], [parse])``."""
     d = Path(model_dir)
     cfg = ParaBARTConfig.model_validate_json((d / "parabart_config.json").read_text())
-    state = torch.load(d / "parabart.pt", map_location="cpu", weights_only=True)
+    state = load_weights_only(d / "parabart.pt")
     syntax, tags = Vocab(state["_extra_state"]["syntax"]), Vocab(state["_extra_state"]["tags"])
     model, tokenizer = build_model(cfg, syntax, tags, skeleton=d / "generator")
     model.load_state_dict(state)

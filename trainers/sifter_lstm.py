@@ -314,7 +314,7 @@ def load_exported(model_dir) -> tuple[SentimentLSTM, Batcher, SifterLSTMConfig]:
     d = Path(model_dir)
     cfg = SifterLSTMConfig.model_validate_json((d / "sieve_config.json").read_text())
     word_set = {w for w in (d / "word_set.txt").read_text(encoding="utf-8").splitlines() if w}
-    state = torch.load(d / "model.pt", map_location="cpu", weights_only=True)
+    state = common.load_weights_only(d / "model.pt")
     model = SentimentLSTM(state["embed.weight"], cfg.hidden_size, cfg.num_classes, cfg.dropout)
     model.load_state_dict(state)
     model.eval()
