@@ -336,3 +336,16 @@ def test_encoding_batches_sentences_of_one_token_length_and_matches_unbatched(ti
     with pytest.raises(SieveError, match="sort_by 'words'"):
         HFEncoder(model, tok, sort_by="words")
     torch.use_deterministic_algorithms(False)
+
+
+def test_a_field_of_megabytes_is_read_as_text_and_a_bad_score_beside_it_still_names_its_line(tmp_path):
+    """#56: a 2 MB sentence (the csv module refuses fields over 128 KiB, with a traceback) is data like any
+    other; what follows it is still checked line by line."""
+    big = "word " * 400_000
+    p = tmp_path / "big.tsv"
+    p.write_text(f"sentence1\tsentence2\tscore\n{big}\tb\t3.0\nc\td\t1.0\n")
+    data = sts.read_sts_tsv(p)
+    assert data.sentence1[0] == big and list(data.scores) == [3.0, 1.0]
+    p.write_text(f"sentence1\tsentence2\tscore\n{big}\tb\t3.0\nc\td\thigh\n")
+    with pytest.raises(DataError, match=r"big\.tsv:3: score 'high' is not a number"):
+        sts.read_sts_tsv(p)
