@@ -228,8 +228,11 @@ def setup(tracking_uri: str | None = None, experiment: str = "sieve", *, check: 
                 if (note := moved_store_note(uri, exp.artifact_location)) is not None:
                     print(note, file=sys.stderr, flush=True)
     except Exception as exc:  # noqa: BLE001
+        # one line: a server that is not MLflow's answers with a page of HTML, which MLflow quotes in full
+        said = (str(exc).strip().splitlines() or [type(exc).__name__])[0].split(" Response body:")[0][:200]
+        hint = " - is it an MLflow tracking server?" if "error code 404" in said else ""
         raise TrackingError(
-            f"MLflow tracking server {uri}: cannot use experiment {experiment!r} ({exc})"
+            f"MLflow tracking server {uri}: cannot use experiment {experiment!r} ({said}){hint}"
         ) from None
     mlflow.set_experiment(experiment_id=exp_id)
     return exp_id

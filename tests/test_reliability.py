@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -307,11 +308,32 @@ def catalogue(tmp: Path, tiny: Path) -> list[tuple[str, list[str], str]]:
 
 @pytest.mark.slow
 def test_bad_input_catalogue(tmp_path, tiny_bert_dir, s3_endpoint):
+    from conftest import free_port
+
     cases = catalogue(tmp_path, tiny_bert_dir)
     assert len(cases) >= 20
+    # a web server that is not MLflow's (it answers 404 with a page of HTML): one line, not the page
+    (tmp_path / "www").mkdir()
+    port = free_port()
+    web = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "-d", str(tmp_path / "www")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    cases.append(
+        (
+            "tracking: a web server that is not MLflow",
+            [str(JOBS / "train.py"), "--method", "simcse", "--tracking-uri", f"http://127.0.0.1:{port}"],
+            "error code 404 != 200.) - is it an MLflow tracking server?",
+        )
+    )
     # one process imports the jobs' libraries once and forks a real process per case (tests/forked.py)
     sessions = set(Path("/tmp/ray").glob("session_2*"))  # a Ray started by a case would add one
-    got = run_forked([(n, cmd, tmp_path) for n, cmd, _ in cases], tmp_path)
+    try:
+        time.sleep(1)  # the server listening
+        got = run_forked([(n, cmd, tmp_path) for n, cmd, _ in cases], tmp_path)
+    finally:
+        web.kill()
     assert sorted(got) == sorted(n for n, _, _ in cases)
     failures = []
     for name, _, fragment in cases:
