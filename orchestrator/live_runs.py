@@ -89,16 +89,22 @@ def create_run(
 
 def close_failed(run_id: str, tracking_uri: str, exc: BaseException) -> None:
     """A job that stops after its run was made: the run ends FAILED (KILLED on Ctrl-C) with the reason's first
-    line, redacted, as the tag ``sieve.failure`` - nothing stays RUNNING. One quick try: the job's own error
-    line must not wait on a tracking server that is away (the run then stays as the server last saw it)."""
+    line, redacted, as the tag ``sieve.failure``, and so do its trials' runs still RUNNING - nothing stays
+    RUNNING. One quick try: the job's own error line must not wait on a tracking server that is away (the runs
+    then stay as the server last saw them)."""
     reason = redact((str(exc).strip().splitlines() or [type(exc).__name__])[0])[:500]
     keys = ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")
     saved = {k: os.environ.get(k) for k in keys}
     os.environ.update(dict(zip(keys, ("0", "5"), strict=True)))
     try:
         client = MlflowClient(tracking_uri=tracking_uri)
+        status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
         client.set_tag(run_id, "sieve.failure", reason)
-        client.set_terminated(run_id, "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
+        client.set_terminated(run_id, status)
+        running = f"tags.`mlflow.parentRunId` = '{run_id}' and attributes.status = 'RUNNING'"
+        for child in client.search_runs([client.get_run(run_id).info.experiment_id], filter_string=running):
+            client.set_tag(child.info.run_id, "sieve.failure", f"the job stopped: {reason}"[:500])
+            client.set_terminated(child.info.run_id, status)
     except Exception:  # noqa: BLE001, S110 - best effort: the job's error is what the user must see
         pass
     finally:

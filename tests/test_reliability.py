@@ -932,12 +932,16 @@ def test_a_job_stopped_after_its_run_was_made_ends_it_failed_with_the_reason(tmp
     """A real MLflow store (SQLite): the run a job made ends FAILED, its reason's first line a tag, redacted."""
     from mlflow import MlflowClient
 
-    from orchestrator.live_runs import close_failed, create_run
+    from orchestrator.live_runs import close_failed, create_child_run, create_run
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(uri)
     exp = client.create_experiment("e")
     run_id = create_run(exp, "r", {}, {"a": 1}, uri)
+    trials = [create_child_run(exp, run_id, f"t{i}", {}, {}, uri) for i in range(2)]
+    client.set_terminated(
+        trials[1], "FINISHED"
+    )  # a trial that ended before the job stopped stays as it ended
     assert client.get_run(run_id).info.status == "RUNNING"
     close_failed(
         run_id, uri, ValueError(f"s3://k:{CANARY}@bucket/x: no such bucket\nTraceback (second line)")
@@ -945,6 +949,11 @@ def test_a_job_stopped_after_its_run_was_made_ends_it_failed_with_the_reason(tmp
     run = client.get_run(run_id)
     assert run.info.status == "FAILED"
     assert run.data.tags["sieve.failure"] == "s3://k:***@bucket/x: no such bucket"
+    first, second = (client.get_run(t) for t in trials)
+    assert first.info.status == "FAILED" and first.data.tags["sieve.failure"].startswith(
+        "the job stopped: s3://k:***@"
+    )
+    assert second.info.status == "FINISHED" and "sieve.failure" not in second.data.tags
     stopped = create_run(exp, "s", {}, {}, uri)
     close_failed(stopped, uri, KeyboardInterrupt())
     assert client.get_run(stopped).info.status == "KILLED"
