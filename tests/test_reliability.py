@@ -732,11 +732,11 @@ class _Payload:
 
 def test_checkpoints_load_with_weights_only(tiny_bert_dir, tmp_path):
     """#18.4: a checkpoint in a prefix every job can write cannot run code when loaded: a model.pt or an
-    RNG file carrying an arbitrary pickle is refused, and the code never runs; our own files load."""
-    import pickle
-
+    RNG file carrying an arbitrary pickle is refused in one line naming it (#56), and the code never runs; our
+    own files load."""
     import torch
 
+    from orchestrator.errors import DataError
     from trainers import common
     from trainers.sifter_simcse import ContrastiveConfig, build_model
 
@@ -753,7 +753,7 @@ def test_checkpoints_load_with_weights_only(tiny_bert_dir, tmp_path):
         stepper.save(bad, {"step": 3})
         marker = tmp_path / f"pwned-{victim}"
         torch.save({"model": _Payload(str(marker))}, bad / victim)
-        with pytest.raises(pickle.UnpicklingError):
+        with pytest.raises(DataError, match=rf"^{bad / victim}: refused - not a weights-only file"):  # named
             stepper.load(bad)
         assert not marker.exists()
 
