@@ -93,7 +93,7 @@ def init_ray(*, num_cpus: int | None = None, quiet: bool = False, needs=()) -> N
         ray.init(**kwargs)
         _PRIVATE = False
     else:  # a new private local cluster (address="local": even when another one runs on this machine)
-        cpus = num_cpus or max(MIN_LOCAL_CPUS, os.cpu_count() or 1)
+        cpus = local_node(num_cpus)["CPU"]  # what preflight checked the job's workers against
         ray.init(address="local", num_cpus=cpus, include_dashboard=True, dashboard_host="127.0.0.1", **kwargs)
         _PRIVATE = True
     watch_cluster(ray.get_runtime_context().gcs_address)
