@@ -161,7 +161,7 @@ def main() -> None:
         {"fault": "S3 endpoint unreachable at start (train job)", "seconds": t, "exit": rc, "message": msg}
     )
 
-    from orchestrator.drivers import outbox
+    from orchestrator import outbox
 
     record = outbox.run_record(
         experiment="faults",

@@ -18,8 +18,9 @@ import sys
 
 import _bootstrap
 
-from orchestrator.drivers import outbox
+from orchestrator import outbox
 from orchestrator.drivers.cli import HelpFormatter
+from orchestrator.drivers.registry import log_model
 
 
 def main() -> int:
@@ -28,7 +29,9 @@ def main() -> int:
     ap.add_argument("--storage", default="outputs", help="the run storage whose tracking-pending/ to log")
     ap.add_argument("--pending", help="the pending folder itself (default: <storage>/tracking-pending)")
     args = ap.parse_args()
-    done, refused = outbox.sync_pending(args.tracking_uri, args.pending or outbox.pending_dir(args.storage))
+    done, refused = outbox.sync_pending(
+        args.tracking_uri, args.pending or outbox.pending_dir(args.storage), log_model
+    )
     for path, run_id in done:
         print(f"logged {path} as run {run_id}")
     print(f"{len(done)} pending run(s) logged")

@@ -123,8 +123,8 @@ def test_the_stage_trains_once_with_the_arms_seed_and_the_arm_reads_its_model(
 
 
 def test_the_leaderboard_names_the_start_stage_and_what_it_trained_for():
-    from orchestrator.drivers import leaderboard as lb
     from orchestrator.drivers.compare_plan import ComparePlan
+    from orchestrator.results import leaderboard as lb
 
     j = job({"method": "tsdae", "config": "configs/tsdae/smoke.yaml"})
     arms = {n: arm_config(j, n, "compare.yaml", []) for n in j.arms}

@@ -10,11 +10,11 @@ from argparse import Namespace
 import pytest
 
 from orchestrator.drivers import confirm
-from orchestrator.drivers import leaderboard as lb
-from orchestrator.drivers.publish import choose
 from orchestrator.drivers.sweep_space import ConfirmBlock, confirm_seeds
 from orchestrator.errors import ConfigError
 from orchestrator.evaluation.suite import TestReport
+from orchestrator.results import leaderboard as lb
+from orchestrator.results.publish import choose
 from orchestrator.spec import BaseResult
 
 H = "sts_avg_spearman_all"

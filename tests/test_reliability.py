@@ -444,7 +444,7 @@ def test_tracking_outage_after_training_keeps_the_run_and_sync_logs_it(
     import mlflow
     from conftest import free_port
 
-    from orchestrator.drivers import outbox
+    from orchestrator import outbox
     from orchestrator.tracking import logged_models
 
     history = [
@@ -507,7 +507,7 @@ def test_tracking_outage_after_training_keeps_the_run_and_sync_logs_it(
 def test_a_record_that_fails_its_own_checks_is_an_error_not_an_outage(embedded_tracking, tmp_path):
     """A model folder that is not one fails the job with that message; it is not parked in tracking-pending/
     as a tracking outage for sync_tracking.py to retry for ever (how the train job's SIFTER-LSTM defect hid)."""
-    from orchestrator.drivers import outbox
+    from orchestrator import outbox
     from orchestrator.errors import ModelSourceError
 
     folder = tmp_path / "not-a-model"
@@ -535,7 +535,7 @@ def test_a_record_the_server_refuses_is_kept_aside_and_never_holds_back_the_othe
     outage and stopped every later sync at itself."""
     import mlflow
 
-    from orchestrator.drivers import outbox
+    from orchestrator import outbox
     from orchestrator.errors import TrackingRejected
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -589,7 +589,7 @@ def test_a_malformed_pending_record_is_set_aside_and_the_good_ones_beside_it_are
     Before, the first bad file stopped the sync with a TrackingError and nothing after it was logged."""
     import mlflow
 
-    from orchestrator.drivers import outbox
+    from orchestrator import outbox
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     pending = tmp_path / "pending"
@@ -668,7 +668,7 @@ def test_server_killed_mid_replay_then_the_replay_completes_once(tiny_bert_dir, 
     import mlflow
     from conftest import free_port, start_mlflow_server
 
-    from orchestrator.drivers import outbox
+    from orchestrator import outbox
     from orchestrator.errors import TrackingError
     from orchestrator.tracking import logged_models
 

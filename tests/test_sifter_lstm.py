@@ -216,7 +216,8 @@ def test_sifter_lstm_under_ray_train_exports_and_logs(
     # logged the way the train job logs its run (a record replayed into MLflow): the model is the method's own
     # pyfunc, not a transformers folder - this path refused it ("has no config.json") and the job called that
     # a tracking outage
-    from orchestrator.drivers import outbox
+    from orchestrator import outbox
+    from orchestrator.drivers.registry import log_model
     from orchestrator.tracking import logged_models
 
     record = outbox.run_record(
@@ -227,9 +228,10 @@ def test_sifter_lstm_under_ray_train_exports_and_logs(
         history=[],
         metrics=report.metrics,
         model_dir=str(out),
+        model_format="sieve-lstm",
     )
     run_id = outbox.replay(
-        record, f"sqlite:///{tmp_path / 'mlflow.db'}"
+        record, f"sqlite:///{tmp_path / 'mlflow.db'}", log_model
     )  # its own store, whatever tests ran before
     [model_id] = logged_models(run_id, "model")
     info = mlflow.models.get_model_info(f"models:/{model_id}")

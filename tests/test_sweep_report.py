@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import REPO_ROOT, load_config, read_yaml, set_path, validate
-from orchestrator.drivers.publish import Choice, choose, gate_line, register
 from orchestrator.drivers.registry import get_method, method_names
-from orchestrator.drivers.report import common_step, dev_at, group_rows, group_table
 from orchestrator.drivers.sweep_space import Dimension, SweepJobConfig, check_space, trial_config
 from orchestrator.errors import ConfigError
 from orchestrator.evaluation.suite import TestReport, compare_table
+from orchestrator.results.publish import Choice, choose, gate_line, register
+from orchestrator.results.report import common_step, dev_at, group_rows, group_table
 from orchestrator.spec import BaseResult
 
 
@@ -327,35 +327,6 @@ def test_the_base_is_measured_with_every_pooling_and_the_strongest_is_the_yardst
     )
 
 
-def test_a_finished_trial_is_tested_early_only_on_cores_the_trials_left_leave_idle():
-    """#22.4: EarlyTests starts a finished trial's test beside training only when a core would idle - never while
-    trials still wait for a slot (it would slow every trial that follows)."""
-    from orchestrator.drivers.early_tests import spare_threads
-    from orchestrator.drivers.sweep_space import total_trials
-
-    parabart = validate(
-        SweepJobConfig, read_yaml(REPO_ROOT / "configs" / "parabart_sweep" / "smoke.yaml"), "smoke"
-    )
-    sentiment = validate(
-        SweepJobConfig, read_yaml(REPO_ROOT / "configs" / "sentiment_sweep" / "smoke.yaml"), "smoke"
-    )
-    assert total_trials(parabart) == 3 and total_trials(sentiment) == 6
-    # ParaBART's smoke sweep on 2 cores: two 1-worker trials at once, then the third alone
-    assert spare_threads(2, 1, 2, 3, ended=1) == (2, 0)  # the first ends: the third takes its place
-    assert spare_threads(2, 1, 2, 3, ended=2) == (1, 1)  # the second ends: the third trains alone
-    assert spare_threads(2, 1, 2, 3, ended=3) == (0, 2)
-    assert [spare_threads(2, 1, 2, 6, e)[1] for e in range(7)] == [
-        0,
-        0,
-        0,
-        0,
-        0,
-        1,
-        2,
-    ]  # the sentiment sweep's
-    assert spare_threads(4, 2, 2, 4, ended=3) == (1, 2)  # 2-worker trials on 4 cores
-
-
 def test_a_trial_row_is_named_as_the_trial_function_named_it_not_by_its_folder():
     """A sweep resumed from a snapshot taken before a trial's folder was made gets that folder again from Tune
     with ``_xxxx`` added; the trial function (its reports, MLflow child run, early test) still used the trial's
@@ -390,7 +361,7 @@ def test_the_closing_verdict_says_what_a_user_decides_on(tmp_path):
     """#38.5: at most 8 lines, the registration line last; the figures beside the base and the champion, the
     largest per-task regression, the margin in seed standard deviations (or that it is not measured), absolute
     paths and the next command."""
-    from orchestrator.drivers.verdict import seed_devs, verdict
+    from orchestrator.results.verdict import seed_devs, verdict
 
     def report(avg, stsb, sickr):
         return TestReport(
@@ -446,7 +417,7 @@ def test_the_closing_verdict_says_what_a_user_decides_on(tmp_path):
 
 
 def test_the_card_sets_the_scores_beside_the_base_and_the_champion_and_mlflow_gets_no_front_matter():
-    from orchestrator.drivers.publish import mlflow_description, scores_table
+    from orchestrator.results.publish import mlflow_description, scores_table
 
     base = BaseResult(
         0.80,
@@ -478,7 +449,7 @@ def test_trial_runs_get_each_evaluation_once_whatever_the_outage_kept(embedded_t
     import mlflow
 
     from orchestrator import live_runs, tracking
-    from orchestrator.drivers.publish import log_trials
+    from orchestrator.results.publish import log_trials
 
     exp_id = tracking.setup(None, "sieve")
     with mlflow.start_run(experiment_id=exp_id) as parent:

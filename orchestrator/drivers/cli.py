@@ -31,8 +31,13 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
         return super()._get_help_string(action)
 
 
-def job_parser(doc: str, preset_dir: str | None) -> argparse.ArgumentParser:
+def job_parser(doc: str, preset_dir: str | None, resumes: str | None = None) -> argparse.ArgumentParser:
+    """The shared flags; ``resumes`` (what the job runs: "sweep", "comparison") adds ``--resume``."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=HelpFormatter)
+    if resumes:
+        ap.add_argument(
+            "--resume", action="store_true", help=f"continue the {resumes} NAME after a crash (needs --name)"
+        )
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--preset", default="smoke", help=f"configs/{preset_dir or '<method>'}/<preset>.yaml")
     src.add_argument("--config", help="a YAML config file (e.g. one written by --print-config)")

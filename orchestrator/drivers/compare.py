@@ -5,7 +5,7 @@ number of steps and tested on the same tasks. Every arm runs once per seed; two 
 same data order (arms of one method read the same shards) and start their new parts (an MLP head, a
 decoder) from the same draw, so the seed's noise cancels in their difference. The untouched base model is
 measured once per test-time pooling the arms are read with, in the same run. Then
-:mod:`orchestrator.drivers.leaderboard` gives each arm's mean ± std, its paired difference against the
+:mod:`orchestrator.results.leaderboard` gives each arm's mean ± std, its paired difference against the
 base and against the reference arm with a 95% interval, and its training-loss level (a saturated arm
 tests nothing).
 
@@ -26,14 +26,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import tempfile
 import time
 from pathlib import Path
 
 import ray
 import ray.tune
-import torch
 from ray import tune
 
 from orchestrator import storage, tracking
@@ -42,8 +39,6 @@ from orchestrator.config import (
     MethodConfig,
     with_params,
 )
-from orchestrator.drivers import leaderboard as lb
-from orchestrator.drivers import publish as pub
 from orchestrator.drivers.cli import job_parser, print_config
 from orchestrator.drivers.cluster import concurrent_trials, init_ray, shutdown_ray
 from orchestrator.drivers.compare_plan import (  # noqa: F401 - the compare file's models, re-exported
@@ -65,27 +60,22 @@ from orchestrator.drivers.engine import (
     name_of,
     parent_run,
     reports_uri,
+    selected_row,
     sweep_dir,
+    test_trial,
+    tests_uri,
     train_trial,
     trial_row,
 )
 from orchestrator.drivers.registry import get_method
-from orchestrator.drivers.train import (
-    Outcome,
-    checkpoint_at,
-    export_and_test,
-    materializes,
-    worker_cores,
-)
+from orchestrator.drivers.train import materializes
 from orchestrator.models import resolve_model_source, saved_pooling
-from trainers.recipe import Recipe
+from orchestrator.results import leaderboard as lb
+from orchestrator.results import publish as pub
 
 
 def parse_args(doc: str) -> argparse.Namespace:
-    ap = job_parser(doc, "compare")
-    ap.add_argument(
-        "--resume", action="store_true", help="continue the comparison NAME after a crash (needs --name)"
-    )
+    ap = job_parser(doc, "compare", resumes="comparison")
     ap.add_argument(
         "--out", help="also write the leaderboard here (FILE.md, with FILE.json and FILE.png beside it)"
     )
@@ -99,10 +89,6 @@ def parse_args(doc: str) -> argparse.Namespace:
 
 
 # ---------------------------------------------------------------- 2. run
-def tests_uri(where: str, trial: str) -> str:  # a trial's test, kept: never measured twice
-    return storage.join(where, "tests", f"{trial}.json")
-
-
 def compare_trial(
     tune_config: dict,
     *,
@@ -114,54 +100,19 @@ def compare_trial(
     start_shards: dict[str, str] | None = None,
 ) -> None:
     """One Tune trial: arm ``params.arm`` trained with ``params.seed`` (or its reports replayed) - after its
-    start stage, when it has one (:mod:`~orchestrator.drivers.compare_start`) - then its selected checkpoint
-    tested here, on the cores its workers held; the test kept in the storage."""
+    start stage, when it has one (:mod:`~orchestrator.drivers.compare_start`) - then tested (the engine's one
+    test stage, kept in the storage)."""
     params = tune_config["params"]
     method, base = arms[params["arm"]]
     recipe = get_method(method)
     cfg = seeded(base, params["seed"])
-    trial = ray.tune.get_context().get_trial_name()
     if params["arm"] in (starts or {}):
+        trial = ray.tune.get_context().get_trial_name()
         cfg = start_from(
             starts[params["arm"]], cfg, trial=trial, shards=start_shards[params["arm"]], where=sweep_dir
         )
     train_trial(recipe, cfg, params, shards=shards[params["arm"]], sweep_dir=sweep_dir, tracking=tracking)
-    if storage.exists(tests_uri(sweep_dir, trial)):
-        return
-    row = arm_row(recipe, cfg, trial, params, sweep_dir)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(
-        max(threads, min(os.cpu_count() or 1, worker_cores(cfg) + 1))
-    )  # the workers are gone
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            outcome = Outcome(checkpoint_at(row["checkpoint_path"]), row["best"], row["history"])
-            _, report = export_and_test(recipe, cfg, outcome, Path(tmp) / "model")
-    finally:
-        torch.set_num_threads(threads)
-    storage.write_bytes(
-        tests_uri(sweep_dir, trial),
-        json.dumps(
-            {
-                "checkpoint_path": row["checkpoint_path"],
-                "metrics": report.metrics,
-                "headline": report.headline,
-            }
-        ).encode(),
-    )
-
-
-def arm_row(recipe: type[Recipe], cfg: MethodConfig, trial: str, params: dict, where: str) -> dict:
-    """The trial's row from its recorded reports: a config without a dev score keeps its last checkpoint."""
-    records = json.loads(storage.read_bytes(reports_uri(where, trial)))
-    has_dev = recipe.has_dev(cfg)
-    return trial_row(
-        trial,
-        params,
-        records,
-        recipe.metric if has_dev else "step",
-        recipe.selection_metric(cfg) if has_dev else None,
-    )
+    test_trial(recipe, cfg, params, sweep_dir=sweep_dir)
 
 
 def measure_bases(plan: ComparePlan, where: str) -> dict[str, dict]:
@@ -257,7 +208,7 @@ def trial_record(plan: ComparePlan, trial: str, params: dict, where: str) -> dic
     recipe, base = plan.arms[params["arm"]]
     cfg = seeded(base, params["seed"])
     row = (
-        arm_row(recipe, cfg, trial, params, where)
+        selected_row(recipe, cfg, trial, params, where)
         if storage.exists(reports_uri(where, trial))
         else trial_row(trial, params, [], recipe.metric)
     )
@@ -306,7 +257,7 @@ def leaderboard(plan: ComparePlan, rows: list[dict], bases: dict[str, dict]) -> 
         losses = [h["loss"] for h in r["history"] if isinstance(h.get("loss"), int | float)]
         recipe, cfg = plan.arms[
             r["arm"]
-        ]  # without a dev score best_dev is the last step (arm_row): no dev shown
+        ]  # without a dev score best_dev is the last step (selected_row): no dev shown
         arms[r["arm"]].runs[r["seed"]] = {
             "test": r["test"],
             "dev": r["best_dev"] if recipe.has_dev(cfg) else None,

@@ -5,15 +5,12 @@ preflight - before Ray."""
 from __future__ import annotations
 
 import argparse
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from orchestrator import storage
-from orchestrator.claims import claim
 from orchestrator.config import (
     REPO_ROOT,
     EncoderMethodConfig,
@@ -26,7 +23,7 @@ from orchestrator.config import (
     validate,
 )
 from orchestrator.drivers.cli import location_overrides
-from orchestrator.drivers.engine import refuse_existing, require_existing
+from orchestrator.drivers.engine import take_name
 from orchestrator.drivers.registry import get_method
 from orchestrator.drivers.train import preflight, settled
 from orchestrator.errors import ConfigError
@@ -253,17 +250,11 @@ def resolve(args: argparse.Namespace) -> ComparePlan:
         preflight(cfg)
     arms = {n: (recipe, settled(cfg)) for n, (recipe, cfg) in arms.items()}  # each arm's pooling resolved
     starts = {n: (recipe, settled(cfg)) for n, (recipe, cfg) in starts.items()}
-    name = storage.safe_name(args.name or f"compare-{time.strftime('%Y%m%d-%H%M%S')}", "--name")
-    plan = ComparePlan(
+    first = next(iter(arms.values()))[1]
+    name = take_name(args, first.run.storage, "compare", "comparison", reads=getattr(args, "status", False))
+    return ComparePlan(
         name, job, arms, sorted(exp_ids)[0], args.resume, not args.no_progress, args.verbose, starts
     )
-    if not getattr(args, "status", False):  # one run per name at a time (--status only reads)
-        claim(plan.first.run.storage, name, job="jobs/compare.py", take_over=args.take_over)
-    if not args.resume and not getattr(args, "status", False):
-        refuse_existing(plan.first.run.storage, name)
-    else:  # --resume / --status of a name never run: refused here, not answered with a new run or an empty board
-        require_existing(plan.first.run.storage, name, "comparison")
-    return plan
 
 
 def seeded(cfg: MethodConfig, seed: int) -> MethodConfig:

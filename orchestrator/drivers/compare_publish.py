@@ -15,12 +15,12 @@ import mlflow
 
 from orchestrator import tracking
 from orchestrator.config import config_hash
-from orchestrator.drivers import leaderboard as lb
-from orchestrator.drivers import publish as pub
 from orchestrator.drivers.compare_plan import ComparePlan, seeded
 from orchestrator.drivers.train import Outcome, checkpoint_at, export_and_test, export_dir
 from orchestrator.evaluation.suite import TestReport
 from orchestrator.export import write_model_card
+from orchestrator.results import leaderboard as lb
+from orchestrator.results import publish as pub
 from orchestrator.spec import BaseResult
 from trainers.recipe import Recipe
 

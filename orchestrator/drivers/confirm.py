@@ -22,22 +22,23 @@ import json
 from pathlib import Path
 
 import mlflow
-import numpy as np
 
 from orchestrator import storage, tracking
 from orchestrator.config import MethodConfig
 from orchestrator.drivers import compare, compare_publish
-from orchestrator.drivers import leaderboard as lb
-from orchestrator.drivers import publish as pub
 from orchestrator.drivers.compare_plan import ArmConfig, CompareJobConfig, ComparePlan, RegisterBlock
 from orchestrator.drivers.compare_publish import CompareResult
 from orchestrator.drivers.engine import sweep_dir
-from orchestrator.drivers.publish import ranked_settings, setting_of
-from orchestrator.drivers.report import params_label
 from orchestrator.drivers.sweep_space import SweepJobConfig, config_of, confirm_seeds
 from orchestrator.drivers.train import base_poolings
 from orchestrator.errors import ConfigError
 from orchestrator.evaluation.encode import test_time_pooling
+from orchestrator.results import leaderboard as lb
+from orchestrator.results import publish as pub
+from orchestrator.results.publish import (
+    explore_table,
+    top_settings,
+)
 from orchestrator.spec import BaseResult
 from trainers.recipe import Recipe
 
@@ -62,26 +63,6 @@ def check(
             )
     explored = {cfg.train.seed for cfg in [base, *configs.values()]}
     return confirm_seeds(job.confirm, explored, path)
-
-
-def top_settings(rows: list[dict], group_out: list[str], baseline_params: dict, k: int) -> list[dict]:
-    """The explore stage's ``k`` best settings by mean dev over their trials: each an arm ``rank1``.. with the
-    params of its best trial (a swept seed is set again per confirm seed), its label and dev figures."""
-    out = []
-    for i, group in enumerate(ranked_settings(rows, group_out, baseline_params)[:k], start=1):
-        best = max(group, key=lambda r: r["best_dev"])
-        shown = {key: v for key, v in best["params"].items() if key not in group_out}
-        out.append(
-            {
-                "arm": f"rank{i}",
-                "params": best["params"],
-                "setting": setting_of(best["params"], group_out),
-                "label": params_label(shown) or "(the base config)",
-                "dev_mean": float(np.mean([r["best_dev"] for r in group])),
-                "trials": [r["trial"] for r in group],
-            }
-        )
-    return out
 
 
 def comparison(plan, settings: list[dict], registered_name: str) -> ComparePlan:
@@ -135,27 +116,6 @@ def stage(
     cplan = comparison(plan, settings, plan.registered_name)
     hand_over_bases(plan, cplan, bases)
     return settings, cplan, compare.run(cplan, parent_id)
-
-
-def explore_table(settings: list[dict], rows: list[dict], group_out: list[str], metric_label: str) -> str:
-    """The explore stage's ranking on dev (every setting), the confirmed ones marked with their arm."""
-    confirmed = {s["setting"]: s["arm"] for s in settings}
-    groups = {}
-    for r in rows:
-        if r["checkpoint_path"] and r["best_dev"] == r["best_dev"]:
-            groups.setdefault(setting_of(r["params"], group_out), []).append(r)
-    ranked = sorted(groups.items(), key=lambda kv: -float(np.mean([r["best_dev"] for r in kv[1]])))
-    lines = [
-        f"| setting | trials | {metric_label} ×100 (mean) | confirmed as |",
-        "|---|---:|---:|---|",
-    ]
-    for key, group in ranked:
-        shown = {k: v for k, v in group[0]["params"].items() if k not in group_out}
-        lines.append(
-            f"| {params_label(shown) or '(the base config)'} | {len(group)} | "
-            f"{np.mean([r['best_dev'] for r in group]) * 100:.2f} | {confirmed.get(key, '–')} |"
-        )
-    return "\n".join(lines)
 
 
 def publish(plan, result, parent_id: str) -> dict:

@@ -6,34 +6,47 @@ draws its trials from a search space (:mod:`~orchestrator.drivers.sweep`), and i
 (:mod:`~orchestrator.drivers.confirm`). All of them go through :func:`launch`, with one resume rule (a killed
 driver's experiment is restored from its storage; a trial that finished training is never trained again, its
 recorded reports are replayed), one naming of trials (their setting, readable in logs, reports and MLflow),
-one progress line per evaluation, and one way of reading a trial back (:func:`trial_row`).
+one progress line per evaluation, one test stage (:func:`test_trial`: inside the trial, after training, kept in
+the storage and never measured twice) and one way of reading a trial back (:func:`trial_row`).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import tempfile
 import time
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 
 import mlflow
 import ray
 import ray.tune
+import torch
 from mlflow import MlflowClient
 from ray import tune
 from ray.tune.search import BasicVariantGenerator
 
 from orchestrator import storage, tracking
+from orchestrator.claims import claim
 from orchestrator.config import MethodConfig
-from orchestrator.drivers.publish import flat_params
 from orchestrator.drivers.recording import RecordingTuneReportCallback, uri_on
 from orchestrator.drivers.registry import get_method
-from orchestrator.drivers.report import params_label
-from orchestrator.drivers.train import build_trainer, fit
+from orchestrator.drivers.train import (
+    Outcome,
+    build_trainer,
+    checkpoint_at,
+    export_and_test,
+    fit,
+    worker_cores,
+)
 from orchestrator.errors import ConfigError, sieve_cause
+from orchestrator.evaluation.suite import TestReport
 from orchestrator.live_runs import close_failed, create_child_run
+from orchestrator.results.publish import flat_params, params_label
 
 
 def launch(
@@ -121,16 +134,7 @@ def run_one(
     )
     if result.error is not None:  # a worker's own one-line error (a diverged loss), else Ray's
         raise sieve_cause(result.error) or result.error
-    trial = name_of(result.metrics["trial_id"], params)
-    has_dev = recipe.has_dev(cfg)  # without a dev score, the last checkpoint (a paper's fixed-steps protocol)
-    records = json.loads(storage.read_bytes(reports_uri(where, trial)))
-    row = trial_row(
-        trial,
-        params,
-        records,
-        recipe.metric if has_dev else "step",
-        recipe.selection_metric(cfg) if has_dev else None,
-    )
+    row = selected_row(recipe, cfg, name_of(result.metrics["trial_id"], params), params, where)
     if row["best"] is None:
         raise ConfigError(f"train run {name!r}: training reported no checkpoint")
     return {**row["best"], "checkpoint_path": row["checkpoint_path"]}, row["history"]
@@ -179,6 +183,59 @@ def train_trial(
     )
     fit(trainer, recipe, cfg)
     storage.write_bytes(done, b"")
+
+
+def tests_uri(sweep_dir: str, trial: str) -> str:
+    """Where a trial's test is kept (:func:`test_trial`)."""
+    return storage.join(sweep_dir, "tests", f"{trial}.json")
+
+
+def selected_row(recipe, cfg: MethodConfig, trial: str, params: dict, sweep_dir: str) -> dict:
+    """The trial's row from its recorded reports, its checkpoint selected by the recipe's selection metric; a
+    config without a dev score keeps its last checkpoint (a paper's fixed-steps protocol)."""
+    records = json.loads(storage.read_bytes(reports_uri(sweep_dir, trial)))
+    has_dev = recipe.has_dev(cfg)
+    return trial_row(
+        trial,
+        params,
+        records,
+        recipe.metric if has_dev else "step",
+        recipe.selection_metric(cfg) if has_dev else None,
+    )
+
+
+def test_trial(
+    recipe, cfg: MethodConfig, params: dict, *, sweep_dir: str, keep: Path | None = None
+) -> TestReport | None:
+    """Inside a Tune trial, after :func:`train_trial`: the selected checkpoint exported (to ``keep``, else a
+    temporary folder) and tested on the cores the trial's workers held, the report kept in the storage - a
+    resumed trial whose test is kept is not tested again (None)."""
+    trial = ray.tune.get_context().get_trial_name()
+    if storage.exists(uri := tests_uri(sweep_dir, trial)):
+        return None
+    row = selected_row(recipe, cfg, trial, params, sweep_dir)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(
+        max(threads, min(os.cpu_count() or 1, worker_cores(cfg) + 1))
+    )  # the workers are gone
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            outcome = Outcome(checkpoint_at(row["checkpoint_path"]), row["best"], row["history"])
+            _, report = export_and_test(recipe, cfg, outcome, keep or Path(tmp) / "model")
+    finally:
+        torch.set_num_threads(threads)
+    storage.write_bytes(
+        uri, json.dumps({"checkpoint_path": row["checkpoint_path"], **asdict(report)}).encode()
+    )
+    return report
+
+
+def kept_test(sweep_dir: str, trial: str) -> tuple[str, TestReport] | None:
+    """(checkpoint path, report) of a trial's kept test, None when it has none."""
+    if not storage.exists(uri := tests_uri(sweep_dir, trial)):
+        return None
+    kept = json.loads(storage.read_bytes(uri))
+    return kept.pop("checkpoint_path"), TestReport(**kept)
 
 
 @contextmanager
@@ -248,6 +305,20 @@ def sweeps_root(storage_root: str) -> str:
 def sweep_dir(storage_root: str, name: str) -> str:
     """Where sweep ``name`` keeps its Tune state, trials and reports."""
     return storage.join(sweeps_root(storage_root), name)
+
+
+def take_name(args, storage_root: str, job: str, what: str, *, reads: bool = False) -> str:
+    """The run's name (``--name``, else ``<job>-<time>``), claimed - one run per name at a time; a ``reads``
+    command (``--status``) claims nothing - and checked against the storage before any work: a new run may not
+    reuse a name, ``--resume`` / ``--status`` of a name never run is refused, not answered with a new run."""
+    name = storage.safe_name(args.name or f"{job}-{time.strftime('%Y%m%d-%H%M%S')}", "--name")
+    if not reads:
+        claim(storage_root, name, job=f"jobs/{job}.py", take_over=args.take_over)
+    if args.resume or reads:
+        require_existing(storage_root, name, what)
+    else:
+        refuse_existing(storage_root, name)
+    return name
 
 
 def require_existing(storage_root: str, name: str, what: str) -> None:

@@ -39,3 +39,8 @@ def get_method(name: str) -> type[Recipe]:
 
 def method_names() -> list[str]:
     return sorted(METHODS)
+
+
+def log_model(method: str, folder: str) -> object:
+    """The outbox's logger for a method's own model format (:mod:`orchestrator.outbox`)."""
+    return get_method(method).log_model(folder, name="model")

@@ -27,8 +27,9 @@ config object itself.
 from __future__ import annotations
 
 import math
-from typing import Any
+from pathlib import Path
 
+import ray.tune
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter
@@ -40,11 +41,11 @@ from orchestrator.drivers.engine import (  # noqa: F401 - ProgressLines: Tune's 
     launch,
     refuse_existing,
     sweep_dir,
+    test_trial,
     train_trial,
-    trial_name,
 )
 from orchestrator.drivers.registry import get_method
-from orchestrator.drivers.sweep_space import SweepJobConfig, config_of, total_trials
+from orchestrator.drivers.sweep_space import SweepJobConfig, config_of
 from orchestrator.drivers.train import materializes
 from orchestrator.errors import ConfigError
 
@@ -58,24 +59,24 @@ def trial_fn(
     sweep_dir: str,
     tracking: dict | None = None,
     configs: dict[str, MethodConfig] | None = None,
+    test: bool = False,
+    keep: str | None = None,
 ) -> None:
     """One Tune trial: the point's config (validated in the driver for a grid point, here for a sampled one)
-    trained with Ray Train, reported through Tune.
+    trained with Ray Train, reported through Tune; with ``test`` (a sweep that tests every trial) then
+    exported (to ``keep/<trial>`` when given) and tested, in the trial - the engine's one test stage.
 
     A trial that already finished is never trained again. Tune snapshots its experiment state
     only every few seconds, so a driver killed just after a trial ended restores that trial as
     unfinished and calls this again (seen in the kill/resume test); the ``done`` marker written
     after training makes that call replay the recorded reports to Tune instead.
     """
-    params = tune_config["params"]
-    train_trial(
-        get_method(method),
-        config_of(base, configs or {}, params, "sweep trial"),
-        params,
-        shards=shards,
-        sweep_dir=sweep_dir,
-        tracking=tracking,
-    )
+    params, recipe = tune_config["params"], get_method(method)
+    cfg = config_of(base, configs or {}, params, "sweep trial")
+    train_trial(recipe, cfg, params, shards=shards, sweep_dir=sweep_dir, tracking=tracking)
+    if test:
+        trial = ray.tune.get_context().get_trial_name()
+        test_trial(recipe, cfg, params, sweep_dir=sweep_dir, keep=Path(keep) / trial if keep else None)
 
 
 def run_sweep(
@@ -88,12 +89,13 @@ def run_sweep(
     resume: bool,
     verbose: bool = False,
     tracking: dict | None = None,
-    listener=None,
     configs: dict[str, MethodConfig] | None = None,
+    test: bool = False,
+    keep: str | None = None,
 ):
     """Run (or resume) the Tune experiment; returns the ``ResultGrid``. Quiet by default: one line per
-    evaluation; ``verbose`` gives Tune's own status table. ``listener``: told of each trial as it ends
-    (:class:`FinishedTrials`), while the others train."""
+    evaluation; ``verbose`` gives Tune's own status table. ``test``: every trial tested in its trial, its
+    export kept below ``keep`` (:func:`trial_fn`)."""
     recipe = get_method(job.method)
     path = sweep_dir(storage_root, name)
     trainable = tune.with_parameters(
@@ -104,72 +106,48 @@ def run_sweep(
         sweep_dir=path,
         tracking=tracking,
         configs=configs or {},
+        test=test,
+        keep=keep,
     )
     concurrent = concurrent_trials(
         base, job.sweep.max_concurrent_trials, streams=not materializes(base, shards)
     )
-    if listener is not None:
-        listener.configure(total=total_trials(job), concurrent=concurrent, sweep_dir=path)
-        _LISTENERS[name] = listener
-    try:
-        if resume and not tune.Tuner.can_restore(path):
-            raise ConfigError(f"--resume: no sweep to resume at {path}")
-        if not resume:
-            refuse_existing(storage_root, name)
-        sc = job.sweep.scheduler
-        max_evals = max(1, math.ceil((base.train.max_steps or 10**6) / base.train.eval_steps))
-        search, space = make_search(job, recipe.metric, concurrent)
-        return launch(
-            trainable,
-            space,
-            name=name,
-            storage_root=storage_root,
-            resume=resume,
-            concurrent=concurrent,
-            progress=(recipe.metric, recipe.metric_label),
-            verbose=verbose,
-            search_alg=search,
-            scheduler=ASHAScheduler(
-                time_attr="training_iteration",
-                max_t=max_evals,
-                grace_period=sc.grace_period,
-                reduction_factor=sc.reduction_factor,
-            )
-            if sc.type == "asha"
-            else FIFOScheduler(),
-            metric=recipe.metric,
-            num_samples=job.sweep.num_samples,
-            callbacks=(FinishedTrials(name),),
+    if resume and not tune.Tuner.can_restore(path):
+        raise ConfigError(f"--resume: no sweep to resume at {path}")
+    if not resume:
+        refuse_existing(storage_root, name)
+    sc = job.sweep.scheduler
+    max_evals = max(1, math.ceil((base.train.max_steps or 10**6) / base.train.eval_steps))
+    search, space = make_search(job, recipe.metric, concurrent)
+    return launch(
+        trainable,
+        space,
+        name=name,
+        storage_root=storage_root,
+        resume=resume,
+        concurrent=concurrent,
+        progress=(recipe.metric, recipe.metric_label),
+        verbose=verbose,
+        search_alg=search,
+        scheduler=ASHAScheduler(
+            time_attr="training_iteration",
+            max_t=max_evals,
+            grace_period=sc.grace_period,
+            reduction_factor=sc.reduction_factor,
         )
-    finally:
-        _LISTENERS.pop(name, None)
-
-
-# the listener of each running sweep, by name: Tune pickles its callbacks into the sweep's state (and a
-# resumed sweep unpickles them), so the callback names its sweep and finds the driver's listener here
-_LISTENERS: dict[str, Any] = {}
+        if sc.type == "asha"
+        else FIFOScheduler(),
+        metric=recipe.metric,
+        num_samples=job.sweep.num_samples,
+    )
 
 
 class FinishedTrials(tune.Callback):
-    """Tells the sweep's listener (:func:`run_sweep`) of each trial that ends - ``finished(trial, params,
-    ok)`` - and gives it a turn at every step of Tune's loop (``poll()``)."""
+    """Kept only so that the state of a sweep started before the test moved into the trial (its driver tested
+    trials as they ended) still unpickles on ``--resume``: it does nothing."""
 
     def __init__(self, sweep: str):
         self.sweep = sweep
-
-    def on_step_begin(self, iteration, trials, **info):
-        if (listener := _LISTENERS.get(self.sweep)) is not None:
-            listener.poll()
-
-    def on_trial_complete(self, iteration, trials, trial, **info):
-        self._ended(trial, ok=True)
-
-    def on_trial_error(self, iteration, trials, trial, **info):
-        self._ended(trial, ok=False)
-
-    def _ended(self, trial, ok: bool) -> None:
-        if (listener := _LISTENERS.get(self.sweep)) is not None:
-            listener.finished(trial_name(trial), trial.config.get("params", {}), ok=ok)
 
 
 def make_search(job: SweepJobConfig, metric: str, max_concurrent: int):

@@ -22,8 +22,7 @@ from pathlib import Path
 
 import mlflow
 
-from orchestrator import storage, tracking
-from orchestrator.claims import claim
+from orchestrator import outbox, storage, tracking
 from orchestrator.config import (
     REPO_ROOT,
     MethodConfig,
@@ -34,21 +33,18 @@ from orchestrator.config import (
     set_path,
     validate,
 )
-from orchestrator.drivers import confirm, outbox
-from orchestrator.drivers import publish as pub
+from orchestrator.drivers import confirm
 from orchestrator.drivers.cli import job_parser, location_overrides, print_config
 from orchestrator.drivers.cluster import init_ray, shutdown_ray
-from orchestrator.drivers.early_tests import EarlyTests
 from orchestrator.drivers.engine import (
+    kept_test,
     live_tracking,
     parent_run,
-    refuse_existing,
-    require_existing,
     sweep_dir,
+    take_name,
     trial_rows,
 )
 from orchestrator.drivers.registry import get_method
-from orchestrator.drivers.report import write_sweep_report
 from orchestrator.drivers.sweep import run_sweep
 from orchestrator.drivers.sweep_space import SweepJobConfig, check_space, config_of
 from orchestrator.drivers.train import (
@@ -60,21 +56,14 @@ from orchestrator.drivers.train import (
     preflight,
     settled,
 )
-from orchestrator.drivers.verdict import seed_devs, verdict
 from orchestrator.errors import ConfigError, TrackingError
 from orchestrator.evaluation.suite import TestReport, compare_table, headline_metrics
 from orchestrator.export import write_model_card
+from orchestrator.results import publish as pub
+from orchestrator.results.report import write_sweep_report
+from orchestrator.results.verdict import seed_devs, verdict
 from orchestrator.spec import BaseResult
 from trainers.recipe import Recipe
-
-
-def parse_args(doc: str, default_dir: str) -> argparse.Namespace:
-    ap = job_parser(doc, default_dir)
-    ap.add_argument(
-        "--resume", action="store_true", help="continue the sweep NAME after a crash (needs --name)"
-    )
-    return ap.parse_args()
-
 
 # ---------------------------------------------------------------- 1. resolve
 JOB_KEYS = ("sweep.", "confirm.")  # command-line keys of the sweep file itself; the rest set the base config
@@ -139,12 +128,9 @@ def resolve(args: argparse.Namespace, default_dir: str) -> SweepPlan:
         )
     exp_id = preflight(base)  # tracking server, storage, model source: fail before any Ray work
     base = settled(base)
-    name = storage.safe_name(args.name or f"{default_dir}-{time.strftime('%Y%m%d-%H%M%S')}", "--name")
-    claim(base.run.storage, name, job=f"jobs/{default_dir}.py", take_over=args.take_over)  # one run per name
-    if not args.resume:  # before the corpus is built and the base measured, not minutes later
-        refuse_existing(base.run.storage, name)
-    else:
-        require_existing(base.run.storage, name, "sweep")
+    name = take_name(
+        args, base.run.storage, default_dir, "sweep"
+    )  # before the corpus is built, not minutes later
     configs = {k: settled(c) for k, c in configs.items()}  # a typed copy each: nothing validated again
     return SweepPlan(
         name,
@@ -189,11 +175,7 @@ def run(plan: SweepPlan, parent_id: str | None = None) -> SweepResult:
     if base is not None and parent_id:  # on the parent run at once: the yardstick of every trial curve
         tracking.log_metrics({"base_dev": base.dev})
     live = live_tracking(plan.base.tracking.tracking_uri, plan.exp_id, parent_id, plan.name)
-    early = (
-        EarlyTests(plan.base, recipe, lambda row: _export(plan, row, _trial_dir(plan, row["trial"]))[1])
-        if job.test_every_trial
-        else None
-    )
+    keep = None if storage.is_s3(plan.base.run.storage) else str(export_dir(plan.base, f"{plan.name}-trials"))
     grid = run_sweep(
         job,
         plan.base,
@@ -203,12 +185,10 @@ def run(plan: SweepPlan, parent_id: str | None = None) -> SweepResult:
         resume=plan.resume,
         verbose=plan.verbose,
         tracking=live,
-        listener=early,
         configs=plan.configs,
+        test=job.test_every_trial,
+        keep=keep,
     )
-    tested_early = (
-        early.finish() if early is not None else {}
-    )  # a failed sweep does not wait for it (a daemon)
     rows = trial_rows(grid, recipe.metric, recipe.selection_metric(plan.base))
     if not any(r["checkpoint_path"] for r in rows):
         raise ConfigError(
@@ -216,11 +196,12 @@ def run(plan: SweepPlan, parent_id: str | None = None) -> SweepResult:
         )
     tested = [r for r in rows if r["checkpoint_path"]] if job.test_every_trial else []
     reports = {}
+    where = sweep_dir(plan.base.run.storage, plan.name)
     for r in tested:  # e.g. mean ± std over seeds (and SIFTER-LSTM's baseline) needs every trial's test score
-        path, report = tested_early.get(r["trial"], (None, None))
-        if path != r["checkpoint_path"]:  # not tested while the sweep ran (or another checkpoint): now
+        path, report = kept_test(where, r["trial"]) or (None, None)
+        if path != r["checkpoint_path"]:  # not tested in its trial (stopped early), or another checkpoint
             print(f"[{r['trial']}] tested after the sweep", flush=True)
-            _, report = _export(plan, r, _trial_dir(plan, r["trial"]))
+            _, report = _export(plan, r, export_dir(plan.base, f"{plan.name}-trials") / r["trial"])
         reports[r["trial"]] = report
         r["test"] = report.metrics
     choice = pub.choose(
@@ -246,10 +227,6 @@ def run(plan: SweepPlan, parent_id: str | None = None) -> SweepResult:
         )
     choice.best["test"] = test.metrics
     return SweepResult(shards, rows, choice, test, model_dir, base, time.time() - t0, bases=bases)
-
-
-def _trial_dir(plan: SweepPlan, trial: str) -> Path:
-    return export_dir(plan.base, f"{plan.name}-trials") / trial
 
 
 def _export(plan: SweepPlan, row: dict, out: Path, tested: TestReport | None = None):
@@ -396,7 +373,7 @@ def publish_outage(exc: BaseException, plan: SweepPlan) -> TrackingError | None:
 
 def main(doc: str, default_dir: str) -> int:
     t0 = time.time()
-    args = parse_args(doc, default_dir)
+    args = job_parser(doc, default_dir, resumes="sweep").parse_args()
     plan = resolve(args, default_dir)
     if args.print_config:
         return print_config(plan.job)

@@ -13,8 +13,8 @@ from pydantic import Field, field_validator, model_validator
 from ray import tune
 
 from orchestrator.config import MethodConfig, StrictModel, with_params
-from orchestrator.drivers.publish import flat_params
 from orchestrator.errors import ConfigError
+from orchestrator.results.publish import flat_params
 
 
 class Dimension(StrictModel):
@@ -180,15 +180,6 @@ def check_space(
             shown = ", ".join(f"{k}={v!r}" for k, v in zip(grids, point, strict=True))
             raise ConfigError(f"{source}: sweep grid point {shown}: {str(exc).split(': ', 1)[-1]}") from None
     return {} if others else configs
-
-
-def total_trials(job: SweepJobConfig) -> int:
-    """How many trials the sweep runs: every grid point × ``num_samples`` (Optuna: ``num_samples``)."""
-    if job.sweep.search == "optuna":
-        return job.sweep.num_samples
-    return job.sweep.num_samples * math.prod(
-        len(d.grid) for d in job.sweep.space.values() if d.grid is not None
-    )
 
 
 def confirm_seeds(confirm: ConfirmBlock, explored: set[int], source: str) -> list[int]:

@@ -13,15 +13,13 @@ import math
 import time
 from pathlib import Path
 
-from orchestrator import live_runs, storage, tracking
+from orchestrator import live_runs, outbox, storage, tracking
 from orchestrator.claims import claim
 from orchestrator.config import apply_overrides, config_hash, read_yaml, resolve_config_path, validate
-from orchestrator.drivers import outbox
-from orchestrator.drivers import publish as pub
 from orchestrator.drivers.cli import job_parser, location_overrides, print_config
 from orchestrator.drivers.cluster import init_ray, shutdown_ray
 from orchestrator.drivers.engine import run_one, sweep_dir
-from orchestrator.drivers.registry import get_method, method_names
+from orchestrator.drivers.registry import get_method, log_model, method_names
 from orchestrator.drivers.train import (
     Beside,
     Outcome,
@@ -36,6 +34,7 @@ from orchestrator.drivers.train import (
 from orchestrator.errors import ConfigError
 from orchestrator.evaluation.suite import compare_table
 from orchestrator.export import write_model_card
+from orchestrator.results import publish as pub
 
 
 def parse_args(doc: str) -> argparse.Namespace:
@@ -162,8 +161,11 @@ def _train(
         },
         texts=texts,
         model_dir=model_ref,
+        model_format=recipe.model_format,
     )
-    run_id = outbox.log_or_defer(record, cfg.tracking.tracking_uri, outbox.pending_dir(cfg.run.storage))
+    run_id = outbox.log_or_defer(
+        record, cfg.tracking.tracking_uri, outbox.pending_dir(cfg.run.storage), log_model
+    )
     shutdown_ray()
     print(test.table)
     if base is not None:

@@ -14,7 +14,7 @@ import json
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -22,7 +22,6 @@ import mlflow
 from mlflow import MlflowClient
 
 from orchestrator import storage
-from orchestrator.drivers.registry import get_method
 from orchestrator.errors import ConfigError, DataError, ModelSourceError, TrackingError, TrackingRejected
 from orchestrator.models import resolve_model_source
 from orchestrator.tracking import (
@@ -58,6 +57,7 @@ def run_record(
     model_dir: str | None = None,
     tags: dict[str, str] | None = None,
     run_id: str | None = None,
+    model_format: str = "sentence-transformers",
 ) -> dict:
     """Everything a finished training run logs, as plain JSON (params already redacted). ``run_id``: the
     run the job made when it started (replays go into it); ``record_id`` keys the record either way."""
@@ -86,11 +86,17 @@ def run_record(
         "metrics": {k: float(v) for k, v in metrics.items()},
         "texts": texts or {},
         "model_dir": model,
+        "model_format": model_format,
         "tags": tags or {},
     }
 
 
-def replay(record: dict, tracking_uri: str | None = None) -> str:
+# A method's own model format (not a sentence-transformers folder) is logged by its recipe: ``(method, folder)``
+# → the recipe's ``log_model``. The drivers pass it in; the library never imports a recipe.
+ModelLogger = Callable[[str, str], object]
+
+
+def replay(record: dict, tracking_uri: str | None = None, log_model: ModelLogger | None = None) -> str:
     """Log ``record`` into its run - the one the job made at its start, or one made now and tagged with the
     record's id - and return the run id. Idempotent: replaying a record again adds nothing (params and
     model once, metric history only where it is missing). Raises :class:`TrackingError` naming the URI
@@ -132,14 +138,16 @@ def replay(record: dict, tracking_uri: str | None = None) -> str:
             for name, text in record["texts"].items():
                 mlflow.log_text(text, name)
             if record["model_dir"] and not logged_models(run_id, "model"):
-                recipe = get_method(record["method"])
-                if (
-                    recipe.model_format == "sentence-transformers"
-                ):  # a transformers encoder folder, checked as one
+                fmt = record.get("model_format", "sentence-transformers")
+                if fmt == "sentence-transformers":  # a transformers encoder folder, checked as one
                     log_sentence_encoder(str(resolve_model_source(record["model_dir"])), name="model")
+                elif log_model is None:
+                    raise ConfigError(
+                        f"run {record['run_name']!r}: its {fmt} model needs its method's logger"
+                    )
                 else:  # the method's own format (SIFTER-LSTM's folder has no config.json): fetched, not checked
                     with _fetched(record["model_dir"]) as folder:
-                        recipe.log_model(str(folder), name="model")
+                        log_model(record["method"], str(folder))
             return run_id
     except TrackingError:
         raise
@@ -168,14 +176,16 @@ def _fetched(model_dir: str) -> Iterator[Path]:
         yield storage.get_dir(model_dir, Path(tmp) / "model", require_complete=True)
 
 
-def log_or_defer(record: dict, tracking_uri: str | None, pending: str) -> str | None:
+def log_or_defer(
+    record: dict, tracking_uri: str | None, pending: str, log_model: ModelLogger | None = None
+) -> str | None:
     """Log ``record`` now; if the tracking server is unreachable, keep it in ``pending`` (one file per run
     attempt, written atomically) and say so once - ``jobs/sync_tracking.py`` logs it when the server is back.
     A record the server refuses is kept in ``pending/rejected/`` (which the sync does not retry) and the
     job fails with one line naming it: parked as an outage, it would be refused at every sync."""
     name = f"{record['run_name']}-{record['record_id']}.json"
     try:
-        return replay(record, tracking_uri)
+        return replay(record, tracking_uri, log_model)
     except TrackingError as exc:
         path = storage.join(pending, name)
         storage.write_bytes(path, json.dumps(record, indent=2).encode())
@@ -223,7 +233,7 @@ def check_record(record) -> None:
 
 
 def sync_pending(
-    tracking_uri: str | None, pending: str
+    tracking_uri: str | None, pending: str, log_model: ModelLogger | None = None
 ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     """Log every pending record; a logged record's file is removed after it is in MLflow (a crash in
     between is harmless: the replay is idempotent). Returns ((file, run id) per logged record, (file,
@@ -237,7 +247,7 @@ def sync_pending(
         try:
             record = json.loads(data)
             check_record(record)
-            run_id = replay(record, tracking_uri)
+            run_id = replay(record, tracking_uri, log_model)
         except (
             json.JSONDecodeError,
             UnicodeDecodeError,

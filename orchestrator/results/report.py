@@ -14,18 +14,10 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure  # no pyplot: a figure drawn to a file needs no backend or display
 
-from orchestrator.drivers.publish import Choice, flat_params
 from orchestrator.evaluation.suite import TestReport, compare_table, headline_metrics
+from orchestrator.results.publish import Choice, params_label
 from orchestrator.spec import BaseResult
 from orchestrator.storage import atomic_dir
-from trainers.recipe import Recipe
-
-
-def params_label(params: dict) -> str:
-    """``lambda_xy=1, train.lr=3e-05``: every swept value under its config key."""
-    return ", ".join(
-        f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in flat_params(params).items()
-    )
 
 
 def common_step(rows: list[dict]) -> int | None:
@@ -87,7 +79,7 @@ def write_sweep_report(
     *,
     name: str,
     method: str,
-    recipe: type[Recipe],
+    recipe,  # the method's recipe class: its metric and label
     rows: list[dict],
     group_out: list[str],
     choice: Choice,

@@ -7,7 +7,7 @@ moves only when it beats the base on the dev metric.
   ``candidate`` only when it beats the base;
 * :func:`log_trials` - one nested MLflow run per trial.
 
-A finished run that meets a tracking outage is kept and logged later: ``orchestrator/drivers/outbox.py``.
+A finished run that meets a tracking outage is kept and logged later: ``orchestrator/outbox.py``.
 """
 
 from __future__ import annotations
@@ -42,6 +42,13 @@ def flat_params(params: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- the best setting against the base
+def params_label(params: dict) -> str:
+    """``lambda_xy=1, train.lr=3e-05``: every swept value under its config key."""
+    return ", ".join(
+        f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in flat_params(params).items()
+    )
+
+
 def setting_of(params: dict, group_out: list[str]) -> str:
     return json.dumps({k: v for k, v in params.items() if k not in group_out}, sort_keys=True, default=str)
 
@@ -339,3 +346,44 @@ def log_trials(exp_id: str, parent_id: str, name: str, rows: list[dict], metric:
         if r["error"]:
             client.set_tag(run_id, "sieve.error", r["error"])
         client.set_terminated(run_id, "FAILED" if r["error"] else "FINISHED")
+
+
+def top_settings(rows: list[dict], group_out: list[str], baseline_params: dict, k: int) -> list[dict]:
+    """The explore stage's ``k`` best settings by mean dev over their trials: each an arm ``rank1``.. with the
+    params of its best trial (a swept seed is set again per confirm seed), its label and dev figures."""
+    out = []
+    for i, group in enumerate(ranked_settings(rows, group_out, baseline_params)[:k], start=1):
+        best = max(group, key=lambda r: r["best_dev"])
+        shown = {key: v for key, v in best["params"].items() if key not in group_out}
+        out.append(
+            {
+                "arm": f"rank{i}",
+                "params": best["params"],
+                "setting": setting_of(best["params"], group_out),
+                "label": params_label(shown) or "(the base config)",
+                "dev_mean": float(np.mean([r["best_dev"] for r in group])),
+                "trials": [r["trial"] for r in group],
+            }
+        )
+    return out
+
+
+def explore_table(settings: list[dict], rows: list[dict], group_out: list[str], metric_label: str) -> str:
+    """The explore stage's ranking on dev (every setting), the confirmed ones marked with their arm."""
+    confirmed = {s["setting"]: s["arm"] for s in settings}
+    groups = {}
+    for r in rows:
+        if r["checkpoint_path"] and r["best_dev"] == r["best_dev"]:
+            groups.setdefault(setting_of(r["params"], group_out), []).append(r)
+    ranked = sorted(groups.items(), key=lambda kv: -float(np.mean([r["best_dev"] for r in kv[1]])))
+    lines = [
+        f"| setting | trials | {metric_label} ×100 (mean) | confirmed as |",
+        "|---|---:|---:|---|",
+    ]
+    for key, group in ranked:
+        shown = {k: v for k, v in group[0]["params"].items() if k not in group_out}
+        lines.append(
+            f"| {params_label(shown) or '(the base config)'} | {len(group)} | "
+            f"{np.mean([r['best_dev'] for r in group]) * 100:.2f} | {confirmed.get(key, '–')} |"
+        )
+    return "\n".join(lines)

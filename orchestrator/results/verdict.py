@@ -13,8 +13,8 @@ import json
 import statistics
 from pathlib import Path
 
-from orchestrator.drivers.publish import Choice, setting_of
 from orchestrator.evaluation.suite import TestReport, headline_metrics
+from orchestrator.results.publish import Choice, setting_of
 from orchestrator.spec import BaseResult
 
 
