@@ -28,6 +28,7 @@ sys.path[:0] = [str(JOBS), str(ROOT)]
 
 import _bootstrap  # noqa: E402,F401 - the jobs' environment defaults (offline hub, no usage stats)
 
+import orchestrator  # noqa: E402 - its ENVIRONMENT_DEFAULTS, set again in a child given a whole environment
 import orchestrator.drivers.compare  # noqa: E402,F401 - the jobs' heavy imports, once, before forking
 import orchestrator.drivers.sweep_job  # noqa: E402,F401
 import orchestrator.drivers.train_job  # noqa: E402,F401
@@ -36,13 +37,31 @@ import orchestrator.models  # noqa: E402,F401
 TIMEOUT_S = 120
 
 
-def child(cmd: list[str], cwd: str, err_path: str) -> None:
-    """In the forked child: become ``python cmd...`` and never return (stderr to ``err_path``, stdout beside it)."""
+def child(
+    cmd: list[str],
+    cwd: str,
+    err_path: str,
+    out_path: str | None = None,
+    env: dict[str, str] | None = None,
+    new_session: bool = False,
+) -> None:
+    """In the forked child: become ``python cmd...`` and never return (stderr to ``err_path``, stdout to
+    ``out_path`` - the same file: one stream, as ``stderr=STDOUT`` - else beside it). ``env``: the process's whole
+    environment (the package's defaults added, as its import adds them); ``new_session``: its own process group."""
     code = 1
     try:
+        if new_session:
+            os.setsid()
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # a job never reads its stdin
         fd = os.open(err_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(fd, 2)
-        os.dup2(os.open(err_path + ".out", os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 1)
+        out = out_path or err_path + ".out"
+        os.dup2(fd if out == err_path else os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 1)
+        if env is not None:
+            os.environ.clear()
+            os.environ.update(env)
+            for key, value in orchestrator.ENVIRONMENT_DEFAULTS.items():
+                os.environ.setdefault(key, value)
         os.chdir(cwd)
         sys.argv = list(cmd)
         sys.path[0] = str(Path(cmd[0]).parent)

@@ -507,6 +507,17 @@ def _ray_state_before_timeout(request):
 
 
 @pytest.fixture(scope="session")
+def job_server(tmp_path_factory):
+    """Job processes forked from one that imported the jobs' libraries once (tests/job_server.py): an end-to-end
+    test's ``python jobs/x.py`` without ~8 s of imports per start."""
+    from forked import JobServer
+
+    server = JobServer(Path(tempfile.mkdtemp(prefix="sieve-jobs-", dir="/tmp")))  # short: a socket path
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
 def tiny_shards(ray_cluster, tmp_path_factory):
     """160 WikiSplit sentences through the real corpus pipeline (spaCy, one actor)."""
     from orchestrator.data.corpus import CorpusConfig, run_pipeline

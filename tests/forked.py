@@ -1,12 +1,18 @@
 """Run job commands as real processes forked from one that imported the jobs' libraries once
-(tests/catalogue_runner.py): ~6-10 s of imports saved per command on 2 cores."""
+(tests/catalogue_runner.py): ~6-10 s of imports saved per command on 2 cores. :func:`run_forked` runs a batch
+of short commands; :class:`JobServer` starts long ones one at a time (tests/job_server.py), each handed back as
+a :class:`ForkedJob` that reads like the ``subprocess.Popen`` the end-to-end tests used."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,3 +40,100 @@ def run_forked(
     if serial:
         assert [r["name"] for r in got] == [n for n, _, _ in cases]  # in order, one at a time
     return {r["name"]: r for r in got}
+
+
+class JobServer:
+    """tests/job_server.py, started once (a session fixture): ``start(cmd, ...)`` forks ``python cmd...``."""
+
+    def __init__(self, workdir: Path):
+        self.workdir, self.socket = Path(workdir), str(Path(workdir) / "jobs.sock")
+        self.count = itertools.count()
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "tests" / "job_server.py"), self.socket], stdin=subprocess.DEVNULL
+        )
+        deadline = time.monotonic() + 120
+        while not Path(self.socket + ".ready").exists():
+            assert self.proc.poll() is None and time.monotonic() < deadline, "the job server did not start"
+            time.sleep(0.1)
+
+    def start(
+        self,
+        cmd: list[str],
+        *,
+        cwd: Path,
+        env: dict[str, str] | None = None,
+        stderr_apart: bool = False,
+        new_session: bool = False,
+    ) -> ForkedJob:
+        """``python cmd...`` (``cmd[0]`` a job's path) in ``cwd`` with ``env`` (default: this process's); stdout
+        and stderr one stream unless ``stderr_apart``."""
+        base = self.workdir / f"job-{next(self.count)}"
+        out, err = f"{base}.out", (f"{base}.err" if stderr_apart else None)
+        request = {
+            "cmd": [str(c) for c in cmd],
+            "cwd": str(cwd),
+            "env": dict(os.environ if env is None else env),
+            "out": out,
+            "err": err,
+            "new_session": new_session,
+        }
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.connect(self.socket)
+            conn.sendall((json.dumps(request) + "\n").encode())
+            pid = json.loads(conn.makefile().readline())["pid"]
+        return ForkedJob(pid, out, err)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+class _Text:
+    def __init__(self, path: str):
+        self.path = path
+
+    def read(self) -> str:
+        return Path(self.path).read_text(errors="replace") if Path(self.path).exists() else ""
+
+
+class ForkedJob:
+    """A forked job as the tests read a ``subprocess.Popen``: ``pid``, ``poll``, ``wait``, ``communicate``,
+    ``kill``, ``returncode``, ``stdout.read()`` (its output so far). Its exit status is the server's (it reaps)."""
+
+    def __init__(self, pid: int, out: str, err: str | None):
+        self.pid, self.returncode = pid, None
+        self.stdout, self.stderr = _Text(out), (_Text(err) if err else None)
+
+    def poll(self) -> int | None:
+        rc = Path(self.stdout.path + ".rc")
+        if self.returncode is None and rc.exists():
+            self.returncode = int(rc.read_text())
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"job {self.pid}", timeout)
+            time.sleep(0.1)
+        return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str | None]:
+        """Wait for the end (killed past ``timeout``, as ``subprocess.run`` kills): (stdout, stderr or None)."""
+        try:
+            self.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+        return self.stdout.read(), (self.stderr.read() if self.stderr else None)
+
+    @property
+    def ended_at(self) -> float:
+        """When it ended (the server wrote its exit status then): its duration, whenever a test reads it."""
+        return Path(self.stdout.path + ".rc").stat().st_mtime
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

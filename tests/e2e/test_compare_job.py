@@ -11,8 +11,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -50,25 +48,24 @@ def compare_file(tmp_path: Path, model_dir: Path, shards: str) -> Path:
     return p
 
 
-def run_job(tmp_path, store, *args, **kw):
+def run_job(jobs, tmp_path, store, *args, new_session=False):
+    """``python jobs/compare.py ARGS`` as its own process (forked by the session's job server), stdout and stderr
+    one stream, the tracking URI not inherited."""
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    return subprocess.Popen(
-        [sys.executable, str(ROOT / "jobs" / "compare.py"), *args, "--no-progress", "--storage", str(store)],
+    return jobs.start(
+        [ROOT / "jobs" / "compare.py", *args, "--no-progress", "--storage", str(store)],
         cwd=tmp_path,
         env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        **kw,
+        new_session=new_session,
     )
 
 
 def test_compare_killed_and_resumed_trains_and_tests_each_trial_once(
-    ray_cluster, tiny_bert_dir, tiny_shards, tmp_path
+    ray_cluster, tiny_bert_dir, tiny_shards, tmp_path, job_server
 ):
     store = tmp_path / "store"
     cfg = compare_file(tmp_path, tiny_bert_dir, tiny_shards)
-    proc = run_job(tmp_path, store, "--config", str(cfg), "--name", "cmp", start_new_session=True)
+    proc = run_job(job_server, tmp_path, store, "--config", str(cfg), "--name", "cmp", new_session=True)
     where = store / "sweeps" / "cmp"
     deadline = time.time() + 600
     while time.time() < deadline:  # killed once the first test is kept (the other trial may be mid-way)
@@ -83,7 +80,7 @@ def test_compare_killed_and_resumed_trains_and_tests_each_trial_once(
     proc.wait(30)
     tested_before = {p.stem for p in (where / "tests").iterdir()}
     assert (where / "base" / "mean.json").is_file()  # the base, measured once, kept for the resume
-    status = run_job(tmp_path, store, "--config", str(cfg), "--name", "cmp", "--status")
+    status = run_job(job_server, tmp_path, store, "--config", str(cfg), "--name", "cmp", "--status")
     interim, _ = status.communicate(timeout=300)  # the finished trials' leaderboard, read from the storage
     assert status.returncode == 0 and f"interim: {len(tested_before)} of 4 trials tested" in interim, interim[
         -2000:
@@ -91,14 +88,16 @@ def test_compare_killed_and_resumed_trains_and_tests_each_trial_once(
 
     # the killed driver's claim on its name stays behind (#56): a resume is refused in one line naming it, until
     # the user says to take it over
-    again = run_job(tmp_path, store, "--config", str(cfg), "--name", "cmp", "--resume")
+    again = run_job(job_server, tmp_path, store, "--config", str(cfg), "--name", "cmp", "--resume")
     refused, _ = again.communicate(timeout=300)
     assert again.returncode == 2 and re.search(
         rf"error: --name 'cmp' is claimed by jobs/compare.py on \S+, pid {proc.pid}, started .* \(no longer running; "
         r".*claims/cmp.json\): if it no longer runs, pass --take-over to run under this name$",
         refused.strip(),
     ), refused[-2000:]
-    proc = run_job(tmp_path, store, "--config", str(cfg), "--name", "cmp", "--resume", "--take-over")
+    proc = run_job(
+        job_server, tmp_path, store, "--config", str(cfg), "--name", "cmp", "--resume", "--take-over"
+    )
     out, _ = proc.communicate(timeout=800)
     assert proc.returncode == 0, out[-4000:]
     assert "--take-over: the claim on 'cmp' of jobs/compare.py on " in out
@@ -168,7 +167,7 @@ def test_compare_killed_and_resumed_trains_and_tests_each_trial_once(
     state_file.write_text(json.dumps(state))
     (where / "published.json").unlink()
     kept = {p.stem: p.stat().st_mtime_ns for p in (where / "tests").iterdir()}
-    proc = run_job(tmp_path, store, "--config", str(cfg), "--name", "cmp", "--resume")
+    proc = run_job(job_server, tmp_path, store, "--config", str(cfg), "--name", "cmp", "--resume")
     out, _ = proc.communicate(timeout=800)
     assert proc.returncode == 0, out[-4000:]
     assert sorted(p.name.rsplit("-", 1)[0] for p in (where / "invocations").iterdir()) == sorted(starts)
@@ -189,7 +188,7 @@ def test_compare_killed_and_resumed_trains_and_tests_each_trial_once(
     assert len(versions) == (registered is not None)
 
     # #39.4: resumed once more, a finished comparison answers from its record: no Ray, nothing trained
-    again = run_job(tmp_path, store, "--config", str(cfg), "--name", "cmp", "--resume")
+    again = run_job(job_server, tmp_path, store, "--config", str(cfg), "--name", "cmp", "--resume")
     out2, _ = again.communicate(timeout=300)
     assert again.returncode == 0, out2[-4000:]
     assert "Started a local Ray instance" not in out2 and "| **base (" in out2

@@ -70,23 +70,13 @@ def store(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("store")
 
 
-def run_job(tmp_path, store, *args, **kw):
+def run_job(jobs, tmp_path, store, *args):
+    """``python jobs/sifter_sweep.py ARGS`` as its own process (forked by the session's job server)."""
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    return subprocess.Popen(
-        [
-            sys.executable,
-            str(ROOT / "jobs" / "sifter_sweep.py"),
-            *args,
-            "--no-progress",
-            "--storage",
-            str(store),
-        ],
+    return jobs.start(
+        [ROOT / "jobs" / "sifter_sweep.py", *args, "--no-progress", "--storage", str(store)],
         cwd=tmp_path,
         env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        **kw,
     )
 
 
@@ -104,10 +94,10 @@ def mlflow_at(tmp_path):
     return mlflow
 
 
-def test_tiny_sweep_registers_best_and_reports(ray_cluster, tiny_bert_dir, tmp_path, store):
+def test_tiny_sweep_registers_best_and_reports(ray_cluster, tiny_bert_dir, tmp_path, store, job_server):
     # 1-worker trials on a corpus read before the workers start: both trials run at once (#22.4)
     cfg = sweep_file(tmp_path, tiny_bert_dir, [SIFTER, SIMCSE], workers=1, every_trial=True)
-    proc = run_job(tmp_path, store, "--config", str(cfg), "--name", "tiny")
+    proc = run_job(job_server, tmp_path, store, "--config", str(cfg), "--name", "tiny")
     out, _ = proc.communicate(timeout=800)
     assert proc.returncode == 0, out[-4000:]
     summary = final_json(out)

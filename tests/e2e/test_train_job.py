@@ -15,24 +15,26 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def train(tmp_path, *args, timeout=600, extra_env=None):
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    return subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "jobs" / "train.py"),
-            "--method",
-            "simcse",
-            "--preset",
-            "smoke",
-            "--no-progress",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
+def train(tmp_path, *args, timeout=600, extra_env=None, jobs=None):
+    """``python jobs/train.py --method simcse --preset smoke ARGS`` to its end: (exit code, stdout, stderr). With
+    ``jobs`` (the session's job server) forked from a process that imported the job's libraries once."""
+    proc = start(tmp_path, *args, extra_env=extra_env, jobs=jobs)
+    out, err = proc.communicate(timeout=timeout)
+    return subprocess.CompletedProcess([], proc.returncode, out, err)
+
+
+def start(tmp_path, *args, extra_env=None, jobs=None, merged=False):
+    env = {**{k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}, **(extra_env or {})}
+    cmd = [ROOT / "jobs" / "train.py", "--method", "simcse", "--preset", "smoke", "--no-progress", *args]
+    if jobs is not None:
+        return jobs.start(cmd, cwd=tmp_path, env=env, stderr_apart=not merged)
+    return subprocess.Popen(
+        [sys.executable, *map(str, cmd)],
         cwd=tmp_path,
-        timeout=timeout,
-        env={**env, **(extra_env or {})},
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if merged else subprocess.PIPE,
+        text=True,
     )
 
 
@@ -50,50 +52,92 @@ def test_unreachable_tracking_server_fails_fast(tmp_path):
     assert res.stderr.strip().splitlines()[-1].startswith(f"error: MLflow tracking server {uri} unreachable")
 
 
+@pytest.fixture(scope="module")
+def started_alongside(ray_cluster, tiny_bert_dir, tiny_shards, tmp_path_factory, job_server):
+    """The module's two short failing jobs, started at once and each checked by its own test below: they run
+    while the live job's steps wait (its step delay), not one after the other (suite time). Each has its own
+    folder: (folder, start time, job)."""
+    assert os.environ.get("RAY_ADDRESS")  # the session's cluster: the jobs join it, as under `ray job submit`
+    nan, gpu = tmp_path_factory.mktemp("nan"), tmp_path_factory.mktemp("gpu")
+    jobs = {
+        "nan": (
+            nan,
+            time.time(),
+            start(
+                nan,
+                "--storage",
+                str(nan / "store"),
+                "--name",
+                "nan",
+                "--no-base",
+                f"model.name_or_path={tiny_bert_dir}",
+                "model.max_length=16",
+                "train.batch_size=8",
+                "train.max_steps=8",
+                "train.eval_steps=8",
+                "train.lr=1e30",
+                f"data.shards={tiny_shards}",  # the session's corpus: nothing parsed again
+                "eval.tasks=[stsb]",
+                "scaling.num_workers=1",
+                "run.max_failures=0",
+                jobs=job_server,
+            ),
+        ),
+        "gpu": (
+            gpu,
+            time.time(),
+            start(
+                gpu,
+                "--storage",
+                str(gpu / "store"),
+                "--no-base",
+                f"model.name_or_path={tiny_bert_dir}",
+                "scaling.use_gpu=true",
+                "scaling.wait_for_nodes_s=4",
+                jobs=job_server,
+            ),
+        ),
+    }
+    yield jobs
+    for _, _, job in jobs.values():
+        job.kill()
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_train_job_tracks_live_exports_and_keeps_secrets(ray_cluster, tiny_bert_dir, mlflow_server, tmp_path):
+def test_train_job_tracks_live_exports_and_keeps_secrets(
+    started_alongside, ray_cluster, tiny_bert_dir, mlflow_server, tmp_path, job_server
+):
     """The train job against the real MLflow server. #20: the run exists from the start and rank 0 logs into
     it as it trains - a dev evaluation is read from the server while the job is still running (each step
     slowed by a test hook). Then: the run's numbers and the logged model (it loads through pyfunc), the
     export, and no secret anywhere it wrote or logged."""
     import mlflow
 
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            str(ROOT / "jobs" / "train.py"),
-            "--method",
-            "simcse",
-            "--preset",
-            "smoke",
-            "--no-progress",
-            "--storage",
-            str(tmp_path / "store"),
-            "--tracking-uri",  # a password in the URI (issue 56): used for basic auth, shown nowhere
-            mlflow_server.replace("http://", f"http://sieve:{URI_PASSWORD}@"),
-            "--name",
-            "live",
-            f"model.name_or_path={tiny_bert_dir}",
-            "model.max_length=16",
-            "train.batch_size=8",
-            "train.max_steps=8",
-            "train.eval_steps=2",
-            "train.log_steps=1",
-            "train.epochs=6",
-            "data.limit=60",
-            "data.parser_workers=1",
-            "eval.tasks=[stsb]",
-            "eval.max_length=32",
-            "tracking.experiment=live",
-            "scaling.num_workers=1",
-        ],
-        cwd=tmp_path,
-        env={**env, "SIEVE_STEP_DELAY_S": "1.5", "MLFLOW_TRACKING_PASSWORD": FAKE_MLFLOW_PASSWORD},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    proc = start(
+        tmp_path,
+        "--storage",
+        str(tmp_path / "store"),
+        "--tracking-uri",  # a password in the URI (issue 56): used for basic auth, shown nowhere
+        mlflow_server.replace("http://", f"http://sieve:{URI_PASSWORD}@"),
+        "--name",
+        "live",
+        f"model.name_or_path={tiny_bert_dir}",
+        "model.max_length=16",
+        "train.batch_size=8",
+        "train.max_steps=8",
+        "train.eval_steps=2",
+        "train.log_steps=1",
+        "train.epochs=6",
+        "data.limit=60",
+        "data.parser_workers=1",
+        "eval.tasks=[stsb]",
+        "eval.max_length=32",
+        "tracking.experiment=live",
+        "scaling.num_workers=1",
+        extra_env={"SIEVE_STEP_DELAY_S": "1.5", "MLFLOW_TRACKING_PASSWORD": FAKE_MLFLOW_PASSWORD},
+        jobs=job_server,
+        merged=True,
     )
     client = mlflow.MlflowClient(tracking_uri=mlflow_server)
     seen_running = None
@@ -109,7 +153,9 @@ def test_train_job_tracks_live_exports_and_keeps_secrets(ray_cluster, tiny_bert_
         time.sleep(1)
     # #56: a second job of the same name on the same storage, while the first trains: refused in one line
     # naming the owner, before it touches anything (the first one's model is checked below)
-    second = train(tmp_path, "--storage", str(tmp_path / "store"), "--name", "live", timeout=120)
+    second = train(
+        tmp_path, "--storage", str(tmp_path / "store"), "--name", "live", timeout=120, jobs=job_server
+    )
     assert second.returncode == 2 and re.fullmatch(
         rf"error: --name 'live' is claimed by jobs/train.py on \S+, pid {proc.pid}, started .* \(still running; "
         r"\S+/claims/live.json\): wait for it to end, or pick another --name",
@@ -171,32 +217,15 @@ def test_train_job_tracks_live_exports_and_keeps_secrets(ray_cluster, tiny_bert_
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_a_loss_that_turns_nan_stops_the_job_in_one_line_and_its_run_ends_failed(
-    ray_cluster, tiny_bert_dir, tiny_shards, tmp_path
-):
+def test_a_loss_that_turns_nan_stops_the_job_in_one_line_and_its_run_ends_failed(started_alongside):
     """#56: a learning rate far too large (1e30 - finite: a config refuses inf) makes the loss NaN within a few
     steps. The worker stops before training on it; the job prints the worker's one line (not Ray's nested
     errors), exits 2, exports nothing, and the MLflow run it made at the start ends FAILED with that reason."""
     import mlflow
 
-    res = train(
-        tmp_path,
-        "--storage",
-        str(tmp_path / "store"),
-        "--name",
-        "nan",
-        "--no-base",
-        f"model.name_or_path={tiny_bert_dir}",
-        "model.max_length=16",
-        "train.batch_size=8",
-        "train.max_steps=8",
-        "train.eval_steps=8",
-        "train.lr=1e30",
-        f"data.shards={tiny_shards}",  # the session's corpus: nothing parsed again
-        "eval.tasks=[stsb]",
-        "scaling.num_workers=1",
-        "run.max_failures=0",
-    )
+    tmp_path, _, proc = started_alongside["nan"]
+    out, err = proc.communicate(timeout=280)
+    res = subprocess.CompletedProcess([], proc.returncode, out, err)
     last = res.stderr.strip().splitlines()[-1]
     assert res.returncode == 2, res.stderr[-3000:]
     assert re.fullmatch(
@@ -209,28 +238,17 @@ def test_a_loss_that_turns_nan_stops_the_job_in_one_line_and_its_run_ends_failed
 
 
 @pytest.mark.timeout(120)
-def test_a_cluster_that_never_gets_a_fitting_node_stops_the_job_after_its_wait(
-    ray_cluster, tiny_bert_dir, tmp_path
-):
+def test_a_cluster_that_never_gets_a_fitting_node_stops_the_job_after_its_wait(started_alongside):
     """#56: joined to a cluster (which might add nodes), a job asking for a GPU no node has waits
     ``scaling.wait_for_nodes_s`` and stops in one line naming the key and both numbers - not Ray's silent wait
     for a placement; the MLflow run the job had made ends FAILED with that line."""
     import mlflow
 
-    assert os.environ.get("RAY_ADDRESS")  # the session's cluster: the job joins it, as under `ray job submit`
-    t0 = time.time()
-    res = train(
-        tmp_path,
-        "--storage",
-        str(tmp_path / "store"),
-        "--no-base",
-        f"model.name_or_path={tiny_bert_dir}",
-        "scaling.use_gpu=true",
-        "scaling.wait_for_nodes_s=4",
-        timeout=100,
-    )
+    tmp_path, t0, proc = started_alongside["gpu"]
+    out, err = proc.communicate(timeout=100)
+    res = subprocess.CompletedProcess([], proc.returncode, out, err)
     last = res.stderr.strip().splitlines()[-1]
-    assert res.returncode == 2 and time.time() - t0 < 60, res.stderr[-3000:]
+    assert res.returncode == 2 and proc.ended_at - t0 < 60, res.stderr[-3000:]
     assert last == (
         "error: scaling.use_gpu=true: each worker needs 1 GPU, and no node of the Ray cluster has more than 0 "
         "(waited scaling.wait_for_nodes_s=4 s); nothing was trained"
