@@ -83,6 +83,21 @@ class JobServer:
             pid = json.loads(conn.makefile().readline())["pid"]
         return ForkedJob(pid, out, err)
 
+    def run(
+        self, cmd: list, *, cwd=None, env=None, timeout: float | None = None, **_: object
+    ) -> subprocess.CompletedProcess:
+        """``subprocess.run(cmd, capture_output=True, text=True, ...)`` for a job's command (``cmd`` may start with
+        ``sys.executable``): its exit code, stdout and stderr apart."""
+        cmd = [str(c) for c in cmd]
+        job = self.start(
+            cmd[1:] if cmd[0] == sys.executable else cmd,
+            cwd=Path(cwd or Path.cwd()),
+            env=env,
+            stderr_apart=True,
+        )
+        out, err = job.communicate(timeout)
+        return subprocess.CompletedProcess(cmd, job.returncode, out, err)
+
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(30)

@@ -75,7 +75,7 @@ def test_promote_moves_champion_and_refuses_worse(embedded_tracking, tiny_bert_d
 
 @pytest.mark.slow
 def test_a_champion_set_through_the_rest_api_is_what_the_next_job_reads(
-    mlflow_server, tiny_bert_dir, tmp_path, monkeypatch
+    mlflow_server, tiny_bert_dir, tmp_path, monkeypatch, job_server
 ):
     """#20: promotion where the MLflow UI does it - its REST call moves @champion - and a job that reads
     ``models:/enc@champion`` gets that version (and can log its scores to the version's run)."""
@@ -100,9 +100,8 @@ def test_a_champion_set_through_the_rest_api_is_what_the_next_job_reads(
     with urllib.request.urlopen(req, timeout=30) as resp:
         assert resp.status == 200
     assert tracking.alias_version("rest-enc", "champion") == v2 != v1
-    res = subprocess.run(
+    res = job_server.run(
         [
-            sys.executable,
             str(ROOT / "jobs" / "evaluate.py"),
             "--model",
             "models:/rest-enc@champion",
@@ -122,9 +121,8 @@ def test_a_champion_set_through_the_rest_api_is_what_the_next_job_reads(
     assert (
         "pooling: mean (the model's own)" in res.stdout and f"logged to run {run.info.run_id}" in res.stdout
     )
-    direct = subprocess.run(
+    direct = job_server.run(
         [
-            sys.executable,
             str(ROOT / "jobs" / "evaluate.py"),
             "--model",
             str(tiny_bert_dir),
@@ -144,9 +142,8 @@ def test_a_champion_set_through_the_rest_api_is_what_the_next_job_reads(
 
     # #38.1: promote.py stands behind v2; the UI's alias editor (its REST call) then moves @champion to the worse
     # v1, skipping promote.py's check: the next job that reads @champion says so in one line, and still runs
-    ok = subprocess.run(
+    ok = job_server.run(
         [
-            sys.executable,
             str(ROOT / "jobs" / "promote.py"),
             "--model",
             "rest-enc",
@@ -169,9 +166,8 @@ def test_a_champion_set_through_the_rest_api_is_what_the_next_job_reads(
     )
     with urllib.request.urlopen(req, timeout=30) as resp:
         assert resp.status == 200
-    res = subprocess.run(
+    res = job_server.run(
         [
-            sys.executable,
             str(ROOT / "jobs" / "evaluate.py"),
             "--model",
             "models:/rest-enc@champion",

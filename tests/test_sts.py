@@ -1,6 +1,4 @@
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -131,26 +129,22 @@ def test_invalid_utf8_names_line(tmp_path):
         sts.read_sts_tsv(p)
 
 
-def run_cli(*args, cwd=None):
-    return subprocess.run(
-        [sys.executable, str(ROOT / "jobs" / "evaluate.py"), *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=300,
-    )
+def run_cli(jobs, *args, cwd=None):
+    """``python jobs/evaluate.py ARGS`` as its own process, forked by the session's job server."""
+    return jobs.run([ROOT / "jobs" / "evaluate.py", *args], cwd=cwd, timeout=300)
 
 
 # evaluate.py's one-line refusals (a bad --sts-file row, a hub id) are cases of the bad-input catalogue
 # (tests/test_reliability.py), run there as forks of one process.
 
 
-def test_cli_writes_json_schema(tmp_path, tiny_bert_dir):
+def test_cli_writes_json_schema(tmp_path, tiny_bert_dir, job_server):
     pairs = tmp_path / "pairs.tsv"
     rows = ["sentence1\tsentence2\tscore"] + [f"a cat sat {i}\ta dog ran {i % 3}\t{i % 5}" for i in range(20)]
     pairs.write_text("\n".join(rows) + "\n")
     out = tmp_path / "out.json"
     res = run_cli(
+        job_server,
         "--model",
         str(tiny_bert_dir),
         "--pooling",
@@ -173,12 +167,13 @@ def test_cli_writes_json_schema(tmp_path, tiny_bert_dir):
     assert "| stsb | 1379 |" in res.stdout
 
 
-def test_cli_scores_a_baseline_beside_the_model_read_both_ways(tmp_path, tiny_bert_dir):
+def test_cli_scores_a_baseline_beside_the_model_read_both_ways(tmp_path, tiny_bert_dir, job_server):
     """#38.6: ``--baseline`` scores the starting model in the same call, with the model's pooling and, when its
     folder saved another, with that one too; the difference per task. The same folder as both: +0.00 at the
     same reading, and the other reading's own figures."""
     out = tmp_path / "out.json"
     res = run_cli(
+        job_server,
         "--model",
         str(tiny_bert_dir),
         "--baseline",
@@ -241,7 +236,9 @@ def test_same_seed_same_numbers(tiny_bert_dir):
     torch.use_deterministic_algorithms(False)
 
 
-def test_cli_defaults_to_the_folders_saved_pooling_and_refuses_a_new_pooler(tmp_path, tiny_bert_dir):
+def test_cli_defaults_to_the_folders_saved_pooling_and_refuses_a_new_pooler(
+    tmp_path, tiny_bert_dir, job_server
+):
     """#16: evaluate.py scores a model the way it was saved (a sentence-transformers folder records its
     pooling) unless told otherwise, and refuses ``--pooling cls`` over pooler weights that would be
     freshly initialised - one line, no number from a random layer."""
@@ -266,6 +263,7 @@ def test_cli_defaults_to_the_folders_saved_pooling_and_refuses_a_new_pooler(tmp_
     for model, expected in ((folder, "cls_before_pooler"), (tiny_bert_dir, "mean")):
         out = tmp_path / f"{expected}.json"
         res = run_cli(
+            job_server,
             "--model",
             str(model),
             "--tasks",
@@ -278,7 +276,9 @@ def test_cli_defaults_to_the_folders_saved_pooling_and_refuses_a_new_pooler(tmp_
         )
         assert res.returncode == 0, res.stderr[-2000:]
         assert json.loads(out.read_text())["pooling"] == expected
-    res = run_cli("--model", str(folder), "--pooling", "cls", "--tasks", "", "--sts-file", str(pairs))
+    res = run_cli(
+        job_server, "--model", str(folder), "--pooling", "cls", "--tasks", "", "--sts-file", str(pairs)
+    )
     assert res.returncode == 2 and "Traceback" not in res.stderr
     last = res.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and "pooler" in last

@@ -17,7 +17,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -110,7 +109,7 @@ def train_workers() -> list:
 
 
 def test_sweep_spread_over_two_nodes_survives_losing_one_and_registers(
-    ray_cluster, tiny_bert_dir, tmp_path, s3_bucket
+    ray_cluster, tiny_bert_dir, tmp_path, s3_bucket, job_server
 ):
     import boto3
 
@@ -155,10 +154,9 @@ def test_sweep_spread_over_two_nodes_survives_losing_one_and_registers(
     # delay instead, a busy CI machine twice got the kill in after the trial's last step (nothing to resume)
     hold = tmp_path / "held"
     env.update(SIEVE_HOLD_AT_STEP="3", SIEVE_HOLD_MARKER=str(hold), SIEVE_HOLD_S="300")
-    proc = subprocess.Popen(
+    proc = job_server.start(  # its own process, forked by the session's job server
         [
-            sys.executable,
-            str(ROOT / "jobs" / "sifter_sweep.py"),
+            ROOT / "jobs" / "sifter_sweep.py",
             "--config",
             "sweep.yaml",
             "--name",
@@ -169,9 +167,6 @@ def test_sweep_spread_over_two_nodes_survives_losing_one_and_registers(
         ],
         cwd=tmp_path,
         env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
     )
     try:
         s3 = boto3.client("s3")
