@@ -329,44 +329,69 @@ def parabart_store(tmp_path_factory):
     return tmp_path_factory.mktemp("parabart-store")
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("engine", ["ddp", "zero2"])
-def test_parabart_under_ray_train(engine, ray_cluster, tiny_bert_dir, parabart_store, tmp_path):
-    """Pairs → the spaCy pipeline's parses → shards + vocabularies; 2 workers (the main model under
-    DDP or DeepSpeed ZeRO-2, D's gradients averaged by hand), adversary switched on mid-run, D saved
-    in the checkpoint, export, STS test, generation."""
+ENGINES = ("ddp", "zero2")
+
+
+@pytest.fixture(scope="module")
+def parabart_trained(ray_cluster, tiny_bert_dir, parabart_store):
+    """Pairs → the spaCy pipeline's parses → shards + vocabularies; ParaBART on 2 workers under DDP and under
+    DeepSpeed ZeRO-2, both trained at once (2 + 2 workers on the cluster's 4 CPUs; suite time - each run's
+    numbers depend on its own seed and threads only): {engine: (config, outcome)}."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from orchestrator.drivers.registry import get_method
-    from orchestrator.drivers.train import build_trainer, export_and_test, fit
-    from trainers.parabart_generate import load_parabart
+    from orchestrator.drivers.train import build_trainer, fit
 
     lines = parabart_store / "pairs.tsv"
     src = Path(__file__).resolve().parents[1] / "data" / "paraphrase" / "mrpc-train.tsv"
     lines.write_text("\n".join(src.read_text().splitlines()[:81]) + "\n")
     method = get_method("parabart")
-    cfg = tiny(
-        tiny_bert_dir,
-        adversary_start_step=2,
-        **{
-            "train": {
-                "batch_size": 8,
-                "max_steps": 4,
-                "eval_steps": 2,
-                "grad_clip": 1.0,
-                "lr_schedule": "constant",
+    cfgs = {
+        engine: tiny(
+            tiny_bert_dir,
+            adversary_start_step=2,
+            **{
+                "train": {
+                    "batch_size": 8,
+                    "max_steps": 4,
+                    "eval_steps": 2,
+                    "grad_clip": 1.0,
+                    "lr_schedule": "constant",
+                },
+                "scaling": {"num_workers": 2, "cpus_per_worker": 1},
+                "deepspeed": {"stage": 2 if engine == "zero2" else 0},
+                "data": {"pairs": [{"path": str(lines)}], "parser_workers": 1, "valid_pairs": 8},
+                "eval": {"batch_size": 256, "max_length": 32},
+                "run": {"storage": str(parabart_store / "runs")},
             },
-            "scaling": {"num_workers": 2, "cpus_per_worker": 1},
-            "deepspeed": {"stage": 2 if engine == "zero2" else 0},
-            "data": {"pairs": [{"path": str(lines)}], "parser_workers": 1, "valid_pairs": 8},
-            "eval": {"batch_size": 256, "max_length": 32},
-            "run": {"storage": str(parabart_store / "runs")},
-        },
-    )
-    shards = method.prepare_data(cfg)
+        )
+        for engine in ENGINES
+    }
+    shards = method.prepare_data(cfgs["ddp"])  # the same data for both: one build
     manifest = json.loads((Path(shards) / "manifest.json").read_text())
     assert manifest["valid_rows"] == 16  # 8 pairs held out, both directions
     assert manifest["rows"] > 64 and manifest["syntax_vocab"] > 10 and manifest["tags"] > 5
-    outcome = fit(build_trainer(method, cfg, shards, name=f"parabart-{engine}"), method, cfg)
+    assert method.prepare_data(cfgs["zero2"]) == shards
+    trainers = {e: build_trainer(method, cfgs[e], shards, name=f"parabart-{e}") for e in ENGINES}
+    with ThreadPoolExecutor(len(ENGINES)) as pool:
+        outcomes = dict(
+            zip(ENGINES, pool.map(lambda e: fit(trainers[e], method, cfgs[e]), ENGINES), strict=True)
+        )
+    return {e: (cfgs[e], outcomes[e]) for e in ENGINES}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("engine", ENGINES)
+def test_parabart_under_ray_train(engine, parabart_trained, tmp_path):
+    """2 workers (the main model under DDP or DeepSpeed ZeRO-2, D's gradients averaged by hand), adversary
+    switched on mid-run, D saved in the checkpoint, export, STS test, generation."""
+    from orchestrator.drivers.registry import get_method
+    from orchestrator.drivers.train import export_and_test
+    from trainers.parabart_generate import load_parabart
+
+    method = get_method("parabart")
+    cfg, outcome = parabart_trained[engine]
     steps = [int(r["step"]) for r in outcome.history]
     assert steps == [2, 4] and "loss_adv" in outcome.history[-1] and "loss_adv" not in outcome.history[0]
     with outcome.best_checkpoint.as_directory() as d:
