@@ -302,7 +302,7 @@ def literal_method_lists(path: Path, names: set[str]) -> list[str]:
 
 
 def test_no_test_names_methods_by_a_literal_list():
-    """Tests that cover every method derive the list from the registry: a sixth method is covered by them
+    """Tests that cover every method derive the list from the registry: a new method is covered by them
     without editing them."""
     from orchestrator.drivers.registry import method_names
 

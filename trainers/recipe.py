@@ -20,7 +20,7 @@ driver hooks           ``prepare_data``, ``export``, ``evaluate``, ``evaluate_ba
 set up (shard read-ahead, threads, rank-offset seeds), the model built, the optimiser step (DDP or
 DeepSpeed ZeRO) and :func:`trainers.loop.train_loop` - resume, evaluation, reports, checkpoints.
 Drivers reach recipes only through ``orchestrator.drivers.registry`` and ask them; they never probe a
-config or a model. A sixth method is one file here (its config, model, loss and a ``Recipe`` subclass),
+config or a model. A new method is one file here (its config, model, loss and a ``Recipe`` subclass),
 its configs, one line in the registry and its test (``docs/METHODS.md``).
 """
 

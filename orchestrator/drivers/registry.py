@@ -1,6 +1,6 @@
 """The method registry: every recipe class, by name.
 
-A recipe is a :class:`~trainers.recipe.Recipe` subclass in ``trainers/``; adding a sixth method means
+A recipe is a :class:`~trainers.recipe.Recipe` subclass in ``trainers/``; adding a method means
 one new file there (with its configs and its test) and one entry in ``RECIPES``. The drivers reach
 recipes only through here, and ask them (class attributes and hooks); they never probe a config.
 """
