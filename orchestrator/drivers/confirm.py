@@ -35,10 +35,7 @@ from orchestrator.errors import ConfigError
 from orchestrator.evaluation.encode import test_time_pooling
 from orchestrator.results import leaderboard as lb
 from orchestrator.results import publish as pub
-from orchestrator.results.publish import (
-    explore_table,
-    top_settings,
-)
+from orchestrator.results.publish import explore_table, top_settings
 from orchestrator.spec import BaseResult
 from trainers.recipe import Recipe
 

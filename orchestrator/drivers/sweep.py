@@ -39,7 +39,6 @@ from orchestrator.drivers.cluster import concurrent_trials
 from orchestrator.drivers.engine import (  # noqa: F401 - ProgressLines: Tune's pickled state of a sweep started
     ProgressLines,  # before the engine took it names it here, and a --resume unpickles it
     launch,
-    refuse_existing,
     sweep_dir,
     test_trial,
     train_trial,
@@ -112,10 +111,8 @@ def run_sweep(
     concurrent = concurrent_trials(
         base, job.sweep.max_concurrent_trials, streams=not materializes(base, shards)
     )
-    if resume and not tune.Tuner.can_restore(path):
+    if resume and not tune.Tuner.can_restore(path):  # a new name was refused in sweep_job.resolve (take_name)
         raise ConfigError(f"--resume: no sweep to resume at {path}")
-    if not resume:
-        refuse_existing(storage_root, name)
     sc = job.sweep.scheduler
     max_evals = max(1, math.ceil((base.train.max_steps or 10**6) / base.train.eval_steps))
     search, space = make_search(job, recipe.metric, concurrent)

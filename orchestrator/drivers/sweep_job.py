@@ -128,9 +128,8 @@ def resolve(args: argparse.Namespace, default_dir: str) -> SweepPlan:
         )
     exp_id = preflight(base)  # tracking server, storage, model source: fail before any Ray work
     base = settled(base)
-    name = take_name(
-        args, base.run.storage, default_dir, "sweep"
-    )  # before the corpus is built, not minutes later
+    # claimed and checked before the corpus is built and the base measured, not minutes later
+    name = take_name(args, base.run.storage, default_dir, "sweep")
     configs = {k: settled(c) for k, c in configs.items()}  # a typed copy each: nothing validated again
     return SweepPlan(
         name,
@@ -175,7 +174,8 @@ def run(plan: SweepPlan, parent_id: str | None = None) -> SweepResult:
     if base is not None and parent_id:  # on the parent run at once: the yardstick of every trial curve
         tracking.log_metrics({"base_dev": base.dev})
     live = live_tracking(plan.base.tracking.tracking_uri, plan.exp_id, parent_id, plan.name)
-    keep = None if storage.is_s3(plan.base.run.storage) else str(export_dir(plan.base, f"{plan.name}-trials"))
+    trials_dir = export_dir(plan.base, f"{plan.name}-trials")  # each trial's export, on a local storage
+    keep = None if storage.is_s3(plan.base.run.storage) else str(trials_dir)
     grid = run_sweep(
         job,
         plan.base,
@@ -201,7 +201,7 @@ def run(plan: SweepPlan, parent_id: str | None = None) -> SweepResult:
         path, report = kept_test(where, r["trial"]) or (None, None)
         if path != r["checkpoint_path"]:  # not tested in its trial (stopped early), or another checkpoint
             print(f"[{r['trial']}] tested after the sweep", flush=True)
-            _, report = _export(plan, r, export_dir(plan.base, f"{plan.name}-trials") / r["trial"])
+            _, report = _export(plan, r, trials_dir / r["trial"])
         reports[r["trial"]] = report
         r["test"] = report.metrics
     choice = pub.choose(
