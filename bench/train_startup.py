@@ -7,10 +7,14 @@ recipe is imported (seconds after ``fit()`` is called), and the CPU time of ever
 grouped by what it is (a poller reads each process's CPU time every 0.2 s; the last fraction of a second of a
 process that exits between two reads is missed).
 
-Variants, each on its own fresh cluster (the switches are read by the processes Ray starts):
-``default``; ``no-preemption-watcher`` (``RAY_TRAIN_ENABLE_PREEMPTION_WATCHER=0``);
-``no-watcher-no-metrics`` (also ``RAY_TRAIN_METRICS_ENABLED=0``). Run in the order A B C C B A, each variant's
-fits averaged, so the side that runs first is not favoured.
+Variants, each on its own fresh cluster (the switches are read by the processes Ray starts), differing in what the
+train function's config carries and in Ray Train's preemption watcher:
+``typed-config``: the method's typed config (a ``ContrastiveConfig``), as the drivers handed it to Ray Train
+until 2026-12-07 - the controller, unpickling it, imports the recipe's module; ``payload``: the config as
+``orchestrator.drivers.train.train_function`` packs it now (the recipe and config as bytes, opened on the
+workers); ``payload-no-watcher``: also ``RAY_TRAIN_ENABLE_PREEMPTION_WATCHER=0``, as a job's private local Ray
+and the test suite's head run. Run in the order A B C C B A, each variant's fits averaged, so the side that
+runs first is not favoured.
 
     python bench/train_startup.py [--fits 2] [--rounds 2]
 """
@@ -29,9 +33,9 @@ import time
 from _common import ROOT, write_results
 
 VARIANTS = {
-    "default": {},
-    "no-preemption-watcher": {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"},
-    "no-watcher-no-metrics": {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0", "RAY_TRAIN_METRICS_ENABLED": "0"},
+    "typed-config": {"SIEVE_BENCH_CONFIG": "typed"},
+    "payload": {"SIEVE_BENCH_CONFIG": "payload"},
+    "payload-no-watcher": {"SIEVE_BENCH_CONFIG": "payload", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"},
 }
 ROLES = [
     ("RayTrainWorker", "train workers (ray + torch + the recipe's imports)"),
@@ -41,6 +45,7 @@ ROLES = [
     ("SynchronizationActor", "synchronization actor"),
     ("PreemptionWatcher", "preemption watcher actor"),
     ("AutoscalingCoordinator", "autoscaling coordinator actor"),
+    ("SplitCoordinator", "split coordinator actor"),
     ("IDLE", "idle pooled workers"),
     ("raylet", "raylet"),
     ("gcs_server", "GCS"),
@@ -56,24 +61,32 @@ def role(cmdline: str) -> str:
 
 
 class CpuByRole:
-    """CPU seconds of the processes started after ``since``, by role, between ``start()`` and ``stop()``."""
+    """CPU seconds every process spent between ``start()`` and ``stop()`` (a process alive before, such as a
+    pooled idle worker Ray hands to an actor, counts from ``start()``), by the role it last had."""
 
     def __init__(self, since: float, exclude: int):
-        self.since, self.exclude, self.seen, self._stop = since, exclude, {}, threading.Event()
+        self.exclude, self.seen, self._stop = exclude, {}, threading.Event()
+        self.before = {key: cpu for key, (cpu, _) in self._read().items()}
         self._thread = threading.Thread(target=self._poll, daemon=True)
 
-    def _poll(self) -> None:
+    def _read(self) -> dict:
         import psutil
 
+        out = {}
+        for p in psutil.process_iter(["pid", "cmdline", "cpu_times", "create_time"]):
+            i = p.info
+            if i["pid"] == self.exclude or i["cpu_times"] is None:
+                continue
+            out[(i["pid"], i["create_time"])] = (
+                i["cpu_times"].user + i["cpu_times"].system,
+                role(" ".join(i["cmdline"] or [])),
+            )
+        return out
+
+    def _poll(self) -> None:
         while not self._stop.is_set():
-            for p in psutil.process_iter(["pid", "cmdline", "cpu_times", "create_time"]):
-                i = p.info
-                if i["pid"] == self.exclude or i["cpu_times"] is None or i["create_time"] < self.since:
-                    continue
-                self.seen[(i["pid"], i["create_time"])] = (
-                    i["cpu_times"].user + i["cpu_times"].system,
-                    role(" ".join(i["cmdline"] or [])),
-                )
+            for key, (cpu, r) in self._read().items():
+                self.seen[key] = (cpu - self.before.get(key, 0.0), r)
             time.sleep(0.2)
 
     def start(self) -> CpuByRole:
@@ -85,6 +98,8 @@ class CpuByRole:
         self._thread.join()
         out: dict[str, dict] = {}
         for cpu, r in self.seen.values():
+            if cpu < 0.05:  # a process that did nothing during the run is not one it started or used
+                continue
             out.setdefault(r, {"processes": 0, "cpu_s": 0.0})
             out[r]["processes"] += 1
             out[r]["cpu_s"] += cpu
@@ -112,6 +127,16 @@ def child(fits: int) -> None:
             json.dump({"fn_start_s": started, "imported_s": time.time() - config["t"]}, f)
         ray.train.report({"done": 1})
 
+    from orchestrator.drivers.train import train_function
+    from trainers.sifter_simcse import ContrastiveConfig, SIFTERSimCSERecipe
+
+    cfg = ContrastiveConfig.model_validate(
+        {"model": {"name_or_path": "unused"}, "run": {"storage": os.environ["SIEVE_BENCH_TMP"]}}
+    )
+    if os.environ["SIEVE_BENCH_CONFIG"] == "typed":
+        carried = {"method_config": cfg}
+    else:
+        carried = train_function(SIFTERSimCSERecipe, cfg)[1]
     time.sleep(5)  # the cluster's own start-up settles
     reads = read_corpus(int(os.environ["SIEVE_BENCH_ROUND"]) % 2 == 1)
     rows = []
@@ -120,7 +145,7 @@ def child(fits: int) -> None:
         cpu = CpuByRole(t, os.getpid()).start()
         TorchTrainer(
             train_fn,
-            train_loop_config={"t": t, "i": i},
+            train_loop_config={"t": t, "i": i, **carried},
             scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
             run_config=RunConfig(name=f"startup-{i}", storage_path=os.environ["SIEVE_BENCH_TMP"]),
         ).fit()
@@ -262,7 +287,10 @@ def main() -> None:
         f"(each variant on its own fresh local Ray, 4 logical CPUs; order {' '.join(order)}; "
         f"{res['fits_per_variant']} fits per variant, means). The train function imports the recipe "
         "(`trainers.sifter_simcse`) on 2 workers x 1 CPU and reports once: everything a smoke trial "
-        "pays besides its steps and evaluations.",
+        "pays besides its steps and evaluations. `typed-config`: its config carries the method's typed config, as "
+        "the drivers passed it until 2026-12-07 (the controller, unpickling it, imports the recipe's module); "
+        "`payload`: the config as `train_function` packs it now; `payload-no-watcher`: also without Ray Train's "
+        "preemption watcher, as a job's private local Ray and the test suite run.",
         "",
         "| variant | fit() wall s | train function starts at s | recipe imported at s | CPU s, all processes "
         "the run started |",
@@ -275,15 +303,18 @@ def main() -> None:
         )
     lines += [
         "",
-        "CPU seconds per run by the processes it started (`default` variant; means per run; a poller reads them "
-        "every 0.2 s, so a process that lives less long can be missed: lower bounds):",
+        "CPU seconds per run by the processes it started or used (means per run; a poller reads them every 0.2 s, "
+        "so a process that lives less long can be missed, as the train workers' counts below 2 show: lower "
+        "bounds, and the totals above move by several seconds from run to run), variant by variant:",
         "",
-        "| process | CPU s | processes |",
-        "|---|---:|---:|",
+        "| process | " + " | ".join(f"{n} CPU s (processes)" for n in names) + " |",
+        "|---|" + "---:|" * len(names),
     ]
-    for k, label in ROLES + [("other", "other processes started meanwhile")]:
-        if cpu("default", k) > 0.05:
-            lines.append(f"| {label} | {cpu('default', k):.1f} | {procs('default', k):.1f} |")
+    for k, label in ROLES + [("other", "other processes on the machine meanwhile")]:
+        if any(cpu(n, k) > 0.05 for n in names):
+            lines.append(
+                f"| {label} | " + " | ".join(f"{cpu(n, k):.1f} ({procs(n, k):.1f})" for n in names) + " |"
+            )
     lines += [
         "",
         f"Reading a small training corpus into the object store before a run (`build_trainer`; one "

@@ -370,6 +370,9 @@ def ray_cluster(tmp_path_factory, s3_endpoint):
         f"--ray-client-server-port={client}",
     ]
     env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(RAY_TOKEN_FILE)}  # set at import (above)
+    # no Ray Train preemption watcher (an actor per worker group polling for drained nodes; no test drains one,
+    # and a job's private local Ray runs without it too): ~2 CPU-s of each of the suite's ~50 worker groups
+    env["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] = "0"
     os.environ.update(env)
     # the venv's bin first on PATH: `ray job submit` entrypoints resolve `python` from ray start's PATH
     start_env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}

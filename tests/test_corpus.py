@@ -271,8 +271,8 @@ def test_empty_corpus_is_one_clear_error(ray_cluster, tmp_path):
     assert not (tmp_path / "out" / "manifest.json").exists()
 
 
-def test_cli_missing_input_is_one_line(tmp_path):
-    res = subprocess.run(
+def test_cli_missing_input_is_one_line(tmp_path, job_server):
+    res = job_server.run(
         [
             sys.executable,
             str(ROOT / "jobs" / "augment_corpus.py"),
@@ -289,8 +289,8 @@ def test_cli_missing_input_is_one_line(tmp_path):
     assert res.stderr.strip() == f"error: {tmp_path / 'missing.txt'}: no such input file or directory"
 
 
-def test_cli_bad_override_is_one_line(tmp_path):
-    res = subprocess.run(
+def test_cli_bad_override_is_one_line(tmp_path, job_server):
+    res = job_server.run(
         [
             sys.executable,
             str(ROOT / "jobs" / "augment_corpus.py"),

@@ -302,26 +302,39 @@ def test_the_base_measured_beside_training_is_the_base_measured_alone(tiny_bert_
     ]
 
 
-def test_the_callback_a_trial_controller_unpickles_imports_no_torch_transformers_or_mlflow():
-    """Ray Train's controller (a new process per sweep trial) imports the module of each callback it is given;
-    from ``sweep.py`` that was torch, transformers, MLflow and SciPy (9.7 and 11.5 s to unpickle here, #22.4)."""
+def test_what_a_train_controller_unpickles_imports_no_torch_transformers_or_mlflow(tmp_path):
+    """Ray Train's controller (a new process per run) imports the module of each callback, train function and
+    config it is given, and never builds a model: from ``sweep.py``'s callback that was torch, transformers, MLflow
+    and SciPy (9.7 and 11.5 s to unpickle here); from ``recipe.train_func`` and the typed config, the recipe's
+    module - transformers, MLflow, SciPy (~5 CPU-s of each run's controller). The workers still get both."""
     import subprocess
     import sys
 
     import cloudpickle
 
     from orchestrator.drivers.recording import RecordingTuneReportCallback
+    from orchestrator.drivers.train import train_function
+    from trainers.sifter_simcse import ContrastiveConfig, SIFTERSimCSERecipe
 
+    cfg = ContrastiveConfig.model_validate(
+        {"model": {"name_or_path": "unused"}, "run": {"storage": str(tmp_path)}}
+    )
+    func, config = train_function(SIFTERSimCSERecipe, cfg, rows_per_worker=8, shards="unused")
     code = (
         "import pickle, sys; pickle.loads(sys.stdin.buffer.read()); "
-        "print(sorted({'torch', 'transformers', 'mlflow', 'scipy', 'orchestrator.drivers.train'} & set(sys.modules)))"
+        "print(sorted({'torch', 'transformers', 'mlflow', 'scipy', 'orchestrator.drivers.train', 'trainers'} "
+        "& set(sys.modules)))"
     )
-    res = subprocess.run(
-        [sys.executable, "-c", code],
-        input=cloudpickle.dumps(RecordingTuneReportCallback),
-        capture_output=True,
-        timeout=120,
-        cwd=ROOT,
-    )
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert res.stdout.decode().strip() == "[]"
+    for thing in (RecordingTuneReportCallback, (func, config)):
+        res = subprocess.run(
+            [sys.executable, "-c", code],
+            input=cloudpickle.dumps(thing),
+            capture_output=True,
+            timeout=120,
+            cwd=ROOT,
+        )
+        assert res.returncode == 0, res.stderr[-2000:]
+        assert res.stdout.decode().strip() == "[]", thing
+    # what a worker opens: the recipe and the config as they were made
+    recipe, typed = cloudpickle.loads(config["recipe_and_config"])
+    assert recipe is SIFTERSimCSERecipe and typed == cfg and config["rows_per_worker"] == 8

@@ -22,18 +22,18 @@ def promote(cwd, *args):
     )
 
 
-def promote_in_turn(cwd, cases: list[list[str]]) -> list[tuple[int, str]]:
-    """``promote.py --model enc ARGS`` for each case, one after the other, forked from one process
+def promote_in_turn(cwd, cases: list[list[str]], jobs) -> list[tuple[int, str]]:
+    """``promote.py --model enc ARGS`` for each case, one after the other, forked by the session's job server
     (tests/forked.py): (exit code, stderr)."""
     job = str(ROOT / "jobs" / "promote.py")
     got = run_forked(
-        [(str(i), [job, "--model", "enc", *a], cwd) for i, a in enumerate(cases)], cwd, serial=True
+        [(str(i), [job, "--model", "enc", *a], cwd) for i, a in enumerate(cases)], cwd, serial=True, jobs=jobs
     )
     return [(got[str(i)]["rc"], got[str(i)]["stderr"]) for i in range(len(cases))]
 
 
 @pytest.mark.slow
-def test_promote_moves_champion_and_refuses_worse(embedded_tracking, tiny_bert_dir):
+def test_promote_moves_champion_and_refuses_worse(embedded_tracking, tiny_bert_dir, job_server):
     import mlflow
 
     tracking.setup(None, "sieve")
@@ -59,6 +59,7 @@ def test_promote_moves_champion_and_refuses_worse(embedded_tracking, tiny_bert_d
             ["--version", str(good), "--alias", " "],
             ["--from-alias", "nope"],
         ],
+        job_server,
     )
     assert refused[0] == 2 and "Traceback" not in refused[1]
     assert "refusing to promote enc v2 (test_score=0.6) over @champion v1" in refused[1]  # v1 held it then

@@ -21,12 +21,12 @@ def own_data_commands() -> list[list[str]]:
 
 
 @pytest.mark.slow
-def test_the_own_data_commands_are_accepted_as_written(tmp_path):
+def test_the_own_data_commands_are_accepted_as_written(tmp_path, job_server):
     commands = own_data_commands()
     assert {c[1] for c in commands} == {"jobs/train.py", "jobs/evaluate.py", "jobs/compare.py"} and len(
         commands
     ) == 4
-    # each as a real process, forked from one that imported the jobs' libraries once (tests/forked.py);
+    # each as a real process, forked by the session's job server (it imported the jobs' libraries once);
     # evaluate.py has no --print-config: its --help lists every flag the command uses
     got = run_forked(
         [
@@ -41,6 +41,7 @@ def test_the_own_data_commands_are_accepted_as_written(tmp_path):
             for i, c in enumerate(commands)
         ],
         tmp_path,
+        jobs=job_server,
     )
     for i, cmd in enumerate(commands):
         res = got[str(i)]

@@ -307,7 +307,7 @@ def catalogue(tmp: Path, tiny: Path) -> list[tuple[str, list[str], str]]:
 
 
 @pytest.mark.slow
-def test_bad_input_catalogue(tmp_path, tiny_bert_dir, s3_endpoint):
+def test_bad_input_catalogue(tmp_path, tiny_bert_dir, s3_endpoint, job_server):
     from conftest import free_port
 
     cases = catalogue(tmp_path, tiny_bert_dir)
@@ -327,11 +327,11 @@ def test_bad_input_catalogue(tmp_path, tiny_bert_dir, s3_endpoint):
             "error code 404 != 200.) - is it an MLflow tracking server?",
         )
     )
-    # one process imports the jobs' libraries once and forks a real process per case (tests/forked.py)
+    # the session's job server (it imported the jobs' libraries once) forks a real process per case (tests/forked.py)
     sessions = set(Path("/tmp/ray").glob("session_2*"))  # a Ray started by a case would add one
     try:
         time.sleep(1)  # the server listening
-        got = run_forked([(n, cmd, tmp_path) for n, cmd, _ in cases], tmp_path)
+        got = run_forked([(n, cmd, tmp_path) for n, cmd, _ in cases], tmp_path, jobs=job_server)
     finally:
         web.kill()
     assert sorted(got) == sorted(n for n, _, _ in cases)
@@ -434,7 +434,7 @@ def test_concurrent_registration_gets_distinct_versions(
 
 
 def test_tracking_outage_after_training_keeps_the_run_and_sync_logs_it(
-    mlflow_server, tiny_bert_dir, tmp_path, capsys
+    mlflow_server, tiny_bert_dir, tmp_path, capsys, job_server
 ):
     """#11.3: the server is gone when a finished run is logged → one warning naming the URI, the whole
     run kept in a pending file (atomically), nothing raised; `jobs/sync_tracking.py` logs it later,
@@ -473,7 +473,7 @@ def test_tracking_outage_after_training_keeps_the_run_and_sync_logs_it(
         len(files) == 1 and files[0].startswith("tiny-run-") and files[0].endswith(".json")
     )  # no .tmp left behind
 
-    res = subprocess.run(
+    res = job_server.run(  # the job's own process, forked by the session's job server
         [
             sys.executable,
             str(JOBS / "sync_tracking.py"),
@@ -528,7 +528,9 @@ def test_a_record_that_fails_its_own_checks_is_an_error_not_an_outage(embedded_t
     assert not pending.exists()
 
 
-def test_a_record_the_server_refuses_is_kept_aside_and_never_holds_back_the_others(tiny_bert_dir, tmp_path):
+def test_a_record_the_server_refuses_is_kept_aside_and_never_holds_back_the_others(
+    tiny_bert_dir, tmp_path, job_server
+):
     """A record MLflow refuses (its run deleted in the UI while the job trained) is not an outage: the job
     fails with one line naming the run and where the record is kept (``rejected/``, not retried); a sync
     meeting such a record moves it there and still logs the records after it. Before, it was parked as an
@@ -566,7 +568,7 @@ def test_a_record_the_server_refuses_is_kept_aside_and_never_holds_back_the_othe
     # a sync that meets one: the refused record (sorted first) goes aside, the good one is still logged
     next((pending / "rejected").iterdir()).rename(pending / "a-bad.json")
     (pending / "b-good.json").write_text(json.dumps(record("b-good")))
-    res = subprocess.run(
+    res = job_server.run(
         [sys.executable, str(JOBS / "sync_tracking.py"), "--tracking-uri", uri, "--pending", str(pending)],
         capture_output=True,
         text=True,

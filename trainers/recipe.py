@@ -33,7 +33,6 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from orchestrator import tracking
 from orchestrator.config import MethodConfig
 from orchestrator.evaluation.suite import TestReport
 from orchestrator.models import pooling_for
@@ -146,6 +145,8 @@ class Recipe(ABC):
     @staticmethod
     def log_model(model_dir: str, name: str = "model") -> Any:
         """Log an exported folder to the active MLflow run; returns mlflow's ModelInfo."""
+        from orchestrator import tracking  # on the driver: a worker never imports MLflow for it
+
         return tracking.log_sentence_encoder(model_dir, name=name)
 
     @classmethod

@@ -94,6 +94,9 @@ def init_ray(*, num_cpus: int | None = None, quiet: bool = False, needs=()) -> N
         _PRIVATE = False
     else:  # a new private local cluster (address="local": even when another one runs on this machine)
         cpus = local_node(num_cpus)["CPU"]  # what preflight checked the job's workers against
+        # Ray Train's preemption watcher (an actor per worker group, polling for drained nodes) has nothing to
+        # watch on one machine: ~2 CPU-s of every run (bench/results/train_startup.md)
+        os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
         ray.init(address="local", num_cpus=cpus, include_dashboard=True, dashboard_host="127.0.0.1", **kwargs)
         _PRIVATE = True
     watch_cluster(ray.get_runtime_context().gcs_address)

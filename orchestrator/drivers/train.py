@@ -35,6 +35,7 @@ from ray.train.torch import TorchConfig, TorchTrainer
 
 from orchestrator import storage, tracking
 from orchestrator.config import EncoderMethodConfig, MethodConfig, repo_path
+from orchestrator.drivers import train_entry
 from orchestrator.drivers.cluster import check_resources, fault_hooks, joins_cluster, worker_bundle
 from orchestrator.errors import ConfigError, DataError, SieveError
 from orchestrator.evaluation.encode import test_time_pooling
@@ -189,14 +190,10 @@ def build_trainer(
         callbacks=callbacks,
         worker_runtime_env={"env_vars": env},
     )
+    func, config = train_function(recipe, cfg, rows_per_worker=rows_per_worker, shards=shards)
     return TorchTrainer(
-        recipe.train_func,
-        # the config crosses the Ray boundary typed (pickled as it is): validated once, where it was made
-        train_loop_config={
-            "method_config": cfg,
-            "rows_per_worker": rows_per_worker,
-            "shards": shards,
-        },
+        func,
+        train_loop_config=config,
         scaling_config=scaling,
         run_config=run,
         datasets={"train": ds},
@@ -204,6 +201,13 @@ def build_trainer(
         dataset_config=DataConfig(datasets_to_split=[] if workers == 1 else "all"),
         torch_config=TorchConfig(backend="nccl" if cfg.scaling.use_gpu else "gloo"),
     )
+
+
+def train_function(recipe: type[Recipe], cfg: MethodConfig, **job) -> tuple:
+    """What the TorchTrainer runs on every worker, and its config: a function of the standard library (Ray Train's
+    controller unpickles both, and imports no recipe, transformers or MLflow for it), the recipe and the typed
+    config inside as one payload - validated once, where it was made. ``job``: what else the workers read."""
+    return train_entry.train_func, {train_entry.PAYLOAD: train_entry.payload(recipe, cfg), **job}
 
 
 @dataclass
