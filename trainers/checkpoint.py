@@ -106,6 +106,27 @@ def load_module_state(checkpoint_dir) -> dict:
     raise FileNotFoundError(f"{checkpoint_dir}: neither model.pt nor a DeepSpeed 'ds' checkpoint")
 
 
+def export_trained_encoder(
+    build_model, cfg, checkpoint_dir, out_dir, *, max_seq_length: int | None = None, **build
+):
+    """A checkpoint → the sentence-transformers folder users load: the method's module built again
+    (``build_model(cfg, **build)`` → module, tokenizer), the checkpoint's weights loaded, its ``.encoder`` saved
+    alone (decoders, heads and MLPs are training-only) with the config's pooling. What every encoder recipe
+    exports; ``max_seq_length`` defaults to the test's (``cfg.eval.max_length``)."""
+    from orchestrator.export import export_encoder  # lazy: the driver's export, never a worker's
+    from orchestrator.models import pooling_for  # lazy: as above
+
+    module, tokenizer = build_model(cfg, **build)
+    module.load_state_dict(load_module_state(checkpoint_dir))
+    return export_encoder(
+        module.encoder,
+        tokenizer,
+        out_dir,
+        pooling=pooling_for(cfg),
+        max_seq_length=cfg.eval.max_length if max_seq_length is None else max_seq_length,
+    )
+
+
 # ---------------------------------------------------------------- every generator, per rank
 def rng_state() -> dict:
     """Every generator's state as tensors and plain numbers, so ``torch.load(weights_only=True)`` reads it back."""

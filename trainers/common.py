@@ -23,9 +23,10 @@ import torch.distributed as dist
 import torch.distributed.nn.functional as dist_nn
 from transformers import get_scheduler
 
-from trainers.checkpoint import (  # noqa: F401 - recipes read load_module_state here
+from trainers.checkpoint import (  # noqa: F401 - recipes read load_module_state and export_trained_encoder here
     EXTRA_STATE,
     deepspeed_reads_weights_only,
+    export_trained_encoder,
     extra_states,
     load_module_state,
     load_weights_only,

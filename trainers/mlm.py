@@ -45,8 +45,7 @@ from torch import nn
 
 from orchestrator.config import EncoderMethodConfig, ModelConfig, TrackingConfig, TrainLoopConfig
 from orchestrator.data.training_corpus import CorpusBlock
-from orchestrator.export import export_encoder
-from orchestrator.models import load_encoder, pooling_for, resolve_model_source
+from orchestrator.models import load_encoder, resolve_model_source
 from trainers import common
 from trainers.tsdae import TSDAEEval, TSDAERecipe
 
@@ -202,11 +201,7 @@ def compute_loss(
 # ---------------------------------------------------------------- export
 def export_model(cfg: MLMConfig, checkpoint_dir, out_dir):
     """Checkpoint → the encoder alone (the head is discarded), with the configured pooling."""
-    module, tokenizer = build_model(cfg)
-    module.load_state_dict(common.load_module_state(checkpoint_dir))
-    return export_encoder(
-        module.encoder, tokenizer, out_dir, pooling=pooling_for(cfg), max_seq_length=cfg.eval.max_length
-    )
+    return common.export_trained_encoder(build_model, cfg, checkpoint_dir, out_dir)
 
 
 # ---------------------------------------------------------------- the recipe

@@ -36,7 +36,6 @@ from torch import nn
 
 from orchestrator.config import EncoderMethodConfig, ModelConfig, TrackingConfig, TrainLoopConfig
 from orchestrator.data.labelled import ScoredPairs, table_to_shards
-from orchestrator.export import export_encoder
 from orchestrator.models import load_encoder, pooling_for
 from trainers import common
 from trainers.siamese import SiameseEncoder, tokenize_texts
@@ -97,11 +96,7 @@ def prepare_data(cfg: SBERTConfig, progress: bool = True) -> str:
 # ---------------------------------------------------------------- export
 def export_model(cfg: SBERTConfig, checkpoint_dir, out_dir):
     """Checkpoint → the encoder with its pooling."""
-    module, tokenizer = build_model(cfg)
-    module.load_state_dict(common.load_module_state(checkpoint_dir))
-    return export_encoder(
-        module.encoder, tokenizer, out_dir, pooling=pooling_for(cfg), max_seq_length=cfg.eval.max_length
-    )
+    return common.export_trained_encoder(build_model, cfg, checkpoint_dir, out_dir)
 
 
 # ---------------------------------------------------------------- the recipe

@@ -55,7 +55,6 @@ from orchestrator.data.labelled import LabelledSet, split_rows
 from orchestrator.evaluation.encode import HFEncoder, mean_pool, test_time_pooling
 from orchestrator.evaluation.separation import delta_cosine_distance, evaluate_sets
 from orchestrator.evaluation.suite import TestReport
-from orchestrator.export import export_encoder
 from orchestrator.models import load_encoder, pooling_for
 from orchestrator.spec import BaseResult, measure_base
 from trainers import common
@@ -290,10 +289,13 @@ def evaluate_base(cfg: SiameseConfig) -> BaseResult:
 def export_model(cfg: SiameseConfig, checkpoint_dir, out_dir):
     """The encoder alone with its pooling (NAIVE's classification head is discarded)."""
     classes = classes_of(cfg) if cfg.mode == "naive" else []
-    module, tokenizer = build_model(cfg, len(classes))
-    module.load_state_dict(common.load_module_state(checkpoint_dir))
-    return export_encoder(
-        module.encoder, tokenizer, out_dir, pooling=pooling_for(cfg), max_seq_length=cfg.model.max_length
+    return common.export_trained_encoder(
+        build_model,
+        cfg,
+        checkpoint_dir,
+        out_dir,
+        max_seq_length=cfg.model.max_length,
+        num_classes=len(classes),
     )
 
 

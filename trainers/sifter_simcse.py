@@ -76,7 +76,6 @@ from orchestrator.data.training_corpus import CorpusBlock, prepare_corpus
 from orchestrator.evaluation import sts
 from orchestrator.evaluation.domain import evaluate_encoder
 from orchestrator.evaluation.encode import HFEncoder, mean_pool, test_time_pooling
-from orchestrator.export import export_encoder
 from orchestrator.models import load_encoder, pooling_for
 from orchestrator.spec import BaseResult, measure_base
 from trainers import common
@@ -275,11 +274,7 @@ def export_model(cfg: ContrastiveConfig, checkpoint_dir, out_dir):
     """Checkpoint (plain or DeepSpeed ZeRO, any stage) → an HF folder of the encoder alone (the MLP
     is a training-only head) that loads with ``AutoModel`` and ``SentenceTransformer``, saved with the
     test-time pooling (``cls`` → the raw ``[CLS]`` state)."""
-    module, tokenizer = build_model(cfg)
-    module.load_state_dict(common.load_module_state(checkpoint_dir))
-    return export_encoder(
-        module.encoder, tokenizer, out_dir, pooling=pooling_for(cfg), max_seq_length=cfg.eval.max_length
-    )
+    return common.export_trained_encoder(build_model, cfg, checkpoint_dir, out_dir)
 
 
 # ---------------------------------------------------------------- the recipes

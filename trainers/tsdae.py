@@ -69,7 +69,6 @@ from orchestrator.data.training_corpus import CorpusBlock, prepare_corpus
 from orchestrator.evaluation import sts
 from orchestrator.evaluation.domain import evaluate_encoder, get_evaluator
 from orchestrator.evaluation.encode import HFEncoder, mean_pool, test_time_pooling
-from orchestrator.export import export_encoder
 from orchestrator.models import load_encoder, pooling_for, resolve_model_source
 from orchestrator.spec import BaseResult, measure_base
 from trainers import common
@@ -304,11 +303,7 @@ def evaluate_base(cfg: TSDAEConfig) -> BaseResult:
 # ---------------------------------------------------------------- export
 def export_model(cfg: TSDAEConfig, checkpoint_dir, out_dir):
     """Checkpoint → the encoder alone (the decoder is discarded), with the training pooling."""
-    module, tokenizer = build_model(cfg)
-    module.load_state_dict(common.load_module_state(checkpoint_dir))
-    return export_encoder(
-        module.encoder, tokenizer, out_dir, pooling=pooling_for(cfg), max_seq_length=cfg.eval.max_length
-    )
+    return common.export_trained_encoder(build_model, cfg, checkpoint_dir, out_dir)
 
 
 # ---------------------------------------------------------------- the recipe
