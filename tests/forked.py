@@ -51,17 +51,21 @@ def run_forked(
 
 def _run_on(jobs: JobServer, cases: list, at_once: int) -> dict[str, dict]:
     """:func:`run_forked`'s cases forked by ``jobs``, ``at_once`` at a time, in order, each within 120 s."""
-    env = {
-        k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"
-    }  # as run_forked's runner: a laptop's jobs
+    # as run_forked's runner: a laptop's jobs, the session's cluster not named
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     got, running = {}, []
-    for name, cmd, cwd in [*cases, *[(None, None, None)] * at_once]:
-        if name is not None:
-            running.append((name, jobs.start(cmd, cwd=Path(cwd), env=env, stderr_apart=True)))
-        if len(running) == at_once or (name is None and running):
-            first, job = running.pop(0)
-            out, err = job.communicate(120)
-            got[first] = {"name": first, "rc": job.returncode, "stderr": err, "stdout": out}
+
+    def finish_first() -> None:
+        name, job = running.pop(0)
+        out, err = job.communicate(120)
+        got[name] = {"name": name, "rc": job.returncode, "stderr": err, "stdout": out}
+
+    for name, cmd, cwd in cases:
+        running.append((name, jobs.start(cmd, cwd=Path(cwd), env=env, stderr_apart=True)))
+        if len(running) == at_once:
+            finish_first()
+    while running:
+        finish_first()
     return got
 
 
