@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("orchestrator", "trainers")
 MAX_LINES = 450
@@ -222,38 +224,52 @@ def test_the_layout_doc_names_every_module():
 
 
 # ---------------------------------------------------------------- the recipe interface
-def test_every_registered_method_is_a_recipe_class():
-    """One interface: every method the registry lists subclasses ``Recipe``, under its own name, with its
-    metadata declared and the worker hooks it needs written (not the base's NotImplementedError)."""
-    from orchestrator.drivers.registry import METHODS
+def recipe_faults(methods: dict) -> list[str]:
+    """What is wrong with the registry's recipes: not a ``Recipe`` under its own name, metadata missing, a hook
+    neither written nor read from the recipe's protocol, or a method's recipe inheriting another's."""
     from trainers.recipe import Recipe
 
     bad = []
-    for name, recipe in METHODS.items():
+    recipes = set(methods.values())
+    for name, recipe in methods.items():
         if not (isinstance(recipe, type) and issubclass(recipe, Recipe) and recipe.name == name):
             bad.append(f"{name}: {recipe!r}")
             continue
         for attr in ("config_cls", "metric", "metric_label"):
             if not hasattr(recipe, attr):
                 bad.append(f"{name}: no {attr}")
-        for hook in (
-            "build",
-            "loss",
-            "dev",
-            "prepare_data",
-            "export",
-            "evaluate",
-            *(("evaluate_base",) if recipe.has_base else ()),
-        ):
-            if getattr(recipe, hook) is getattr(Recipe, hook):
+        protocol_hooks = ("dev", "evaluate", "evaluate_base") if recipe.protocol else ()
+        for hook in ("build", "loss", "dev", "prepare_data", "export", "evaluate", "evaluate_base"):
+            if hook == "evaluate_base" and not recipe.has_base:
+                continue
+            if (
+                inspect.getattr_static(recipe, hook) is inspect.getattr_static(Recipe, hook)
+                and hook not in protocol_hooks
+            ):
                 bad.append(f"{name}: {hook} not written")
         if inspect.isabstract(recipe):
             bad.append(f"{name}: abstract ({', '.join(sorted(recipe.__abstractmethods__))})")
-    assert bad == [] and len(METHODS) >= 6
+        bad += [f"{name}: inherits {other.name}'s recipe" for other in recipe.__mro__[1:] if other in recipes]
+    return bad
+
+
+def test_every_registered_method_is_a_recipe_class_of_its_own():
+    """One interface: every method the registry lists subclasses ``Recipe``, under its own name, with its
+    metadata declared and the worker hooks it needs written or read from its protocol; no method's recipe
+    subclasses another's (what they share is composed). Planted: a recipe that inherits another method's is
+    caught, and one with a hook left as the base's cannot be built."""
+    from orchestrator.drivers.registry import METHODS
+    from trainers.recipe import Recipe
+
+    assert recipe_faults(METHODS) == [] and len(METHODS) >= 8
+    borrowed = type("Borrowed", (METHODS["tsdae"],), {"name": "borrowed"})
+    assert recipe_faults({**METHODS, "borrowed": borrowed}) == ["borrowed: inherits tsdae's recipe"]
     half = type(
         "Half", (METHODS["tsdae"],), {"loss": Recipe.loss}
     )  # a hook left as the base's: cannot be built
     assert inspect.isabstract(half) and half.__abstractmethods__ == {"loss"}
+    with pytest.raises(TypeError, match="names no protocol and writes no dev / evaluate"):
+        type("Unread", (Recipe,), {"name": "unread"})
 
 
 PROBES = ("getattr", "hasattr")

@@ -17,7 +17,7 @@ is read with the configured pooling (``model.pooling``; the folder's own for Min
 weights are loaded from the model folder when it ships them (``cls.predictions.*``, a BERT MLM
 checkpoint); MiniLM ships none, so the head starts new.
 
-The run is read and tested exactly as TSDAE is (:class:`~trainers.tsdae.TSDAEEval`: the domain tasks
+The run is read and tested exactly as TSDAE is (:data:`trainers.protocol.DOMAIN`: the domain tasks
 + the STS tasks, the paper's protocol of fixed steps and the last checkpoint, an optional labelled dev
 set), so ``jobs/compare.py`` can set MLM and TSDAE arms side by side on the same base and text.
 
@@ -44,10 +44,11 @@ from safetensors import safe_open
 from torch import nn
 
 from orchestrator.config import EncoderMethodConfig, ModelConfig, TrackingConfig, TrainLoopConfig
-from orchestrator.data.training_corpus import CorpusBlock
+from orchestrator.data.training_corpus import CorpusBlock, prepare_corpus
 from orchestrator.models import load_encoder, resolve_model_source
 from trainers import common
-from trainers.tsdae import TSDAEEval, TSDAERecipe
+from trainers.protocol import DOMAIN, DomainEval
+from trainers.recipe import Recipe
 
 IGNORE = -100  # label of a position that carries no loss
 
@@ -61,7 +62,7 @@ class MLMConfig(EncoderMethodConfig):
     whole_word_mask: bool = True
     train: TrainLoopConfig = TrainLoopConfig(lr=5e-5, batch_size=64, eval_steps=1000)
     data: CorpusBlock = CorpusBlock()
-    eval: TSDAEEval = TSDAEEval()
+    eval: DomainEval = DomainEval()
     tracking: TrackingConfig = TrackingConfig(registry_model_name="mlm")
 
     def data_sources(self) -> list[tuple[str, str]]:
@@ -205,11 +206,13 @@ def export_model(cfg: MLMConfig, checkpoint_dir, out_dir):
 
 
 # ---------------------------------------------------------------- the recipe
-class MLMRecipe(TSDAERecipe):
-    """Trained by masked-token prediction; read, selected and tested as TSDAE (its dev, evaluate, base)."""
+class MLMRecipe(Recipe):
+    """Trained by masked-token prediction; read, selected and tested as TSDAE is (the domain protocol)."""
 
     name = "mlm"
     config_cls = MLMConfig
+    protocol = DOMAIN
+    columns = ("text",)
 
     def build(self) -> nn.Module:
         module, self.tokenizer = build_model(self.cfg)
@@ -219,4 +222,5 @@ class MLMRecipe(TSDAERecipe):
         rng = batch_rng(self.cfg.train.seed, state["epoch"], state["step"])
         return compute_loss(model, self.tokenizer, batch["text"], self.cfg, rng, self.device)
 
+    prepare_data = staticmethod(prepare_corpus)
     export = staticmethod(export_model)

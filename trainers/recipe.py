@@ -1,9 +1,12 @@
 """What every method is, and the one worker loop they share: :class:`Recipe`.
 
 A recipe is a class (torchtune's shape). Its *class attributes* say what the method is - its name, its
-config class, the dev metric settings are ranked by, the shard columns its workers read. Its *hooks* say
-how it trains; the abstract ones (``build``, ``loss``, ``dev``, ``prepare_data``, ``export``, ``evaluate``) every
-recipe writes - a class missing one cannot be instantiated - and the rest have defaults:
+config class, the evaluation protocol it is read by (:mod:`trainers.protocol`: the dev metric settings are
+ranked by, the test, the base), the shard columns its workers read. Its *hooks* say how it trains; the
+abstract ones (``build``, ``loss``, ``prepare_data``, ``export``) every recipe writes - a class missing one
+cannot be instantiated - ``dev`` and ``evaluate`` come from its protocol or are written by a recipe that
+names none, and the rest have defaults. A recipe never subclasses another method's recipe: what methods
+share is composed (the protocol, :mod:`trainers.encoder`, :mod:`trainers.checkpoint`).
 
 =====================  ========================================================================
 worker hooks           ``setup()`` (read once per worker, before the model), ``build()`` (the module
@@ -27,6 +30,7 @@ its configs, one line in the registry and its test (``docs/METHODS.md``).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from inspect import getattr_static
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -38,6 +42,7 @@ from orchestrator.evaluation.suite import TestReport
 from orchestrator.models import pooling_for
 from orchestrator.spec import BaseResult
 from trainers import common, loop
+from trainers.protocol import Protocol
 
 # what arms of a comparison share: equal steps at one global batch, or (a compare file's ``budget:
 # sentences``, to compare batch sizes) equal training sentences, steps × global batch
@@ -50,8 +55,10 @@ class Recipe(ABC):
     # ------------------------------------------------------------ what the method is
     name: ClassVar[str]
     config_cls: ClassVar[type[MethodConfig]]
+    # how its runs are read (dev score, test, base); None: the recipe writes ``dev`` and ``evaluate`` itself
+    protocol: ClassVar[Protocol | None] = None
     metric: ClassVar[str]  # the dev metric every evaluation reports; higher is better: settings are ranked
-    # by it and the base model is measured on it (the registration gate)
+    # by it and the base model is measured on it (the registration gate); the protocol's unless set
     metric_label: ClassVar[str]
     columns: ClassVar[tuple[str, ...] | None] = None  # shard columns the workers read (None: all)
     # False: the method's baseline is a point of its own sweep grid (``baseline_params``), not the
@@ -61,6 +68,19 @@ class Recipe(ABC):
     # how a trained model is logged to MLflow: a sentence-transformers folder (checked as one), or the
     # method's own format, logged by its ``log_model``
     model_format: ClassVar[str] = "sentence-transformers"
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.protocol is not None and "metric" not in vars(cls):
+            cls.metric, cls.metric_label = cls.protocol.metric, cls.protocol.metric_label
+        if cls.protocol is None and "name" in vars(cls):
+            unwritten = [
+                h for h in ("dev", "evaluate") if getattr_static(cls, h) is getattr_static(Recipe, h)
+            ]
+            if unwritten:
+                raise TypeError(
+                    f"recipe {cls.name!r} names no protocol and writes no {' / '.join(unwritten)}"
+                )
 
     # ------------------------------------------------------------ on every Ray Train worker
     def __init__(self, cfg: MethodConfig, job: dict):
@@ -87,10 +107,11 @@ class Recipe(ABC):
         """(loss, logged floats) of one batch; ``model`` is the wrapped one (DDP or the ZeRO engine),
         ``state`` holds ``step`` and ``epoch``."""
 
-    @abstractmethod
     def dev(self, module: nn.Module) -> float | dict:
         """The dev score ``metric`` of the plain module (rank 0 only), or a dict that holds it and more;
-        an empty dict when the run has no dev set."""
+        an empty dict when the run has no dev set. The protocol's: ``module.encoder`` read with
+        ``self.tokenizer`` (what ``build`` keeps)."""
+        return self.protocol.dev(module.encoder, self.tokenizer, self.cfg)
 
     @classmethod
     def train_func(cls, config: dict) -> list[dict]:
@@ -128,15 +149,18 @@ class Recipe(ABC):
     def export(cfg: MethodConfig, checkpoint_dir: Path, out_dir: Path) -> Path:
         """A reported checkpoint → the model folder users load."""
 
-    @staticmethod
-    @abstractmethod
-    def evaluate(cfg: MethodConfig, model_dir, tasks: list[str] | None = None) -> TestReport:
-        """The exported folder's test report."""
+    @classmethod
+    def evaluate(cls, cfg: MethodConfig, model_dir, tasks: list[str] | None = None) -> TestReport:
+        """The exported folder's test report (the protocol's test)."""
+        return cls.protocol.test(cfg, model_dir, tasks)
 
-    @staticmethod
-    def evaluate_base(cfg: MethodConfig) -> BaseResult:
-        """The untouched starting model on the dev metric and the test report. A recipe with ``has_base`` writes
-        it; one without (its baseline is a point of its own grid) has nothing to measure, and drivers never ask."""
+    @classmethod
+    def evaluate_base(cls, cfg: MethodConfig) -> BaseResult:
+        """The untouched starting model on the dev metric and the test report: the protocol's, or written by a
+        recipe with ``has_base`` and no protocol; one without a base (its baseline is a point of its own grid)
+        has nothing to measure, and drivers never ask."""
+        if cls.protocol is not None and cls.has_base:
+            return cls.protocol.evaluate_base(cfg)
         raise TypeError(
             "this recipe has no untouched base model of its own (has_base is False): its baseline is "
             "a point of its sweep grid (baseline_params)"
@@ -153,18 +177,18 @@ class Recipe(ABC):
     def selection_metric(cls, cfg: MethodConfig) -> str | None:
         """Which reported metric picks a run's checkpoint, or None for the last one (a paper's
         fixed-steps protocol)."""
-        return cls.metric
+        return cls.protocol.selection_metric(cfg) if cls.protocol else cls.metric
 
     @classmethod
     def has_dev(cls, cfg: MethodConfig) -> bool:
         """Whether a config has a dev score at all (sweeps rank settings by it)."""
-        return True
+        return cls.protocol.has_dev(cfg) if cls.protocol else True
 
     @classmethod
     def dev_tasks(cls, cfg: MethodConfig) -> list[str]:
         """The evaluation tasks (as ``eval.tasks`` / ``eval.domain`` name them) the dev score reads: a sweep's
         confirm stage refuses to test on one, since the explore stage selected on it."""
-        return []
+        return cls.protocol.dev_tasks(cfg) if cls.protocol else []
 
     @classmethod
     def test_tasks(cls, cfg: MethodConfig) -> list[str]:
@@ -193,6 +217,7 @@ class Recipe(ABC):
     @classmethod
     def comparable(cls, cfg: MethodConfig) -> dict[str, object]:
         """What arms of one comparison must share (``jobs/compare.py`` refuses a difference, naming it)."""
+        test = cls.protocol.test if cls.protocol else cls.evaluate
         return {
             "the base model (model.name_or_path)": cls.base_model(cfg),
             STEP_BUDGET: cfg.train.max_steps,
@@ -200,6 +225,6 @@ class Recipe(ABC):
             "the test tasks (eval.tasks)": cfg.eval.tasks,
             "the domain tasks (eval.domain)": (cfg.eval.domain, cfg.eval.domain_paths),
             "the test's max_length (eval.max_length)": cfg.eval.max_length,
-            "the test (the method's evaluation)": f"{cls.evaluate.__module__}.{cls.evaluate.__qualname__}",
+            "the test (the method's evaluation)": f"{test.__module__}.{test.__qualname__}",
             "the run storage (run.storage)": cfg.run.storage,
         }

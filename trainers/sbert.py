@@ -9,7 +9,7 @@ regressed onto the scaled score - sentence-transformers' ``CosineSimilarityLoss`
 
     L = 1/B Σ ( cos(u_i, v_i) − s_i / s_max )²
 
-The run is read and tested as TSDAE (:class:`~trainers.tsdae.TSDAEEval`: the domain tasks - TwitterPara AP
+The run is read and tested as TSDAE (:data:`trainers.protocol.DOMAIN`: the domain tasks - TwitterPara AP
 first, the headline - then the STS tasks; fixed steps and the last checkpoint, an optional labelled dev set),
 so ``jobs/compare.py`` can set "SBERT from the base" against "SBERT from an in-domain TSDAE model" (a compare
 arm's ``start``) on one test. The STS-B test set is one of the STS tasks: training on STS-B train makes that
@@ -36,10 +36,10 @@ from torch import nn
 
 from orchestrator.config import EncoderMethodConfig, ModelConfig, TrackingConfig, TrainLoopConfig
 from orchestrator.data.labelled import ScoredPairs, table_to_shards
-from orchestrator.models import load_encoder, pooling_for
 from trainers import common
-from trainers.siamese import SiameseEncoder, tokenize_texts
-from trainers.tsdae import TSDAEEval, TSDAERecipe
+from trainers.encoder import PooledEncoder, build_pooled_encoder, tokenize_texts
+from trainers.protocol import DOMAIN, DomainEval
+from trainers.recipe import Recipe
 
 
 # ---------------------------------------------------------------- config
@@ -49,7 +49,7 @@ class SBERTConfig(EncoderMethodConfig):
     default_pooling: ClassVar[str] = "mean"  # SBERT's
     train_pairs: ScoredPairs = ScoredPairs(path="data/sts/stsb-train.tsv")
     train: TrainLoopConfig = TrainLoopConfig(lr=2e-5, batch_size=16, weight_decay=0.01, eval_steps=1000)
-    eval: TSDAEEval = TSDAEEval()
+    eval: DomainEval = DomainEval()
     tracking: TrackingConfig = TrackingConfig(registry_model_name="sbert")
 
     def data_sources(self) -> list[tuple[str, str]]:
@@ -62,16 +62,12 @@ class SBERTConfig(EncoderMethodConfig):
 
 
 # ---------------------------------------------------------------- model: one encoder, pooled (both branches)
-def build_model(cfg: SBERTConfig) -> tuple[SiameseEncoder, object]:
-    encoder, tokenizer = load_encoder(
-        cfg.model.name_or_path, add_pooling_layer=False, attention=cfg.perf.attention
-    )
-    return SiameseEncoder(encoder, pooling_for(cfg)), tokenizer
+build_model = build_pooled_encoder
 
 
 # ---------------------------------------------------------------- the loss
 def compute_loss(
-    model: SiameseEncoder, tokenizer, batch: dict, cfg: SBERTConfig, device: torch.device | str = "cpu"
+    model: PooledEncoder, tokenizer, batch: dict, cfg: SBERTConfig, device: torch.device | str = "cpu"
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Both sides of every pair in one forward pass; the MSE between their cosine and the scaled gold score."""
     n = len(batch["text_a"])
@@ -100,19 +96,17 @@ def export_model(cfg: SBERTConfig, checkpoint_dir, out_dir):
 
 
 # ---------------------------------------------------------------- the recipe
-class SBERTRecipe(TSDAERecipe):
-    """Trained on scored pairs; read, selected and tested as TSDAE (its dev, evaluate, base)."""
+class SBERTRecipe(Recipe):
+    """Trained on scored pairs; read, selected and tested as TSDAE is (the domain protocol)."""
 
     name = "sbert"
     config_cls = SBERTConfig
+    protocol = DOMAIN
     columns = ("text_a", "text_b", "label")
 
     def build(self) -> nn.Module:
         module, self.tokenizer = build_model(self.cfg)
         return module
-
-    def optimizer_extras(self, module):
-        return {}
 
     def loss(self, model, batch, state):
         return compute_loss(model, self.tokenizer, batch, self.cfg, self.device)

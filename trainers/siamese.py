@@ -52,12 +52,13 @@ from torch import nn
 from orchestrator.config import EncoderMethodConfig, EvalConfig, ModelConfig, TrackingConfig, TrainLoopConfig
 from orchestrator.data.episodes import prepare_siamese_data
 from orchestrator.data.labelled import LabelledSet, split_rows
-from orchestrator.evaluation.encode import HFEncoder, mean_pool, test_time_pooling
+from orchestrator.evaluation.encode import HFEncoder, test_time_pooling
 from orchestrator.evaluation.separation import delta_cosine_distance, evaluate_sets
 from orchestrator.evaluation.suite import TestReport
 from orchestrator.models import load_encoder, pooling_for
 from orchestrator.spec import BaseResult, measure_base
 from trainers import common
+from trainers.encoder import PooledEncoder, tokenize_texts
 from trainers.recipe import GLOBAL_BATCH, STEP_BUDGET, Recipe
 
 
@@ -127,13 +128,11 @@ class SiameseConfig(EncoderMethodConfig):
 
 
 # ---------------------------------------------------------------- model
-class SiameseEncoder(nn.Module):
-    """One encoder for both branches; ``head`` exists only in NAIVE mode (dropped at export)."""
+class SiameseEncoder(PooledEncoder):
+    """One pooled encoder for both branches; ``head`` exists only in NAIVE mode (dropped at export)."""
 
     def __init__(self, encoder: nn.Module, pooling: str = "mean", num_classes: int = 0, hidden: int = 128):
-        super().__init__()
-        self.encoder = encoder
-        self.pooling = test_time_pooling(pooling)
+        super().__init__(encoder, pooling)
         size = encoder.config.hidden_size
         self.head = (
             nn.Sequential(nn.Linear(size, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
@@ -145,8 +144,7 @@ class SiameseEncoder(nn.Module):
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, classify: bool = False
     ) -> torch.Tensor:
         """Pooled sentence vectors, or (NAIVE, ``classify``) the head's class logits."""
-        states = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        pooled = mean_pool(states, attention_mask) if self.pooling == "mean" else states[:, 0]
+        pooled = self.embed(input_ids, attention_mask)
         return self.head(pooled) if classify else pooled
 
 
@@ -176,18 +174,6 @@ def pair_loss(u: torch.Tensor, v: torch.Tensor, y: torch.Tensor, cfg: SiameseCon
         return F.mse_loss(cos, y)
     d = 1 - cos
     return 0.5 * (y * d.pow(2) + (1 - y) * F.relu(cfg.margin - d).pow(2)).mean()
-
-
-def tokenize_texts(tokenizer, texts, cfg, device):
-    enc = tokenizer(
-        [str(t) for t in texts],
-        padding=True,
-        truncation=True,
-        max_length=cfg.model.max_length,
-        return_tensors="pt",
-        return_token_type_ids=False,
-    )
-    return enc["input_ids"].to(device), enc["attention_mask"].to(device)
 
 
 def compute_loss(

@@ -73,13 +73,11 @@ from torch import nn
 
 from orchestrator.config import EncoderMethodConfig, EvalConfig, ModelConfig, TrackingConfig, TrainLoopConfig
 from orchestrator.data.training_corpus import CorpusBlock, prepare_corpus
-from orchestrator.evaluation import sts
-from orchestrator.evaluation.domain import evaluate_encoder
-from orchestrator.evaluation.encode import HFEncoder, mean_pool, test_time_pooling
+from orchestrator.evaluation.encode import mean_pool
 from orchestrator.models import load_encoder, pooling_for
-from orchestrator.spec import BaseResult, measure_base
 from trainers import common
 from trainers.grad_cache import CachedEmbeddings, CachedLoss
+from trainers.protocol import STS_DEV
 from trainers.recipe import Recipe
 
 VIEW_COLUMNS = {"x": "text", "y": "backbone_view", "z": "deletion_view"}
@@ -251,24 +249,6 @@ def compute_loss(
     return (CachedLoss(loss, cache) if cache else loss), logs
 
 
-# ---------------------------------------------------------------- evaluation
-def dev_score(encoder: nn.Module, tokenizer, cfg: ContrastiveConfig) -> float:
-    """STS-B dev Spearman with the test-time pooling (what the exported folder computes)."""
-    enc = HFEncoder(
-        encoder,
-        tokenizer,
-        pooling=test_time_pooling(pooling_for(cfg)),
-        batch_size=cfg.eval.batch_size,
-        max_length=cfg.eval.max_length,
-    )
-    return sts.evaluate_data(enc, sts.load_task("stsb_dev"))["spearman"]["all"]
-
-
-def evaluate_base(cfg: ContrastiveConfig) -> BaseResult:
-    """The untouched starting encoder, with the same pooling, on STS-B dev and the test tasks."""
-    return measure_base(cfg, dev_score, evaluate_encoder)
-
-
 # ---------------------------------------------------------------- export
 def export_model(cfg: ContrastiveConfig, checkpoint_dir, out_dir):
     """Checkpoint (plain or DeepSpeed ZeRO, any stage) → an HF folder of the encoder alone (the MLP
@@ -277,18 +257,15 @@ def export_model(cfg: ContrastiveConfig, checkpoint_dir, out_dir):
     return common.export_trained_encoder(build_model, cfg, checkpoint_dir, out_dir)
 
 
-# ---------------------------------------------------------------- the recipes
-class SIFTERSimCSERecipe(Recipe):
-    """SIFTER-SimCSE: X, Y, Z through one encoder, λ-weighted InfoNCE over the pairs (the config's λs)."""
+# ---------------------------------------------------------------- the recipe, under two names
+class ContrastiveRecipe(Recipe):
+    """X, Y, Z through one encoder, λ-weighted InfoNCE over the pairs (the config's λs), read by SimCSE's
+    protocol (STS-B dev, the best checkpoint). SimCSE and SIFTER-SimCSE are this one recipe under two names:
+    they differ only in their configs' λs."""
 
-    name = "sifter_simcse"
     config_cls = ContrastiveConfig
-    metric, metric_label = "stsb_dev_spearman", "STS-B dev Spearman"
+    protocol = STS_DEV
     columns = ("text", "backbone_view", "deletion_view")
-
-    @classmethod
-    def dev_tasks(cls, cfg):
-        return ["stsb_dev"]
 
     def setup(self):
         self.seen = Counter()  # rows whose Y / Z tokenized to X's ids, since this worker started
@@ -302,16 +279,17 @@ class SIFTERSimCSERecipe(Recipe):
         self.seen.update({k: logs.pop(k) for k in [k for k in logs if k.startswith("identical_")]})
         return loss, {**logs, **{f"views_{k}": float(v) for k, v in self.seen.items()}}
 
-    def dev(self, module):
-        return dev_score(module.encoder, self.tokenizer, self.cfg)
-
     prepare_data = staticmethod(prepare_corpus)
     export = staticmethod(export_model)
-    evaluate = staticmethod(evaluate_encoder)
-    evaluate_base = staticmethod(evaluate_base)
 
 
-class SimCSERecipe(SIFTERSimCSERecipe):
-    """Unsupervised SimCSE: the same recipe with λ_XX' = 1 and the rest 0 (``configs/simcse/``)."""
+class SIFTERSimCSERecipe(ContrastiveRecipe):
+    """SIFTER-SimCSE: λ_XY = λ_XZ = λ_YZ = 1 (``configs/sifter_simcse/``)."""
+
+    name = "sifter_simcse"
+
+
+class SimCSERecipe(ContrastiveRecipe):
+    """Unsupervised SimCSE: λ_XX' = 1 and the rest 0 (``configs/simcse/``)."""
 
     name = "simcse"

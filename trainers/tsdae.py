@@ -63,36 +63,17 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from orchestrator.backbones import causal_decoder
-from orchestrator.config import EncoderMethodConfig, EvalConfig, ModelConfig, TrackingConfig, TrainLoopConfig
+from orchestrator.config import EncoderMethodConfig, ModelConfig, TrackingConfig, TrainLoopConfig
 from orchestrator.data.augment import tsdae_noise
 from orchestrator.data.training_corpus import CorpusBlock, prepare_corpus
-from orchestrator.evaluation import sts
-from orchestrator.evaluation.domain import evaluate_encoder, get_evaluator
-from orchestrator.evaluation.encode import HFEncoder, mean_pool, test_time_pooling
+from orchestrator.evaluation.encode import mean_pool, test_time_pooling
 from orchestrator.models import load_encoder, pooling_for, resolve_model_source
-from orchestrator.spec import BaseResult, measure_base
 from trainers import common
+from trainers.protocol import DOMAIN, DomainEval
 from trainers.recipe import Recipe
 
 
 # ---------------------------------------------------------------- config
-class TSDAEEval(EvalConfig):
-    """The STS tasks (``tasks``) plus the domain tasks; optionally a labelled dev set for tuning."""
-
-    dev: str | None = Field(
-        None,
-        description="empty: no labelled data before the final test (the paper); "
-        "else a domain evaluator name (twitterpara_pit_dev: in-domain) or 'stsb_dev'",
-    )
-    select: Literal["last", "best"] = Field(
-        "last", description="the run's checkpoint: the last (the paper) or the best on eval.dev"
-    )
-    dev_path: str | None = None
-    domain: list[str] = ["twitterpara"]
-    batch_size: int = Field(128, gt=0)
-    max_length: int = Field(64, gt=0)
-
-
 class TSDAEConfig(EncoderMethodConfig):
     method: Literal["tsdae"] = "tsdae"
     model: ModelConfig = ModelConfig(max_length=64)
@@ -110,7 +91,7 @@ class TSDAEConfig(EncoderMethodConfig):
     )
     train: TrainLoopConfig = TrainLoopConfig(lr=3e-5, batch_size=8, lr_schedule="constant", eval_steps=1000)
     data: CorpusBlock = CorpusBlock()
-    eval: TSDAEEval = TSDAEEval()
+    eval: DomainEval = DomainEval()
     tracking: TrackingConfig = TrackingConfig(registry_model_name="tsdae")
 
     def model_sources(self) -> list[str]:
@@ -269,37 +250,6 @@ def batch_rng(seed: int, epoch: int, step: int) -> random.Random:
     return random.Random(f"tsdae:{seed}:{common.rank()}:{epoch}:{step}")
 
 
-# ---------------------------------------------------------------- evaluation
-def encoder_for_eval(encoder: nn.Module, tokenizer, cfg: TSDAEConfig) -> HFEncoder:
-    return HFEncoder(
-        encoder,
-        tokenizer,
-        pooling=test_time_pooling(pooling_for(cfg)),
-        batch_size=cfg.eval.batch_size,
-        max_length=cfg.eval.max_length,
-    )
-
-
-def dev_score(encoder: nn.Module, tokenizer, cfg: TSDAEConfig) -> float:
-    """The configured labelled dev set's score; NaN (and nothing read) without one."""
-    if cfg.eval.dev is None:
-        return float("nan")
-    enc = encoder_for_eval(encoder, tokenizer, cfg)
-    if cfg.eval.dev == "stsb_dev":
-        return sts.evaluate_data(enc, sts.load_task("stsb_dev"))["spearman"]["all"]
-    return next(iter(get_evaluator(cfg.eval.dev, cfg.eval.dev_path)(enc).values()))
-
-
-def evaluate(cfg: TSDAEConfig, model_dir, tasks: list[str] | None = None):
-    """The final test every encoder recipe has: the domain tasks (TwitterPara AP: the headline) and the STS tasks."""
-    return evaluate_encoder(cfg, model_dir, tasks)
-
-
-def evaluate_base(cfg: TSDAEConfig) -> BaseResult:
-    """The untouched starting encoder, with the same pooling, on the dev score and the test report."""
-    return measure_base(cfg, dev_score, evaluate)
-
-
 # ---------------------------------------------------------------- export
 def export_model(cfg: TSDAEConfig, checkpoint_dir, out_dir):
     """Checkpoint → the encoder alone (the decoder is discarded), with the training pooling."""
@@ -310,7 +260,7 @@ def export_model(cfg: TSDAEConfig, checkpoint_dir, out_dir):
 class TSDAERecipe(Recipe):
     name = "tsdae"
     config_cls = TSDAEConfig
-    metric, metric_label = "dev_score", "dev score on eval.dev (a labelled dev set, an explicit option)"
+    protocol = DOMAIN  # the paper's: fixed steps, the last checkpoint, nothing labelled read before the test
     columns = ("text",)
 
     def build(self) -> nn.Module:
@@ -327,22 +277,5 @@ class TSDAERecipe(Recipe):
         rng = batch_rng(self.cfg.train.seed, state["epoch"], state["step"])
         return compute_loss(model, self.tokenizer, batch["text"], self.cfg, rng, self.device)
 
-    def dev(self, module):  # nothing labelled is read when no dev set is configured (the paper's protocol)
-        return {self.metric: dev_score(module.encoder, self.tokenizer, self.cfg)} if self.cfg.eval.dev else {}
-
     prepare_data = staticmethod(prepare_corpus)
     export = staticmethod(export_model)
-    evaluate = staticmethod(evaluate_encoder)
-    evaluate_base = staticmethod(evaluate_base)
-
-    @classmethod
-    def selection_metric(cls, cfg):
-        return cls.metric if cfg.eval.select == "best" else None
-
-    @classmethod
-    def dev_tasks(cls, cfg):
-        return [cfg.eval.dev] if cfg.eval.dev else []
-
-    @classmethod
-    def has_dev(cls, cfg):
-        return cfg.eval.dev is not None
