@@ -4,7 +4,7 @@ steps the smoke preset gives it? (#34)
 D in the reference code's form (LayerNorm without parameters + linear; BCE-with-logits averaged over tags on
 the ones-smoothed, normalised bag) is fitted on the *frozen* encoder's ū - what D sees during the smoke
 preset's warm-up, when E_sem is held still - for many epochs over cached vectors. Its held-out loss is set
-against the best constant guess (the average bag: :func:`trainers.parabart_adversary.average_bag_loss`) and
+against the best constant guess (the average bag: :func:`trainers.parabart.average_bag_loss`) and
 against a control D fitted on the same vectors with the bags shuffled (what fitting noise alone gives). The
 headroom - how far below the average bag a converged D gets - bounds the adversarial signal the encoder can
 receive: a D no better than the average bag has no syntax for the encoder to remove.
@@ -60,7 +60,7 @@ def fit(
     training often does, since in training D sees one fresh batch of ū per encoder step."""
     import torch
 
-    from trainers.parabart_adversary import Discriminator, adv_loss, set_prior_bias
+    from trainers.parabart import Discriminator, adv_loss, set_prior_bias
 
     torch.manual_seed(seed)
     dis = Discriminator(u.shape[1], y.shape[1])
@@ -97,7 +97,7 @@ def main() -> None:
     from orchestrator.data.paraphrase import Vocab
     from orchestrator.evaluation.encode import HFEncoder
     from orchestrator.models import load_encoder
-    from trainers.parabart_adversary import average_bag_loss, bag_targets
+    from trainers.parabart import average_bag_loss, bag_targets
 
     t0 = time.time()
     texts = sentences(args.sentences, 0)

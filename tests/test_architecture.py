@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("orchestrator", "trainers")
-MAX_LINES = 450
+MAX_LINES = 600  # formatted lines; a file is split at a seam a reader would name, never to meet this
 
 
 def module_name(path: Path) -> str:

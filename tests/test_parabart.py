@@ -26,7 +26,7 @@ from trainers.parabart import (
     parameter_groups,
 )
 from trainers.parabart_batch import word_dropout
-from trainers.parabart_generate import generate
+from trainers.parabart_recipe import generate
 
 ROWS = {
     "src": ["the cat sat on the mat .", "a man is playing a guitar ."],
@@ -304,8 +304,7 @@ def test_generation_projects_only_the_next_token_and_gets_the_full_projections_l
 def test_generation_from_a_saved_model(tiny_bert_dir, tmp_path):
     from sentence_transformers import SentenceTransformer
 
-    from trainers.parabart_generate import load_parabart
-    from trainers.parabart_recipe import export_model
+    from trainers.parabart_recipe import export_model, load_parabart
 
     cfg, model, dis, batcher = setup(tiny_bert_dir)
     ckpt = tmp_path / "ckpt"
@@ -390,7 +389,7 @@ def test_parabart_under_ray_train(engine, parabart_trained, tmp_path):
     switched on mid-run, D saved in the checkpoint, export, STS test, generation."""
     from orchestrator.drivers.registry import get_method
     from orchestrator.drivers.train import export_and_test
-    from trainers.parabart_generate import load_parabart
+    from trainers.parabart_recipe import load_parabart
 
     method = get_method("parabart")
     cfg, outcome = parabart_trained[engine]
@@ -607,8 +606,7 @@ def test_a_bart_model_exports_an_encoder_sentence_transformers_runs_as_an_encode
 
     from orchestrator.evaluation.encode import HFEncoder
     from orchestrator.models import load_encoder
-    from trainers.parabart_generate import load_parabart
-    from trainers.parabart_recipe import export_model
+    from trainers.parabart_recipe import export_model, load_parabart
 
     if arch == "bart-folder":
         cfg, model, dis, batcher = setup(tiny_bart_dir)
@@ -801,7 +799,7 @@ def test_a_prior_bias_starts_d_at_the_average_bags_loss(tiny_bert_dir):
     """``discriminator_bias: prior``: D's bias is the log-odds of the batch's average bag, and with its weights at
     zero D's loss is exactly the best constant guess's; PyTorch's default bias (the reference code) starts far
     above it (σ ≈ 0.5 against shares near 1/n_tags)."""
-    from trainers.parabart_adversary import set_prior_bias
+    from trainers.parabart import set_prior_bias
 
     cfg, model, dis, batcher = setup(tiny_bert_dir)
     bags = batcher(ROWS, train=False)["bags"]
@@ -818,7 +816,7 @@ def test_the_confusion_objective_is_bounded_and_lowest_when_d_predicts_the_avera
     """``adversary_objective``: ``reverse`` (the paper) adds −λ·L_adv, which grows without bound as D's logits
     are pushed the wrong way; ``confusion`` adds λ·BCE(D(ū), average bag), never below its value at the average
     bag, and pulls ū's gradient the other way from ``reverse`` where D already predicts each bag well."""
-    from trainers.parabart_adversary import encoder_adv_term
+    from trainers.parabart import encoder_adv_term
 
     tags = Vocab(["(", "NP", "S"])
     bags = bag_targets([json.dumps({"(": 2, "S": 1}), json.dumps({"NP": 3})], tags)

@@ -1,13 +1,14 @@
 """ParaBART's inputs: a batch of (source, target, target parse, source bag) rows as tensors - the source
 word-dropped while training (the reference code's noise), the target parse as syntax-vocabulary ids, the
-source's bag of constituents as D's targets (``parabart_adversary.bag_targets``)."""
+source's bag of constituents as D's targets (:func:`bag_targets`)."""
 
 from __future__ import annotations
+
+import json
 
 import torch
 
 from orchestrator.data.paraphrase import Vocab, parse_tokens
-from trainers.parabart_adversary import bag_targets
 
 
 def word_dropout(
@@ -26,6 +27,20 @@ def word_dropout(
     for k in keep_ids:
         special |= ids == k
     return torch.where(drop & mask.bool() & ~special, torch.full_like(ids, mask_id), ids)
+
+
+def bag_targets(bags: list[str], tags: Vocab, form: str = "reference") -> torch.Tensor:
+    """D's targets from the sources' bags (JSON tag → count). ``reference``: one plus each tag's count,
+    normalised over the tags (the reference code's ``synt_bow``); ``softmax``: each label's share of the
+    tree's nodes, brackets and ``ROOT`` left out. Tags outside the training vocabulary are not counted."""
+    out = torch.zeros(len(bags), len(tags) - 2)
+    for i, b in enumerate(bags):
+        for tag, count in json.loads(b).items():
+            if tag in tags.index and (form == "reference" or tag not in ("(", ")", "ROOT")):
+                out[i, tags.index[tag] - 2] += count
+    if form == "reference":
+        out += 1.0
+    return out / out.sum(-1, keepdim=True).clamp_min(1e-12)
 
 
 class Batch:

@@ -1,7 +1,8 @@
 """ParaBART as a :class:`Recipe`: what every worker runs (the vocabularies and held-out pairs loaded, the model
 and D built, one step's loss with the adversary's schedule, the dev score with the validation diagnostics) and
-what the driver runs (the paraphrase pairs prepared, the export, the test). The method itself - its model, its
-losses and its settings - is ``trainers/parabart.py``."""
+what the driver runs (the paraphrase pairs prepared, the export, the test), and paraphrases generated with the
+exported model. The method itself - its model, its losses and its settings - is ``trainers/parabart.py``; its
+inputs, ``trainers/parabart_batch.py``."""
 
 from __future__ import annotations
 
@@ -15,16 +16,20 @@ from orchestrator.evaluation.domain import evaluate_encoder
 from orchestrator.export import export_encoder, standalone_encoder
 from orchestrator.spec import BaseResult, measure_base
 from trainers import common
+from trainers.checkpoint import load_weights_only
 from trainers.parabart import (
+    ParaBART,
     ParaBARTConfig,
     build_model,
     dev_score,
+    discriminator,
+    discriminator_optimizer,
     hold_encoder,
     main_loss,
     parameter_groups,
+    set_prior_bias,
     validation_loss,
 )
-from trainers.parabart_adversary import discriminator, discriminator_optimizer, set_prior_bias
 from trainers.parabart_batch import Batch
 from trainers.recipe import Recipe
 
@@ -33,7 +38,7 @@ from trainers.recipe import Recipe
 def export_model(cfg: ParaBARTConfig, checkpoint_dir, out_dir):
     """E_sem as a sentence encoder (mean pooling; loads with ``SentenceTransformer``) +
     ``parabart.pt`` (the whole model and its two vocabularies) + ``generator/`` (the backbone's
-    config and tokenizer) + ``parabart_config.json``, for generation (``trainers.parabart_generate``)."""
+    config and tokenizer) + ``parabart_config.json``, for generation (this file's :func:`load_parabart`)."""
     state = common.load_module_state(checkpoint_dir)
     model, tokenizer = build_model(
         cfg, Vocab(state["_extra_state"]["syntax"]), Vocab(state["_extra_state"]["tags"])
@@ -148,3 +153,42 @@ class ParaBARTRecipe(Recipe):
     @classmethod
     def selection_metric(cls, cfg):
         return {"valid_para_loss": "neg_valid_loss_para", "last": None}.get(cfg.selection, cls.metric)
+
+
+# ---------------------------------------------------------------- generation with the exported model
+# Paraphrase generation with a trained ParaBART: the saved model loaded back (:func:`load_parabart`) and
+# greedy decoding shaped by a target parse (:func:`generate`). Training is ``trainers/parabart.py``'s.
+@torch.inference_mode()
+def generate(
+    model: ParaBART, batcher: Batch, sources: list[str], parses: list[str], max_new_tokens: int = 40
+) -> list[str]:
+    """Greedy decoding of paraphrases of ``sources`` shaped like the linearized ``parses``."""
+    model.eval()
+    tok = batcher.tok
+    rows = {"src": sources, "tgt": [""] * len(sources), "tgt_parse": parses, "src_bag": ["{}"] * len(sources)}
+    b = batcher(rows, train=False)
+    u = model.embed(b["src_ids"], b["src_mask"])
+    v = model.syntax(b["parse_ids"], b["parse_mask"])
+    out = torch.full((len(sources), 1), tok.cls_token_id, dtype=torch.long)
+    done = torch.zeros(len(sources), dtype=torch.bool)
+    for _ in range(max_new_tokens):
+        logits = model.decode(u, v, b["parse_mask"], out, torch.ones_like(out), keep=1)  # the next token only
+        nxt = logits[:, -1].argmax(-1)
+        nxt = torch.where(done, torch.full_like(nxt, tok.pad_token_id), nxt)
+        out = torch.cat([out, nxt[:, None]], dim=1)
+        done |= nxt == tok.sep_token_id
+        if done.all():
+            break
+    return tok.batch_decode(out, skip_special_tokens=True)
+
+
+def load_parabart(model_dir) -> tuple[ParaBART, Batch]:
+    """The saved model for generation: ``generate(model, batcher, [src], [parse])``."""
+    d = Path(model_dir)
+    cfg = ParaBARTConfig.model_validate_json((d / "parabart_config.json").read_text())
+    state = load_weights_only(d / "parabart.pt")
+    syntax, tags = Vocab(state["_extra_state"]["syntax"]), Vocab(state["_extra_state"]["tags"])
+    model, tokenizer = build_model(cfg, syntax, tags, skeleton=d / "generator")
+    model.load_state_dict(state)
+    model.eval()
+    return model, Batch(tokenizer, syntax, tags, cfg)
