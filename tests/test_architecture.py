@@ -205,14 +205,18 @@ def test_every_module_imports_on_its_own():
 
 
 def test_the_layout_doc_names_every_module():
-    """docs/LAYOUT.md matches the tree: every package folder and module file is named there."""
+    """docs/LAYOUT.md matches the tree: every package folder and module file is named there, but a method's
+    recipe file, which the methods table lists (written from the recipes: the next test)."""
+    from orchestrator.drivers.registry import METHODS
+
+    recipe_files = {f"{recipe.__module__.split('.')[-1]}.py" for recipe in METHODS.values()}
     doc = (ROOT / "docs" / "LAYOUT.md").read_text(encoding="utf-8")
     layout = doc[doc.index("## Layout") : doc.index("## Configs")]
     missing = [
         str(p.relative_to(ROOT))
-        for pkg in (*PACKAGES, "jobs")
+        for pkg in PACKAGES
         for p in sorted((ROOT / pkg).rglob("*.py"))
-        if p.name != "__init__.py" and not p.name.startswith("_") and pkg != "jobs" and p.name not in layout
+        if p.name != "__init__.py" and p.name not in recipe_files and p.name not in layout
     ]
     folders = [
         f"{p.relative_to(ROOT)}/"
@@ -221,6 +225,22 @@ def test_the_layout_doc_names_every_module():
         if p.is_dir() and p.name != "__pycache__" and f"{p.relative_to(ROOT)}/" not in layout
     ]
     assert missing == [] and folders == []
+
+
+def test_the_methods_table_is_written_from_the_recipes(tmp_path):
+    """docs/METHODS.md's table of methods is what the recipes' metadata writes (``python -m
+    orchestrator.drivers.registry --write-docs``): a new method edits no doc by hand but its FIDELITY section.
+    Planted: a recipe whose title changed no longer matches the doc."""
+    from orchestrator.drivers import registry
+
+    doc = registry.DOC.read_text(encoding="utf-8")
+    assert registry.with_table(doc, registry.methods_table()) == doc
+    assert all(f"| `{name}` |" in doc for name in registry.METHODS)
+    renamed = {
+        **registry.METHODS,
+        "tsdae": type("T", (registry.METHODS["tsdae"],), {"title": "TSDAE, renamed"}),
+    }
+    assert registry.with_table(doc, registry.methods_table(renamed)) != doc
 
 
 # ---------------------------------------------------------------- the recipe interface

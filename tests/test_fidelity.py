@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from orchestrator.config import load_config
-from orchestrator.drivers.registry import RECIPES, get_method
+from orchestrator.drivers.registry import METHODS, get_method
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "FIDELITY.md"
@@ -58,7 +58,7 @@ def at(data: dict, key: str):
 
 
 def test_every_method_has_a_section():
-    assert set(sections()) == {recipe.paper_preset() for recipe in RECIPES}
+    assert set(sections()) == {recipe.paper_preset() for recipe in METHODS.values()}
 
 
 def drifts(preset: dict, rows: list[tuple[str, str, str]]) -> list[str]:

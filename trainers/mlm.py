@@ -210,6 +210,8 @@ class MLMRecipe(Recipe):
     """Trained by masked-token prediction; read, selected and tested as TSDAE is (the domain protocol)."""
 
     name = "mlm"
+    title = "MLM (TSDAE's unsupervised baseline)"
+    runs_with = "`jobs/train.py --method mlm`; `jobs/compare.py` beside TSDAE"
     config_cls = MLMConfig
     protocol = DOMAIN
     columns = ("text",)

@@ -81,8 +81,11 @@ def evaluate(cfg: ParaBARTConfig, model_dir, tasks: list[str] | None = None):
 # ---------------------------------------------------------------- the recipe
 class ParaBARTRecipe(Recipe):
     name = "parabart"
+    title = "ParaBART (and its λ_adv = 0 ablation)"
+    runs_with = "`jobs/parabart_sweep.py`; QQP-Easy/Hard and probes: `bench/parabart_smoke.py`"
     config_cls = ParaBARTConfig
     metric, metric_label = "stsb_dev_spearman", "STS-B dev Spearman"
+    reads = "STS-B dev Spearman of E_sem (or the paraphrase loss, `selection`) → the STS tasks (Pearson)"
     columns = ("src", "tgt", "tgt_parse", "src_bag")
 
     @classmethod

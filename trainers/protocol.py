@@ -83,6 +83,7 @@ class Protocol:
     """One way of reading an encoder recipe's runs (module docstring)."""
 
     name: str
+    summary: str  # the dev metric → the test, in a phrase (docs/METHODS.md's table)
     metric: str  # the dev metric every evaluation reports; higher is better
     metric_label: str
     dev_score: Callable[[nn.Module, object, object], float]  # (encoder, tokenizer, cfg) -> the dev score
@@ -114,9 +115,17 @@ class Protocol:
         return measure_base(cfg, self.dev_score, evaluate_encoder)
 
 
-STS_DEV = Protocol("sts_dev", "stsb_dev_spearman", "STS-B dev Spearman", stsb_dev_score, optional_dev=False)
+STS_DEV = Protocol(
+    "sts_dev",
+    "STS-B dev Spearman (the best checkpoint) → the STS tasks",
+    "stsb_dev_spearman",
+    "STS-B dev Spearman",
+    stsb_dev_score,
+    optional_dev=False,
+)
 DOMAIN = Protocol(
     "domain",
+    "none: fixed steps, the last checkpoint (or a labelled dev set, `eval.dev`) → TwitterPara AP + the STS tasks",
     "dev_score",
     "dev score on eval.dev (a labelled dev set, an explicit option)",
     labelled_dev_score,

@@ -54,6 +54,11 @@ SENTENCES = "the training sentences (train.max_steps × train.batch_size × scal
 class Recipe(ABC):
     # ------------------------------------------------------------ what the method is
     name: ClassVar[str]
+    # docs/METHODS.md's table is written from these: the method in a phrase, how it runs (default: the train
+    # job), how its runs are read - the dev metric → the test (default: the protocol's)
+    title: ClassVar[str] = ""
+    runs_with: ClassVar[str] = ""
+    reads: ClassVar[str] = ""
     config_cls: ClassVar[type[MethodConfig]]
     # how its runs are read (dev score, test, base); None: the recipe writes ``dev`` and ``evaluate`` itself
     protocol: ClassVar[Protocol | None] = None
@@ -70,10 +75,14 @@ class Recipe(ABC):
     model_format: ClassVar[str] = "sentence-transformers"
 
     def __init_subclass__(cls, **kwargs):
+        """A named recipe is checked and completed where it is defined: the protocol's metric unless it sets
+        one, the docs' defaults; one with no protocol must write ``dev`` and ``evaluate``."""
         super().__init_subclass__(**kwargs)
         if cls.protocol is not None and "metric" not in vars(cls):
             cls.metric, cls.metric_label = cls.protocol.metric, cls.protocol.metric_label
-        if cls.protocol is None and "name" in vars(cls):
+        if "name" not in vars(cls):
+            return
+        if cls.protocol is None:
             unwritten = [
                 h for h in ("dev", "evaluate") if getattr_static(cls, h) is getattr_static(Recipe, h)
             ]
@@ -81,6 +90,9 @@ class Recipe(ABC):
                 raise TypeError(
                     f"recipe {cls.name!r} names no protocol and writes no {' / '.join(unwritten)}"
                 )
+        cls.title = vars(cls).get("title") or cls.name
+        cls.runs_with = vars(cls).get("runs_with") or f"`jobs/train.py --method {cls.name}`"
+        cls.reads = vars(cls).get("reads") or (cls.protocol.summary if cls.protocol else cls.metric_label)
 
     # ------------------------------------------------------------ on every Ray Train worker
     def __init__(self, cfg: MethodConfig, job: dict):

@@ -100,6 +100,8 @@ class SBERTRecipe(Recipe):
     """Trained on scored pairs; read, selected and tested as TSDAE is (the domain protocol)."""
 
     name = "sbert"
+    title = "SBERT (supervised scored pairs: TSDAE's supervised stage)"
+    runs_with = "`jobs/train.py --method sbert`; `jobs/compare.py` after a TSDAE `start` stage"
     config_cls = SBERTConfig
     protocol = DOMAIN
     columns = ("text_a", "text_b", "label")

@@ -288,8 +288,11 @@ def export_model(cfg: SiameseConfig, checkpoint_dir, out_dir):
 # ---------------------------------------------------------------- the recipe
 class SiameseRecipe(Recipe):
     name = "siamese"
+    title = "Siamese adaptation (ORIG / NAIVE / SIAMESE / ALL)"
+    runs_with = "`jobs/compare.py --preset siamese_{sentiment,topics,crisis}` (the paper's Table 1)"
     config_cls = SiameseConfig
     metric, metric_label = "dev_delta", "dev Δ cosine distance"
+    reads = "dev Δ cosine distance → Δ and same-class MAP per test set"
     columns = None
 
     def setup(self):  # no RNG drawn: the splits are seeded hashes of the text

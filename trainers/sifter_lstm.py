@@ -378,8 +378,11 @@ def log_model(model_dir, name: str = "model"):
 # ---------------------------------------------------------------- the recipe
 class SifterLSTMRecipe(Recipe):
     name = "sifter_lstm"
+    title = "SIFTER-LSTM (and the LSTM baseline)"
+    runs_with = "`jobs/sentiment_sweep.py`"
     config_cls = SifterLSTMConfig
     metric, metric_label = "dev_accuracy", "SST-2 dev accuracy"
+    reads = "SST-2 dev accuracy → test accuracy, mean ± std over seeds"
     columns = ("text", "label")
     has_base = False  # the baseline is the plain LSTM, a point of the sweep grid
     baseline_params = {"short_circuit": False}

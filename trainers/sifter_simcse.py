@@ -287,9 +287,13 @@ class SIFTERSimCSERecipe(ContrastiveRecipe):
     """SIFTER-SimCSE: λ_XY = λ_XZ = λ_YZ = 1 (``configs/sifter_simcse/``)."""
 
     name = "sifter_simcse"
+    title = "SIFTER-SimCSE"
+    runs_with = "`jobs/sifter_sweep.py` (the main job)"
 
 
 class SimCSERecipe(ContrastiveRecipe):
     """Unsupervised SimCSE: λ_XX' = 1 and the rest 0 (``configs/simcse/``)."""
 
     name = "simcse"
+    title = "SimCSE (unsupervised)"
+    runs_with = "`jobs/sifter_sweep.py` (its λ grid), `jobs/train.py --method simcse`"

@@ -259,6 +259,8 @@ def export_model(cfg: TSDAEConfig, checkpoint_dir, out_dir):
 # ---------------------------------------------------------------- the recipe
 class TSDAERecipe(Recipe):
     name = "tsdae"
+    title = "TSDAE"
+    runs_with = "`jobs/tsdae_sweep.py`"
     config_cls = TSDAEConfig
     protocol = DOMAIN  # the paper's: fixed steps, the last checkpoint, nothing labelled read before the test
     columns = ("text",)

@@ -16,8 +16,11 @@ PAYLOAD = "recipe_and_config"
 
 
 def payload(recipe, cfg) -> bytes:
-    """The recipe class (by reference) and its typed config, validated once where it was made."""
-    return pickle.dumps((recipe, cfg), protocol=pickle.HIGHEST_PROTOCOL)
+    """The recipe class (by reference, unless its module is registered with cloudpickle to travel by value: a
+    recipe the workers cannot import) and its typed config, validated once where it was made."""
+    import ray.cloudpickle  # lazy: the driver's only; the controller imports this module and never calls it
+
+    return ray.cloudpickle.dumps((recipe, cfg), protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def train_func(config: dict) -> list[dict]:
