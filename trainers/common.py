@@ -138,6 +138,7 @@ class Stepper:
             import deepspeed  # lazy: heavy (compiles op builders' metadata), and only ZeRO runs need it
 
             ds_config = deepspeed_config(deepspeed_cfg, grad_clip=grad_clip)
+            skip_cpu_inference_all_reduce()
             self.optimizer = torch.optim.AdamW(param_groups, lr=lr)
             self.scheduler = lr_scheduler(self.optimizer, schedule, warmup_steps, total_steps)
             self.model, self.optimizer, _, self.scheduler = deepspeed.initialize(
@@ -272,6 +273,20 @@ class Stepper:
         for k, state in blob.get("extra_optimizers", {}).items():
             self.extra_optimizers[k].load_state_dict(state)
         return json.loads((directory / "state.json").read_text())
+
+
+def skip_cpu_inference_all_reduce() -> None:
+    """On its CPU accelerator DeepSpeed JIT-compiles a shared-memory all-reduce (``deepspeed_shm_comm``) when
+    its comm backend starts: about 2 minutes on 2 cores in the middle of the first ZeRO run on a machine, behind
+    a lock file that a compile killed half-way leaves behind, on which every later run then waits for ever
+    (CI, 2026-12-07). The op serves only ``inference_all_reduce`` (tensor-parallel inference), which training
+    never calls; marking it incompatible is the gate DeepSpeed's own ``build_shm_op`` reads."""
+    from deepspeed.accelerator import get_accelerator  # lazy: only ZeRO runs import DeepSpeed
+
+    if get_accelerator().device_name() == "cpu":
+        import deepspeed.ops  # lazy, as above
+
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 def deepspeed_config(cfg, *, grad_clip: float | None) -> dict:
