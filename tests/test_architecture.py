@@ -211,7 +211,7 @@ def test_the_layout_doc_names_every_module():
 
     recipe_files = {f"{recipe.__module__.split('.')[-1]}.py" for recipe in METHODS.values()}
     doc = (ROOT / "docs" / "LAYOUT.md").read_text(encoding="utf-8")
-    layout = doc[doc.index("## Layout") : doc.index("## Configs")]
+    layout = doc[: doc.index("## Configs")]
     missing = [
         str(p.relative_to(ROOT))
         for pkg in PACKAGES

@@ -276,7 +276,7 @@ def test_an_arm_read_a_weaker_way_is_set_against_the_strongest_base_too_and_gate
 
 
 def test_the_registered_winner_gets_sieves_card_beside_the_base_read_its_way_and_the_champion():
-    """#38.2: one card writer for every export - the comparison's winner too."""
+    """One card writer for every export - the comparison's winner too."""
     from orchestrator.config import REPO_ROOT, load_config
     from orchestrator.drivers.compare_publish import winner_card
     from orchestrator.drivers.registry import get_method

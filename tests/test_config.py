@@ -84,7 +84,7 @@ def test_config_hash_is_stable_and_sensitive():
 
 
 def test_storage_reference_expands_or_names_the_key(tmp_path, monkeypatch):
-    """#19: presets say ``${SIEVE_STORAGE}/models/...`` instead of a bucket name nobody owns."""
+    """Presets say ``${SIEVE_STORAGE}/models/...`` instead of a bucket name nobody owns."""
     import argparse
 
     from orchestrator.config import expand_storage
@@ -113,7 +113,7 @@ def test_storage_reference_expands_or_names_the_key(tmp_path, monkeypatch):
 
 
 def test_steps_past_the_data_are_not_promised_and_the_schedule_fits_the_steps_run():
-    """#38.4: 37 rows per worker at batch 8 give 4 steps an epoch: max_steps 8 with 1 epoch runs 4, and the linear
+    """37 rows per worker at batch 8 give 4 steps an epoch: max_steps 8 with 1 epoch runs 4, and the linear
     schedule reaches 0 at step 4 (it was sized for 8: the run stopped at half the learning rate); 3 epochs
     give the 8 asked for; without max_steps every epoch is run."""
     import torch
@@ -134,7 +134,7 @@ def test_steps_past_the_data_are_not_promised_and_the_schedule_fits_the_steps_ru
 
 
 def test_preflight_changes_nothing_and_settled_resolves_the_pooling_on_a_copy(tiny_bert_dir, tmp_path):
-    """#40.3: the checks leave the config as given; the resolved pooling (the folder's own: mean) is a new config."""
+    """The checks leave the config as given; the resolved pooling (the folder's own: mean) is a new config."""
     from orchestrator.drivers.train import preflight, settled
     from trainers.sifter_simcse import ContrastiveConfig
 

@@ -307,7 +307,7 @@ def test_cli_bad_override_is_one_line(tmp_path, job_server):
 
 
 def test_parse_failures_are_counted_and_past_the_limit_stop_the_build():
-    """#18.7: a sentence the parser cannot take is a counted failure with its error; past
+    """A sentence the parser cannot take is a counted failure with its error; past
     max_parse_failures the build stops with one line naming the input and the first failure. (The
     failing parser wraps the real spaCy parser and raises on one marked sentence: a parser crash cannot
     be provoked on demand otherwise.)"""
@@ -340,7 +340,7 @@ def test_parse_failures_are_counted_and_past_the_limit_stop_the_build():
 
 @pytest.mark.parametrize("where", ["local", "s3"])
 def test_builds_are_committed_by_a_pointer_switched_last(where, tmp_path, request):
-    """#18.3: a build goes to a fresh attempt folder and CURRENT switches to it last: a crash mid-build
+    """A build goes to a fresh attempt folder and CURRENT switches to it last: a crash mid-build
     leaves readers on the previous build; two builders of one address never delete each other's files
     and the first one committed wins; a folder written directly (a manifest at its root) still reads."""
     root = str(tmp_path / "c") if where == "local" else f"{request.getfixturevalue('s3_bucket')}/c"
@@ -381,7 +381,7 @@ def test_builds_are_committed_by_a_pointer_switched_last(where, tmp_path, reques
 def test_the_streamed_pipeline_equals_a_plain_loop_row_for_row_and_counts_from_its_writers(
     ray_cluster, tmp_path, monkeypatch
 ):
-    """#22.2: one streaming execution - the driver materializes, counts and collects nothing (those calls
+    """One streaming execution - the driver materializes, counts and collects nothing (those calls
     fail here) - writes what a plain single-process loop over the same rules computes, row for row and in
     order, and its manifest counts are the loop's: input over 3 files (so the sorted stream reaches the
     dedup actor in several blocks), duplicates across files, a limit, shards smaller than a write."""

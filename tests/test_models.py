@@ -58,7 +58,7 @@ def test_model_from_s3(s3_bucket, tiny_bert_dir, tmp_path):
 
 
 def test_the_s3_model_cache_follows_its_source(s3_bucket, tiny_bert_dir, tmp_path):
-    """#18.3: the cache is trusted only with a commit marker matching the bucket's listing - an
+    """The cache is trusted only with a commit marker matching the bucket's listing - an
     interrupted download (no marker) is fetched again, and so is a re-uploaded (changed) model; a key
     that would escape the cache folder is refused."""
     import boto3

@@ -401,7 +401,7 @@ def test_parabart_under_ray_train(engine, parabart_trained, tmp_path):
             if engine == "ddp"
             else torch.load(next((Path(d) / "ds").glob("*model_states.pt")), weights_only=False)
         )
-        if engine == "zero2":  # #39.1: the vocabularies (module extra state) in our own weights-only file
+        if engine == "zero2":  # the vocabularies (module extra state) in our own weights-only file
             extra = torch.load(Path(d) / "extra_state.pt", weights_only=True)
             assert set(extra["_extra_state"]) == {"syntax", "tags"}
     assert set(blob["extra_modules"]["discriminator"]) == {
@@ -646,7 +646,7 @@ def test_a_hold_out_that_would_swallow_the_training_pairs_is_refused(tmp_path):
     assert not (tmp_path / "store").exists()
 
 
-# ---------------------------------------------------------------- the reference code's adversary (#34)
+# ---------------------------------------------------------------- the reference code's adversary
 def test_the_bag_counts_brackets_and_root_and_the_target_starts_at_one():
     """The pipeline's bag is the reference code's count of the linearized tree's tokens under ROOT; D's
     target adds one to every tag and normalises (``synt_bow``)."""

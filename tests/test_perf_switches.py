@@ -1,4 +1,4 @@
-"""The speed switches (#22), each on CPU against the fp32 / default path: bf16 autocast (loss within 1%),
+"""The speed switches, each on CPU against the fp32 / default path: bf16 autocast (loss within 1%),
 SDPA vs eager attention (loss to 1e-5), fused AdamW (parameters after a step to 1e-6; on by default, CPU
 included), torch.compile
 (loss to 1e-5; the ``aot_eager`` backend here - Inductor's C++ build takes minutes on 2 cores - while
@@ -109,7 +109,7 @@ def test_torch_compile_gives_the_same_loss(tiny_bert_dir):
     stepper.step(compiled_loss)  # and it trains
 
 
-# ---------------------------------------------------------------- the ingest (#22.1)
+# ---------------------------------------------------------------- the ingest
 def texts_of(ingest, epoch) -> list[str]:
     return [t for batch in ingest(epoch) for t in batch["text"]]
 
@@ -177,7 +177,7 @@ def test_a_small_corpus_is_read_once_before_the_workers_and_a_large_one_streams(
 
 
 def test_a_small_corpus_read_in_process_holds_what_ray_datas_read_held(ray_cluster, tiny_shards, tmp_path):
-    """#22.4: the corpus is read by the process that builds the trainer (no read tasks, 3-7 s of every run).
+    """The corpus is read by the process that builds the trainer (no read tasks, 3-7 s of every run).
     One shard file (every smoke preset's corpus): the same rows in the same order, and the same rows for
     each of 2 workers, as ``read_parquet(...).materialize()`` gave - the training figures cannot move.
     Several files: read in file-name order, one block each. No shard file, or a broken one: one error naming it."""
@@ -249,7 +249,7 @@ def test_trials_share_the_cpu_the_ingest_no_longer_needs(ray_cluster):
     assert concurrent_trials(one, 3, streams=True) == 3  # asked for: as asked
 
 
-# ---------------------------------------------------------------- the base model measured beside training (#22.4)
+# ---------------------------------------------------------------- the base model measured beside training
 def test_beside_gives_the_value_or_the_error_and_restores_the_threads():
     from orchestrator.drivers.train import Beside
 

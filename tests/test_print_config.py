@@ -1,4 +1,4 @@
-"""#20: ``--print-config`` on every job prints one YAML mapping which, fed back with ``--config``,
+"""``--print-config`` on every job prints one YAML mapping which, fed back with ``--config``,
 resolves to the same job (the same printout again). In-process: nothing here starts Ray or trains."""
 
 from __future__ import annotations

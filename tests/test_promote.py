@@ -42,7 +42,7 @@ def test_promote_moves_champion_and_refuses_worse(embedded_tracking, tiny_bert_d
     good = tracking.register(info.model_uri, "enc", alias="candidate", tags={"test_score": "0.70"})
     worse = tracking.register(info.model_uri, "enc", tags={"test_score": "0.60"})
 
-    desc = mlflow.MlflowClient().get_registered_model("enc").description  # #38.1: what the aliases mean
+    desc = mlflow.MlflowClient().get_registered_model("enc").description  # what the aliases mean
     assert "**champion**" in desc and "jobs/promote.py --model enc --from-alias candidate" in desc
     res = promote(embedded_tracking, "--version", str(good))  # one plain run, as a user types it
     assert res.returncode == 0, res.stderr
@@ -54,7 +54,7 @@ def test_promote_moves_champion_and_refuses_worse(embedded_tracking, tiny_bert_d
             ["--version", str(worse)],
             ["--version", str(worse), "--force"],
             ["--version", "99"],
-            # #39.3: what it cannot compare is refused, and @champion stays where it is (v2, forced above)
+            # what it cannot compare is refused, and @champion stays where it is (v2, forced above)
             ["--version", str(good), "--metric", "test_nope"],
             ["--version", str(good), "--alias", " "],
             ["--from-alias", "nope"],
@@ -78,7 +78,7 @@ def test_promote_moves_champion_and_refuses_worse(embedded_tracking, tiny_bert_d
 def test_a_champion_set_through_the_rest_api_is_what_the_next_job_reads(
     mlflow_server, tiny_bert_dir, tmp_path, monkeypatch, job_server
 ):
-    """#20: promotion where the MLflow UI does it - its REST call moves @champion - and a job that reads
+    """Promotion where the MLflow UI does it - its REST call moves @champion - and a job that reads
     ``models:/enc@champion`` gets that version (and can log its scores to the version's run)."""
     import json
     import urllib.request
@@ -141,7 +141,7 @@ def test_a_champion_set_through_the_rest_api_is_what_the_next_job_reads(
     assert "eval_sts_stsb_spearman_all" in logged
     assert "warning:" not in res.stdout  # promote.py never made a champion here: nothing to compare with
 
-    # #38.1: promote.py stands behind v2; the UI's alias editor (its REST call) then moves @champion to the worse
+    # promote.py stands behind v2; the UI's alias editor (its REST call) then moves @champion to the worse
     # v1, skipping promote.py's check: the next job that reads @champion says so in one line, and still runs
     ok = job_server.run(
         [

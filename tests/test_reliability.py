@@ -1,4 +1,4 @@
-"""Part of the reliability suite (#11): the bad-input catalogue as one table, secrets never written,
+"""Part of the reliability suite: the bad-input catalogue as one table, secrets never written,
 and concurrent registration against a real MLflow server."""
 
 from __future__ import annotations
@@ -436,7 +436,7 @@ def test_concurrent_registration_gets_distinct_versions(
 def test_tracking_outage_after_training_keeps_the_run_and_sync_logs_it(
     mlflow_server, tiny_bert_dir, tmp_path, capsys, job_server
 ):
-    """#11.3: the server is gone when a finished run is logged → one warning naming the URI, the whole
+    """The server is gone when a finished run is logged → one warning naming the URI, the whole
     run kept in a pending file (atomically), nothing raised; `jobs/sync_tracking.py` logs it later,
     every evaluation step included, and removes the file."""
     import time
@@ -493,7 +493,7 @@ def test_tracking_outage_after_training_keeps_the_run_and_sync_logs_it(
     assert run.data.params["train.lr"] == "0.0001" and run.data.metrics["test_sts_avg"] == 0.7
     steps = mlflow.MlflowClient().get_metric_history(run.info.run_id, "stsb_dev_spearman")
     assert [(m.step, m.value) for m in steps] == [(2, 0.5), (4, 0.6)]
-    # #18: replaying the same record again (a crash after logging, before the file was removed) adds nothing
+    # replaying the same record again (a crash after logging, before the file was removed) adds nothing
     again = outbox.replay(record, mlflow_server)
     assert (
         again == run.info.run_id
@@ -586,7 +586,7 @@ def test_a_record_the_server_refuses_is_kept_aside_and_never_holds_back_the_othe
 def test_a_malformed_pending_record_is_set_aside_and_the_good_ones_beside_it_are_logged(
     tiny_bert_dir, tmp_path
 ):
-    """#39.3: one record that is not JSON, one that is JSON but not a record: each moved to ``rejected/`` with a
+    """One record that is not JSON, one that is JSON but not a record: each moved to ``rejected/`` with a
     line naming its file, before any MLflow call (no half-logged run); the good record after them is logged.
     Before, the first bad file stopped the sync with a TrackingError and nothing after it was logged."""
     import mlflow
@@ -661,7 +661,7 @@ def test_what_waits_for_the_server_and_what_is_refused():
 
 @pytest.mark.slow
 def test_server_killed_mid_replay_then_the_replay_completes_once(tiny_bert_dir, tmp_path, monkeypatch):
-    """#18.9: a real MLflow server is killed while a pending record is being replayed (after the run was
+    """A real MLflow server is killed while a pending record is being replayed (after the run was
     made and its params logged, at the first metrics): the replay fails with one line naming the URI;
     the server restarted on the same store, the next replay finishes that same run - every evaluation
     once, the model once, no second run."""
@@ -733,8 +733,8 @@ class _Payload:
 
 
 def test_checkpoints_load_with_weights_only(tiny_bert_dir, tmp_path):
-    """#18.4: a checkpoint in a prefix every job can write cannot run code when loaded: a model.pt or an
-    RNG file carrying an arbitrary pickle is refused in one line naming it (#56), and the code never runs; our
+    """A checkpoint in a prefix every job can write cannot run code when loaded: a model.pt or an
+    RNG file carrying an arbitrary pickle is refused in one line naming it, and the code never runs; our
     own files load."""
     import torch
 
@@ -775,7 +775,7 @@ def test_storage_keys_and_names_that_would_escape_are_refused(tmp_path):
 
 
 def test_a_checkpoint_whose_extra_state_file_holds_a_pickled_callable_is_refused(tmp_path):
-    """#39.1: a ZeRO checkpoint's module extra state is read from our own file, weights-only: one that
+    """A ZeRO checkpoint's module extra state is read from our own file, weights-only: one that
     holds a callable (what a writer of the run's storage could plant) is refused, naming the file, before
     DeepSpeed reads anything; tensors and plain containers (ParaBART's vocabularies) come back."""
     import torch
@@ -802,7 +802,7 @@ def test_a_checkpoint_whose_extra_state_file_holds_a_pickled_callable_is_refused
     torch.save(extra_states(outer), good / EXTRA_STATE)
     assert read_extra_states(good) == {"0._extra_state": {"tags": ["<pad>", "NP", "VP"]}}
 
-    # #56: the plain (DDP) checkpoint and the RNG states go through the same weights-only read, naming the file
+    # the plain (DDP) checkpoint and the RNG states go through the same weights-only read, naming the file
     from trainers.checkpoint import load_weights_only
 
     torch.save({"model": {}, "hook": os.system}, tmp_path / "model.pt")
@@ -829,7 +829,7 @@ def test_a_checkpoint_whose_extra_state_file_holds_a_pickled_callable_is_refused
 
 @pytest.mark.slow
 def test_a_job_without_ray_address_starts_its_own_ray_beside_another_cluster(ray_cluster):
-    """#38.3: with the session's Ray cluster running on this machine, a job not told where to go (no
+    """With the session's Ray cluster running on this machine, a job not told where to go (no
     RAY_ADDRESS) starts a private one - it used to join any ``gcs_server`` it found; with RAY_ADDRESS it
     joins that cluster."""
     code = (
@@ -858,7 +858,7 @@ def test_a_job_without_ray_address_starts_its_own_ray_beside_another_cluster(ray
 @pytest.mark.slow
 @pytest.mark.services
 def test_a_cluster_that_goes_away_mid_job_ends_it_with_one_line_naming_it(tmp_path):
-    """#38.3: a job joined to a cluster (RAY_ADDRESS) whose head is killed mid-job exits with code 2 and one line
+    """A job joined to a cluster (RAY_ADDRESS) whose head is killed mid-job exits with code 2 and one line
     naming the cluster's address, within seconds - it hung for 60 s in ``ray.get``, then Ray exited with code 1
     and "Failed to connect to GCS"."""
     import tempfile

@@ -111,7 +111,7 @@ def test_naive_head_is_gone_from_the_export(tiny_bert_dir, tmp_path):
 
 
 def test_naive_head_warm_up_holds_the_encoder_bit_identical_then_lets_it_move(tiny_bert_dir):
-    """#36.3: ``head_warmup_steps: 2`` - through the recipe's own optimiser groups and loss, the encoder stays
+    """``head_warmup_steps: 2`` - through the recipe's own optimiser groups and loss, the encoder stays
     bit-identical for 2 steps while NAIVE's head learns (at ``head_lr``); at step 3 the encoder moves."""
     from trainers import common
     from trainers.siamese import SiameseRecipe

@@ -237,7 +237,7 @@ def test_sifter_lstm_under_ray_train_exports_and_logs(
     info = mlflow.models.get_model_info(f"models:/{model_id}")
     probs = mlflow.pyfunc.load_model(info.model_uri).predict(["a charming journey .", "bleak and dull"])
     assert len(probs) == 2 and all(0 <= p <= 1 for p in probs)
-    # #20: it loads in a fresh process elsewhere, where Sieve's packages come only from the model's code paths
+    # it loads in a fresh process elsewhere, where Sieve's packages come only from the model's code paths
     import json
     import subprocess
     import sys

@@ -184,7 +184,7 @@ def test_two_workers_with_gathered_negatives_equal_one_worker_with_double_batch(
 
 @pytest.mark.parametrize("pooling", ["mean", "cls", "cls_before_pooler"])
 def test_export_gives_the_embeddings_the_trainer_scored(pooling, tiny_bert_dir, tmp_path):
-    """#16: per pooling mode, a trained model (one step, so the weights and SimCSE's MLP head moved)
+    """Per pooling mode, a trained model (one step, so the weights and SimCSE's MLP head moved)
     exported like a run's checkpoint and loaded with plain ``SentenceTransformer(folder)`` gives the
     embeddings the trainer's dev scoring computed, to 1e-5 - what a user gets is what was measured."""
     from sentence_transformers import SentenceTransformer
@@ -219,7 +219,7 @@ def test_export_gives_the_embeddings_the_trainer_scored(pooling, tiny_bert_dir, 
 
 
 def test_backbone_view_keeps_its_backbone_under_the_length_limit():
-    """#16: Y = X + backbone; when both do not fit ``max_length``, the sentence part is cut and the
+    """Y = X + backbone; when both do not fit ``max_length``, the sentence part is cut and the
     appended backbone kept whole, so no Y that the augmentation made different from X tokenizes to X."""
     from orchestrator.models import load_tokenizer
     from trainers.sifter_simcse import backbone_view_ids, tokenize_views
@@ -250,7 +250,7 @@ def test_backbone_view_keeps_its_backbone_under_the_length_limit():
 
 
 def test_simcse_info_nce_equals_sentence_transformers_mnrl_on_the_same_embeddings():
-    """#40.5: one InfoNCE term is sentence-transformers' MultipleNegativesRankingLoss (cosine, in-batch
+    """One InfoNCE term is sentence-transformers' MultipleNegativesRankingLoss (cosine, in-batch
     negatives) at scale 1/τ, on the same embeddings - the loss and its gradient."""
     import torch
     from sentence_transformers.sentence_transformer.losses.multiple_negatives_ranking import (

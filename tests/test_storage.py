@@ -107,7 +107,7 @@ def test_pyarrow_filesystem_reads_s3(s3_bucket):
 def test_interrupted_upload_is_never_complete_and_resume_takes_the_last_complete(
     where, tmp_path, request, monkeypatch
 ):
-    """#11.4: an upload that dies after its first file leaves a directory without the commit marker;
+    """An upload that dies after its first file leaves a directory without the commit marker;
     it is not listed as complete, and the previous checkpoint still is."""
     import shutil
 
@@ -144,7 +144,7 @@ def test_interrupted_upload_is_never_complete_and_resume_takes_the_last_complete
 
 def test_a_checkpoint_on_s3_is_recorded_with_its_scheme_and_read_back(s3_bucket, tmp_path):
     """Ray keeps an S3 checkpoint's path as ``bucket/key``: recorded as such, a sweep's export read it as a
-    local folder ("URI has empty scheme"; found by the two-node test, #18.8)."""
+    local folder ("URI has empty scheme"; found by the two-node test)."""
     import pyarrow.fs as pafs
     from ray.train import Checkpoint
 
@@ -166,7 +166,7 @@ def test_a_checkpoint_on_s3_is_recorded_with_its_scheme_and_read_back(s3_bucket,
 
 @pytest.mark.parametrize("where", ["local", "s3"])
 def test_one_claim_per_name_and_a_dead_owners_claim_taken_over_only_when_asked(where, tmp_path, request):
-    """#56: the atomic create (local O_EXCL; S3 If-None-Match on moto) lets one claim in; the owner is named;
+    """The atomic create (local O_EXCL; S3 If-None-Match on moto) lets one claim in; the owner is named;
     a claim whose process is gone is refused until --take-over, which then holds it; at exit it goes back."""
     import json
     import socket

@@ -168,7 +168,7 @@ def test_cli_writes_json_schema(tmp_path, tiny_bert_dir, job_server):
 
 
 def test_cli_scores_a_baseline_beside_the_model_read_both_ways(tmp_path, tiny_bert_dir, job_server):
-    """#38.6: ``--baseline`` scores the starting model in the same call, with the model's pooling and, when its
+    """``--baseline`` scores the starting model in the same call, with the model's pooling and, when its
     folder saved another, with that one too; the difference per task. The same folder as both: +0.00 at the
     same reading, and the other reading's own figures."""
     out = tmp_path / "out.json"
@@ -239,7 +239,7 @@ def test_same_seed_same_numbers(tiny_bert_dir):
 def test_cli_defaults_to_the_folders_saved_pooling_and_refuses_a_new_pooler(
     tmp_path, tiny_bert_dir, job_server
 ):
-    """#16: evaluate.py scores a model the way it was saved (a sentence-transformers folder records its
+    """Evaluate.py scores a model the way it was saved (a sentence-transformers folder records its
     pooling) unless told otherwise, and refuses ``--pooling cls`` over pooler weights that would be
     freshly initialised - one line, no number from a random layer."""
     from transformers import AutoTokenizer, BertModel
@@ -339,7 +339,7 @@ def test_encoding_batches_sentences_of_one_token_length_and_matches_unbatched(ti
 
 
 def test_a_field_of_megabytes_is_read_as_text_and_a_bad_score_beside_it_still_names_its_line(tmp_path):
-    """#56: a 2 MB sentence (the csv module refuses fields over 128 KiB, with a traceback) is data like any
+    """A 2 MB sentence (the csv module refuses fields over 128 KiB, with a traceback) is data like any
     other; what follows it is still checked line by line."""
     big = "word " * 400_000
     p = tmp_path / "big.tsv"

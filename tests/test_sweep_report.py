@@ -280,7 +280,7 @@ def test_optuna_search_is_seeded_and_refuses_bundles():
 def test_the_base_is_measured_with_every_pooling_and_the_strongest_is_the_yardstick(
     embedded_tracking, tiny_bert_dir
 ):
-    """#16: a sweep that tries poolings (or whose config reads the model otherwise than the folder saved it)
+    """A sweep that tries poolings (or whose config reads the model otherwise than the folder saved it)
     measures the untouched model each way; the gate's base is the strongest. (A TSDAE sweep over CLS and
     mean once registered a mean-pooled candidate for beating MiniLM-with-CLS, 83.42 vs 79.73 STS-B dev,
     while MiniLM as the user has it - mean - scores 86.72.)"""
@@ -358,7 +358,7 @@ def test_a_trial_row_is_named_as_the_trial_function_named_it_not_by_its_folder()
 
 
 def test_the_closing_verdict_says_what_a_user_decides_on(tmp_path):
-    """#38.5: at most 8 lines, the registration line last; the figures beside the base and the champion, the
+    """At most 8 lines, the registration line last; the figures beside the base and the champion, the
     largest per-task regression, the margin in seed standard deviations (or that it is not measured), absolute
     paths and the next command."""
     from orchestrator.results.verdict import seed_devs, verdict
@@ -444,7 +444,7 @@ def test_the_card_sets_the_scores_beside_the_base_and_the_champion_and_mlflow_ge
 
 
 def test_trial_runs_get_each_evaluation_once_whatever_the_outage_kept(embedded_tracking):
-    """#38.1: a trial's live points (logged while it trained) are not logged again at the end; the steps an outage
+    """A trial's live points (logged while it trained) are not logged again at the end; the steps an outage
     kept from the run are added once; a resumed publish adds nothing."""
     import mlflow
 

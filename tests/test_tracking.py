@@ -42,7 +42,7 @@ def _roundtrip(tiny_bert_dir, experiment):
 @pytest.mark.slow
 def test_embedded_store_roundtrip(embedded_tracking, tiny_bert_dir):
     _roundtrip(tiny_bert_dir, "embedded")
-    import mlflow  # #38.1: the experiment is a model-training one (the UI opens on its runs, not a GenAI overview)
+    import mlflow  # the experiment is a model-training one (the UI opens on its runs, not a GenAI overview)
 
     assert (
         mlflow.get_experiment_by_name("embedded").tags[tracking.EXPERIMENT_KIND] == "custom_model_development"
@@ -83,7 +83,7 @@ def test_redaction_by_key_and_value(monkeypatch):
 
 
 def test_a_server_gone_at_publish_ends_the_sweep_with_the_resume_line(monkeypatch):
-    """#18: the tracking server dies after a sweep trained: the job's last line says nothing is lost and
+    """The tracking server dies after a sweep trained: the job's last line says nothing is lost and
     gives the command that publishes without training again (the real MLflow client's error against a
     dead port, also when the parent run's own exit fails on top of it); other errors pass through."""
     from conftest import free_port
@@ -148,7 +148,7 @@ def test_jobs_started_at_once_share_a_fresh_embedded_store(tmp_path):
 
 
 def test_a_moved_embedded_store_says_where_its_artifacts_still_are(tmp_path, monkeypatch, capsys):
-    """#38.8: MLflow keeps absolute artifact paths (relative ones are resolved when the experiment is made), so an
+    """MLflow keeps absolute artifact paths (relative ones are resolved when the experiment is made), so an
     embedded store copied elsewhere still points at the old folder: the next job says so in one line; an unmoved
     store says nothing."""
     import shutil

@@ -40,7 +40,7 @@ def test_ddp_run_checkpoints_export_and_sts(tiny_bert_dir, tiny_shards, tmp_path
     assert steps == [2, 4, 6]
     assert len({r["stsb_dev_spearman"] for r in outcome.history}) == 3  # every evaluation saw a moved model
     assert outcome.best_metrics["stsb_dev_spearman"] == max(r["stsb_dev_spearman"] for r in outcome.history)
-    # #22: the step profile travels with every report: its parts add up to no more than the loop's time
+    # the step profile travels with every report: its parts add up to no more than the loop's time
     last = outcome.history[-1]
     parts = [
         last[k] for k in ("time_ingest_s", "time_forward_s", "time_backward_step_s", "time_eval_report_s")

@@ -409,7 +409,7 @@ def test_the_train_jobs_summary_without_a_dev_set_is_json_with_the_test_beside_t
 
 
 def test_the_decoder_warm_up_holds_the_encoder_bit_identical_then_lets_it_move(tiny_bert_dir):
-    """#36.1b: ``freeze_encoder_steps: 2`` - the encoder (and every decoder weight tied to it) stays bit-identical
+    """``freeze_encoder_steps: 2`` - the encoder (and every decoder weight tied to it) stays bit-identical
     for 2 steps while the decoder's own parts (cross-attention, the LM-head transform) learn; at step 3 it moves."""
     from trainers import common
     from trainers.tsdae import TSDAERecipe, build_model, compute_loss

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import trainers
+from orchestrator.config import CONFIG_DIR
 from orchestrator.errors import ConfigError
 from trainers.recipe import Recipe
 
@@ -79,17 +80,24 @@ BEGIN, END = (
 )
 
 
+def presets(name: str) -> str:
+    """The method's presets as ``--preset`` names them: the YAML files of ``configs/<name>/``."""
+    return ", ".join(f"`{p.stem}`" for p in sorted((CONFIG_DIR / name).glob("*.yaml"))) or "none"
+
+
 def methods_table(methods: dict[str, type[Recipe]] | None = None) -> str:
-    """One row per method: what it is, its file, how it runs, how its runs are read, what it is registered as."""
+    """One row per method: what it is, its file, its presets (``configs/<name>/``), how it runs, how its runs are
+    read, what it is registered as."""
     rows = [
-        "| method | name | recipe | runs with | dev metric → test | registered as |",
-        "|---|---|---|---|---|---|",
+        "| method | name | recipe | presets | runs with | dev metric → test | registered as |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, recipe in (methods or METHODS).items():
         tracking = recipe.config_cls.model_fields["tracking"].default
         registered = tracking.registry_model_name or name.replace("_", "-")
         rows.append(
-            f"| {recipe.title} | `{name}` | `{recipe.__module__.replace('.', '/')}.py` | {recipe.runs_with} "
+            f"| {recipe.title} | `{name}` | `{recipe.__module__.replace('.', '/')}.py` | {presets(name)} "
+            f"| {recipe.runs_with} "
             f"| {recipe.reads} | `{registered}` |"
         )
     return "\n".join(rows)

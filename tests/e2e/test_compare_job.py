@@ -86,7 +86,7 @@ def test_compare_killed_and_resumed_trains_and_tests_each_trial_once(
         -2000:
     ]
 
-    # the killed driver's claim on its name stays behind (#56): a resume is refused in one line naming it, until
+    # the killed driver's claim on its name stays behind: a resume is refused in one line naming it, until
     # the user says to take it over
     again = run_job(job_server, tmp_path, store, "--config", str(cfg), "--name", "cmp", "--resume")
     refused, _ = again.communicate(timeout=300)
@@ -187,7 +187,7 @@ def test_compare_killed_and_resumed_trains_and_tests_each_trial_once(
     )
     assert len(versions) == (registered is not None)
 
-    # #39.4: resumed once more, a finished comparison answers from its record: no Ray, nothing trained
+    # resumed once more, a finished comparison answers from its record: no Ray, nothing trained
     again = run_job(job_server, tmp_path, store, "--config", str(cfg), "--name", "cmp", "--resume")
     out2, _ = again.communicate(timeout=300)
     assert again.returncode == 0, out2[-4000:]

@@ -95,14 +95,14 @@ def mlflow_at(tmp_path):
 
 
 def test_tiny_sweep_registers_best_and_reports(ray_cluster, tiny_bert_dir, tmp_path, store, job_server):
-    # 1-worker trials on a corpus read before the workers start: both trials run at once (#22.4)
+    # 1-worker trials on a corpus read before the workers start: both trials run at once
     cfg = sweep_file(tmp_path, tiny_bert_dir, [SIFTER, SIMCSE], workers=1, every_trial=True)
     proc = run_job(job_server, tmp_path, store, "--config", str(cfg), "--name", "tiny")
     out, _ = proc.communicate(timeout=800)
     assert proc.returncode == 0, out[-4000:]
     summary = final_json(out)
     assert summary["trials"] == 2 and summary["registered"]["version"] == 1
-    # every trial tested; the chosen one's test is that report, not a second measurement (#22.4: a 7-task
+    # every trial tested; the chosen one's test is that report, not a second measurement (a 7-task
     # STS test is minutes on 2 cores)
     trials = store / "models" / "tiny-trials"  # the exports live in the run storage
     assert len(list(trials.glob("*/test.json"))) == 2
@@ -165,7 +165,7 @@ def test_tiny_sweep_registers_best_and_reports(ray_cluster, tiny_bert_dir, tmp_p
     last = out.strip().splitlines()[-1]
     assert last.startswith("candidate:" if beats else "the sweep found nothing better")
     assert last.endswith("unconfirmed: one seed, selected and gated on the same dev score (confirm.seeds: 0)")
-    # #38.5: the console closes on a verdict of at most 8 lines: setting, figures beside base and champion, the
+    # the console closes on a verdict of at most 8 lines: setting, figures beside base and champion, the
     # largest regression, the noise, absolute paths, the next command, the registration line last
     lines = out.strip().splitlines()
     closing = lines[max(i for i, line in enumerate(lines) if line.startswith("verdict: ")) :]
@@ -200,7 +200,7 @@ def test_tiny_sweep_registers_best_and_reports(ray_cluster, tiny_bert_dir, tmp_p
     got = sts.evaluate_data(STEncoder(), sts.load_task("stsb"))["spearman"]["all"]
     assert got == pytest.approx(float(mv.tags["test_sts_stsb_spearman_all"]), abs=1e-4)
 
-    # #20: a sentence-transformers export with its config and a model card, and a registered model that loads
+    # a sentence-transformers export with its config and a model card, and a registered model that loads
     # through pyfunc in a fresh process elsewhere
     exported = store / "models" / "tiny"
     assert (exported / "config_sentence_transformers.json").is_file()
@@ -233,7 +233,7 @@ def test_tiny_sweep_registers_best_and_reports(ray_cluster, tiny_bert_dir, tmp_p
     assert (report / "dev_by_setting.png").stat().st_size > 1000
     assert (report / "learning_curves.png").stat().st_size > 1000
 
-    # #38.1, last (without Chromium it skips, after everything above passed): the version page as the MLflow UI
+    # last (without Chromium it skips, after everything above passed): the version page as the MLflow UI
     # renders it - the card's table rendered as a table (not "72.3773.46"), the base model named, a champion
     # column (none yet here), no front matter shown as text
     from browser import mlflow_ui, rendered_dom

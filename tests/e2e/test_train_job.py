@@ -108,7 +108,7 @@ def started_alongside(ray_cluster, tiny_bert_dir, tiny_shards, tmp_path_factory,
 def test_train_job_tracks_live_exports_and_keeps_secrets(
     started_alongside, ray_cluster, tiny_bert_dir, mlflow_server, tmp_path, job_server
 ):
-    """The train job against the real MLflow server. #20: the run exists from the start and rank 0 logs into
+    """The train job against the real MLflow server. The run exists from the start and rank 0 logs into
     it as it trains - a dev evaluation is read from the server while the job is still running (each step
     slowed by a test hook). Then: the run's numbers and the logged model (it loads through pyfunc), the
     export, and no secret anywhere it wrote or logged."""
@@ -151,7 +151,7 @@ def test_train_job_tracks_live_exports_and_keeps_secrets(
                 seen_running = (len(history), client.get_metric_history(runs[0].info.run_id, "loss"))
                 break
         time.sleep(1)
-    # #56: a second job of the same name on the same storage, while the first trains: refused in one line
+    # a second job of the same name on the same storage, while the first trains: refused in one line
     # naming the owner, before it touches anything (the first one's model is checked below)
     second = train(
         tmp_path, "--storage", str(tmp_path / "store"), "--name", "live", timeout=120, jobs=job_server
@@ -178,13 +178,13 @@ def test_train_job_tracks_live_exports_and_keeps_secrets(
     run_id = run[0].info.run_id
     assert run[0].data.params["method"] == "simcse" and run[0].data.params["lambda_xx"] == "1.0"
     assert "base_dev" in run[0].data.metrics  # the base model was measured in the same run
-    # one 1-CPU worker leaves a core idle: the base was measured on it while the model trained (#22.4)
+    # one 1-CPU worker leaves a core idle: the base was measured on it while the model trained
     assert re.search(
         r"base model: measured while the model trains, on the \d+ cores? training leaves idle", out
     )
     exported = tmp_path / "store" / "models" / "live"  # under --storage, its absolute path in the summary
     assert (exported / "test.json").is_file() and f'"model_dir": "{exported}"' in out
-    card = (exported / "README.md").read_text()  # #38.2: Sieve's card, not sentence-transformers' empty one
+    card = (exported / "README.md").read_text()  # Sieve's card, not sentence-transformers' empty one
     assert (
         "Trained by Sieve's `simcse` recipe" in card and "train run `live`" in card and "Unknown" not in card
     )
@@ -218,7 +218,7 @@ def test_train_job_tracks_live_exports_and_keeps_secrets(
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_loss_that_turns_nan_stops_the_job_in_one_line_and_its_run_ends_failed(started_alongside):
-    """#56: a learning rate far too large (1e30 - finite: a config refuses inf) makes the loss NaN within a few
+    """A learning rate far too large (1e30 - finite: a config refuses inf) makes the loss NaN within a few
     steps. The worker stops before training on it; the job prints the worker's one line (not Ray's nested
     errors), exits 2, exports nothing, and the MLflow run it made at the start ends FAILED with that reason."""
     import mlflow
@@ -239,7 +239,7 @@ def test_a_loss_that_turns_nan_stops_the_job_in_one_line_and_its_run_ends_failed
 
 @pytest.mark.timeout(120)
 def test_a_cluster_that_never_gets_a_fitting_node_stops_the_job_after_its_wait(started_alongside):
-    """#56: joined to a cluster (which might add nodes), a job asking for a GPU no node has waits
+    """Joined to a cluster (which might add nodes), a job asking for a GPU no node has waits
     ``scaling.wait_for_nodes_s`` and stops in one line naming the key and both numbers - not Ray's silent wait
     for a placement; the MLflow run the job had made ends FAILED with that line."""
     import mlflow

@@ -1,4 +1,4 @@
-"""Multi-node without a shared disk (#18.8): the session's Ray head plus a second Ray node on loopback,
+"""Multi-node without a shared disk: the session's Ray head plus a second Ray node on loopback,
 started with its own temp dir, working directory, home and model cache. The main job's sweep runs
 with its model, corpus and run storage on the S3 endpoint and 2-worker trials spread over both
 nodes (STRICT_SPREAD); the second node is killed mid-trial, a fresh one joins, and the trial

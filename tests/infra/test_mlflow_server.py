@@ -59,7 +59,7 @@ def test_rendered_hosts_carry_the_service_port():
 
 
 def test_the_old_value_is_caught():
-    """The list before #19 (names without the port) rejects the in-cluster Host by MLflow's own rule."""
+    """A host list without the port rejects the in-cluster Host by MLflow's own rule."""
     from mlflow.server.security_utils import is_allowed_host_header
 
     old = ["mlflow", "mlflow.sieve", "mlflow.sieve.svc", "localhost:5000", "127.0.0.1:5000"]

@@ -3,7 +3,7 @@ providers are in the offline mirror passes `terraform validate`; our own rules h
 has a fixture that breaks it (a one-line edit of a copy of the repo) and is caught; checkov passes
 with only the documented skips. No cloud is needed.
 
-The rules, one per point of #19: MLflow authenticated (basic-auth app, credentials from Kubernetes
+The rules: MLflow authenticated (basic-auth app, credentials from Kubernetes
 secrets, jobs' credential in the Ray pods' environment); NetworkPolicies (namespace default-deny,
 MLflow 5000 from Ray pods only, Ray ports among Ray pods and the operator's 8265) and their
 enforcement (the VPC CNI's network-policy agent); GPU groups that scale from zero (cluster-autoscaler,
