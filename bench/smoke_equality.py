@@ -1,7 +1,7 @@
 """Compare every figure two smoke sweeps wrote: ``python bench/smoke_equality.py DIR_BEFORE DIR_AFTER``.
 
 Each DIR is a sweep's report folder (the ``report:`` line of ``jobs/sifter_sweep.py`` names it). Every number in
-its ``trials.json``, ``summary.json`` and ``base.json`` is compared, leaving out timings, paths and run ids (keys
+its ``trials.json``, ``summary.json``, ``base.json`` and ``leaderboard.json`` is compared, leaving out timings, paths and run ids (keys
 below); the script prints each difference and the count of identical figures, and exits 1 on any difference.
 """
 
@@ -12,7 +12,7 @@ import re
 import sys
 from pathlib import Path
 
-FILES = ("trials.json", "summary.json", "base.json")
+FILES = ("trials.json", "summary.json", "base.json", "leaderboard.json")
 SKIP = re.compile(
     r"(time|_s$|seconds|duration|path|dir|uri|run_id|trial_id|logdir|date|report|host|pid|node)", re.I
 )
