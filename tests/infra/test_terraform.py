@@ -101,12 +101,38 @@ def world_open_ingress(docs: dict[Path, dict]) -> list[str]:
     return bad
 
 
+def default_groups(repo: Path) -> tuple[list[dict], dict]:
+    """The Ray GPU worker groups and the CPU worker group as the k8s root applies them by default."""
+    k8s = variables(tf(repo, "envs", "prod", "k8s"))
+    return k8s["ray_gpu_worker_groups"]["default"], k8s["ray_cpu_worker_group"]["default"]
+
+
+def rule_presets_fit_the_worker_pods(repo: Path) -> list[str]:
+    """Every GPU preset's worker (``scaling.cpus_per_worker`` CPUs + 1 GPU) fits a pod of a default Ray GPU
+    worker group, which offers the CPUs of its container limit: a worker no pod can hold leaves Ray Train
+    waiting for a placement group that never comes, and retrying for ever."""
+    gpu_groups, _ = default_groups(repo)
+    bad = []
+    for path in sorted((repo / "configs").rglob("*.yaml")):
+        scaling = (yaml.safe_load(path.read_text()) or {}).get("scaling") or {}
+        if not scaling.get("use_gpu"):
+            continue
+        cpus = float(scaling.get("cpus_per_worker", 1))
+        if not any(float(g["cpus"]) >= cpus and int(g["gpus"]) >= 1 for g in gpu_groups):
+            offered = ", ".join(f"{g['name']}: {g['cpus']} CPUs" for g in gpu_groups)
+            bad.append(
+                f"{path.relative_to(repo)}: a worker asks {cpus:g} CPUs + 1 GPU; the default pods offer {offered}"
+            )
+    return bad
+
+
 def ray_template(repo: Path) -> dict:
-    """The RayCluster manifest rendered with one GPU group (Terraform's templatefile, by hand)."""
+    """The RayCluster manifest rendered with the k8s root's default groups, its first GPU group alone
+    (Terraform's templatefile, by hand)."""
     text = (repo / "infra" / "k8s" / "raycluster.yaml.tftpl").read_text()
     loop = re.search(r"%\{ for g in gpu_groups ~\}\n(.*?)%\{ endfor ~\}\n", text, re.S)
-    gpu = {"name": "a10g", "min": 0, "max": 4, "cpus": 8, "memory": "32Gi", "gpus": 1}
-    cpu = {"min": 0, "max": 8, "cpus": 8, "memory": "16Gi"}
+    gpu, cpu = default_groups(repo)
+    gpu = gpu[0]
     body = text.replace(loop.group(0), loop.group(1)) if loop else text
     for prefix, values in (("g", gpu), ("cpu_group", cpu)):
         for k, v in values.items():
@@ -395,10 +421,23 @@ RULES: dict[str, Callable[[Path], list[str]]] = {
     "teardown_switches": rule_teardown_switches,
     "two_roots": rule_two_roots,
     "readme_local_ray": rule_readme_local_ray,
+    "presets_fit_the_worker_pods": rule_presets_fit_the_worker_pods,
 }
 
 # (rule, file, text, replacement): each edit alone breaks the rule and must be caught.
 BREAKS = [
+    (
+        "presets_fit_the_worker_pods",
+        "configs/sifter_simcse/paper.yaml",
+        "cpus_per_worker: 6",
+        "cpus_per_worker: 8",
+    ),
+    (
+        "presets_fit_the_worker_pods",
+        "infra/terraform/envs/prod/k8s/variables.tf",
+        'gpus = 1, cpus = 7, memory = "28Gi"',
+        'gpus = 1, cpus = 5, memory = "28Gi"',
+    ),
     (
         "mlflow_authenticated",
         "infra/terraform/modules/mlflow/main.tf",
