@@ -107,6 +107,29 @@ def default_groups(repo: Path) -> tuple[list[dict], dict]:
     return k8s["ray_gpu_worker_groups"]["default"], k8s["ray_cpu_worker_group"]["default"]
 
 
+# KubeRay's default readiness and liveness probe of every Ray pod (ray-operator/controllers/ray/utils/constant.go,
+# BaseWgetHealthCommand; v1.4.2: "wget -T 2 -q -O- http://localhost:%d/%s | grep success"). grep is one of
+# Ubuntu's Essential packages, in every image; the rest must be installed.
+KUBERAY_PROBE = "wget -T 2 -q -O- http://localhost:%d/%s | grep success"
+ESSENTIAL = {"grep"}
+
+
+def rule_probe_binaries_in_the_image(repo: Path) -> list[str]:
+    """Every program KubeRay's default probes run is installed by infra/Dockerfile: a probe that cannot run
+    fails, and the pods never become Ready."""
+    docker = (repo / "infra" / "Dockerfile").read_text()
+    installed = {
+        pkg
+        for m in re.finditer(r"apt-get install -y --no-install-recommends ([^\\&\n]+)", docker)
+        for pkg in m.group(1).split()
+    }
+    programs = {part.split()[0] for part in KUBERAY_PROBE.split("|")}
+    return [
+        f"infra/Dockerfile installs no {p} (KubeRay's probes run it)"
+        for p in sorted(programs - installed - ESSENTIAL)
+    ]
+
+
 def rule_presets_fit_the_worker_pods(repo: Path) -> list[str]:
     """Every GPU preset's worker (``scaling.cpus_per_worker`` CPUs + 1 GPU) fits a pod of a default Ray GPU
     worker group, which offers the CPUs of its container limit: a worker no pod can hold leaves Ray Train
@@ -422,10 +445,12 @@ RULES: dict[str, Callable[[Path], list[str]]] = {
     "two_roots": rule_two_roots,
     "readme_local_ray": rule_readme_local_ray,
     "presets_fit_the_worker_pods": rule_presets_fit_the_worker_pods,
+    "probe_binaries_in_the_image": rule_probe_binaries_in_the_image,
 }
 
 # (rule, file, text, replacement): each edit alone breaks the rule and must be caught.
 BREAKS = [
+    ("probe_binaries_in_the_image", "infra/Dockerfile", "ca-certificates wget", "ca-certificates"),
     (
         "presets_fit_the_worker_pods",
         "configs/sifter_simcse/paper.yaml",
