@@ -130,6 +130,22 @@ def rule_probe_binaries_in_the_image(repo: Path) -> list[str]:
     ]
 
 
+def rule_autoscaler_has_the_token(repo: Path) -> list[str]:
+    """With token auth on, the in-tree autoscaler sidecar carries the token the Ray containers carry (the pinned
+    KubeRay gives it none): refused by the GCS, it never asks for a worker pod and a cluster at zero stays there."""
+    spec = ray_template(repo)["spec"]
+    if not spec.get("enableInTreeAutoscaling"):
+        return []
+    head_env = env_of(spec["headGroupSpec"]["template"])
+    env = {e["name"]: e for e in (spec.get("autoscalerOptions") or {}).get("env", [])}
+    bad = []
+    if env.get("RAY_AUTH_MODE", {}).get("value") != "token":
+        bad.append("the autoscaler sidecar's env does not set RAY_AUTH_MODE=token")
+    if env.get("RAY_AUTH_TOKEN", {}).get("valueFrom") != head_env.get("RAY_AUTH_TOKEN", {}).get("valueFrom"):
+        bad.append("the autoscaler sidecar's env does not carry the Ray containers' RAY_AUTH_TOKEN")
+    return bad
+
+
 def rule_presets_fit_the_worker_pods(repo: Path) -> list[str]:
     """Every GPU preset's worker (``scaling.cpus_per_worker`` CPUs + 1 GPU) fits a pod of a default Ray GPU
     worker group, which offers the CPUs of its container limit: a worker no pod can hold leaves Ray Train
@@ -446,10 +462,18 @@ RULES: dict[str, Callable[[Path], list[str]]] = {
     "readme_local_ray": rule_readme_local_ray,
     "presets_fit_the_worker_pods": rule_presets_fit_the_worker_pods,
     "probe_binaries_in_the_image": rule_probe_binaries_in_the_image,
+    "autoscaler_has_the_token": rule_autoscaler_has_the_token,
 }
 
 # (rule, file, text, replacement): each edit alone breaks the rule and must be caught.
 BREAKS = [
+    (
+        "autoscaler_has_the_token",
+        "infra/k8s/raycluster.yaml.tftpl",
+        "      - name: RAY_AUTH_TOKEN\n        valueFrom:\n          secretKeyRef:\n            name: ${token_secret}\n"
+        "            key: token\n",
+        "",
+    ),
     ("probe_binaries_in_the_image", "infra/Dockerfile", "ca-certificates wget", "ca-certificates"),
     (
         "presets_fit_the_worker_pods",
