@@ -307,6 +307,11 @@ def deepspeed_config(cfg, *, grad_clip: float | None) -> dict:
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 10**9,
     }
+    if cfg.offload_optimizer:
+        # our torch AdamW steps the offloaded fp32 states on the CPU. DeepSpeed refuses a client optimiser with
+        # offload unless told, to steer users to DeepSpeedCPUAdam - a C++ op JIT-compiled on first use, which
+        # the training image (no compiler, DS_BUILD_OPS=0) cannot build
+        out["zero_force_ds_cpu_optimizer"] = False
     if grad_clip:
         out["gradient_clipping"] = grad_clip
     return out
