@@ -146,6 +146,37 @@ def rule_autoscaler_has_the_token(repo: Path) -> list[str]:
     return bad
 
 
+def rule_crds_applied_before_their_manifests(repo: Path) -> list[str]:
+    """A ``kubernetes_manifest`` needs its kind's CRD when it is planned; where the CRD comes from a Helm release of
+    the same root (the RayCluster's from the KubeRay operator), infra/README.md applies that release alone
+    (``-target=``) before the root's first plan, or the first apply fails."""
+    k8s = tf(repo, "envs", "prod", "k8s")
+    modules = {
+        name: Path(block["source"]).name
+        for doc in k8s.values()
+        for entry in doc.get("module", [])
+        for name, block in entry.items()
+    }
+    readme = (repo / "infra" / "README.md").read_text().splitlines()
+    start = next(
+        (i for i, line in enumerate(readme) if line.startswith("cd infra/terraform/envs/prod/k8s")), 0
+    )
+    first_plan = next(
+        (i for i in range(start, len(readme)) if readme[i].startswith("terraform plan")), len(readme)
+    )
+    bad = []
+    for module, folder in modules.items():
+        for name, manifest in resources(tf(repo, "modules", folder), "kubernetes_manifest"):
+            for dep in manifest.get("depends_on", []):
+                release = re.fullmatch(r"\$\{(helm_release\.\w+)\}", dep)
+                target = f"-target=module.{module}.{release.group(1)}" if release else None
+                if target and not any(target in line for line in readme[start:first_plan]):
+                    bad.append(
+                        f"infra/README.md: no `terraform apply {target}` before the first plan ({name})"
+                    )
+    return bad
+
+
 def rule_presets_fit_the_worker_pods(repo: Path) -> list[str]:
     """Every GPU preset's worker (``scaling.cpus_per_worker`` CPUs + 1 GPU) fits a pod of a default Ray GPU
     worker group, which offers the CPUs of its container limit: a worker no pod can hold leaves Ray Train
@@ -463,10 +494,17 @@ RULES: dict[str, Callable[[Path], list[str]]] = {
     "presets_fit_the_worker_pods": rule_presets_fit_the_worker_pods,
     "probe_binaries_in_the_image": rule_probe_binaries_in_the_image,
     "autoscaler_has_the_token": rule_autoscaler_has_the_token,
+    "crds_applied_before_their_manifests": rule_crds_applied_before_their_manifests,
 }
 
 # (rule, file, text, replacement): each edit alone breaks the rule and must be caught.
 BREAKS = [
+    (
+        "crds_applied_before_their_manifests",
+        "infra/README.md",
+        'terraform apply -var "image=$IMAGE" -var "state_bucket=$TFSTATE" -target=module.ray.helm_release.kuberay\n',
+        "",
+    ),
     (
         "autoscaler_has_the_token",
         "infra/k8s/raycluster.yaml.tftpl",
