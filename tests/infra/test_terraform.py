@@ -177,6 +177,30 @@ def rule_crds_applied_before_their_manifests(repo: Path) -> list[str]:
     return bad
 
 
+def rule_gpu_sweeps_set_their_concurrency(repo: Path) -> list[str]:
+    """A sweep left to derive its concurrency reads the nodes up when it starts - on a cluster scaled to zero,
+    one trial at a time. Every GPU sweep preset sets ``sweep.max_concurrent_trials``, which the default GPU
+    groups hold at their maximum."""
+    gpu_groups, _ = default_groups(repo)
+    gpus = sum(int(g["max"]) * int(g["gpus"]) for g in gpu_groups)
+    bad = []
+    for path in sorted((repo / "configs").glob("*_sweep/*.yaml")):
+        doc = yaml.safe_load(path.read_text()) or {}
+        base = yaml.safe_load((repo / doc["base"]).read_text()) if doc.get("base") else {}
+        scaling = (base or {}).get("scaling") or {}
+        if not scaling.get("use_gpu"):
+            continue
+        n, workers = (doc.get("sweep") or {}).get("max_concurrent_trials"), int(scaling.get("num_workers", 1))
+        where = path.relative_to(repo)
+        if n is None:
+            bad.append(
+                f"{where}: a GPU sweep without sweep.max_concurrent_trials (one trial at a time from zero)"
+            )
+        elif n * workers > gpus:
+            bad.append(f"{where}: {n} trials × {workers} GPUs, but the default GPU groups reach {gpus} GPUs")
+    return bad
+
+
 def rule_presets_fit_the_worker_pods(repo: Path) -> list[str]:
     """Every GPU preset's worker (``scaling.cpus_per_worker`` CPUs + 1 GPU) fits a pod of a default Ray GPU
     worker group, which offers the CPUs of its container limit: a worker no pod can hold leaves Ray Train
@@ -495,10 +519,23 @@ RULES: dict[str, Callable[[Path], list[str]]] = {
     "probe_binaries_in_the_image": rule_probe_binaries_in_the_image,
     "autoscaler_has_the_token": rule_autoscaler_has_the_token,
     "crds_applied_before_their_manifests": rule_crds_applied_before_their_manifests,
+    "gpu_sweeps_set_their_concurrency": rule_gpu_sweeps_set_their_concurrency,
 }
 
 # (rule, file, text, replacement): each edit alone breaks the rule and must be caught.
 BREAKS = [
+    (
+        "gpu_sweeps_set_their_concurrency",
+        "configs/tsdae_sweep/paper.yaml",
+        "max_concurrent_trials: 4",
+        "num_samples: 2",
+    ),
+    (
+        "gpu_sweeps_set_their_concurrency",
+        "configs/sifter_sweep/paper.yaml",
+        "max_concurrent_trials: 4",
+        "max_concurrent_trials: 5",
+    ),
     (
         "crds_applied_before_their_manifests",
         "infra/README.md",
