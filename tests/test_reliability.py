@@ -82,7 +82,23 @@ def catalogue(tmp: Path, tiny: Path) -> list[tuple[str, list[str], str]]:
     unequal = write(tmp, "unequal.yaml", "seeds: [1, 2]\n" + arms)
     typo = write(tmp, "typo.yaml", "seeds: [1, 2]\nrefrence: a\n" + arms)
     (tmp / "st" / "train" / "taken").mkdir(parents=True, exist_ok=True)  # an earlier run's checkpoints
+    beir = tmp / "beir"  # your own retrieval data whose qrels name a document the corpus lacks
+    (beir / "qrels").mkdir(parents=True, exist_ok=True)
+    write(beir, "corpus.jsonl", '{"_id": "d1", "text": "a cat"}\n')
+    write(beir, "queries.jsonl", '{"_id": "q1", "text": "cats"}\n')
+    write(beir / "qrels", "test.tsv", "query-id\tcorpus-id\tscore\nq1\td1\t1\nq1\td9\t1\n")
     return [
+        (
+            "retrieval: a qrels id not in the corpus",
+            [
+                tr,
+                "--method",
+                "supervised_contrastive",
+                "eval.domain=[beir_mine]",
+                f"eval.domain_paths={{beir_mine: {beir}}}",
+            ],
+            "qrels/test.tsv:3: corpus-id 'd9' is not in corpus.jsonl",
+        ),
         (
             "train: a name already used",
             [tr, "--method", "simcse", "--name", "taken", "--storage", str(tmp / "st")],

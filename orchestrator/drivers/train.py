@@ -38,6 +38,7 @@ from orchestrator.config import EncoderMethodConfig, MethodConfig, repo_path
 from orchestrator.drivers import train_entry
 from orchestrator.drivers.cluster import check_resources, fault_hooks, joins_cluster, worker_bundle
 from orchestrator.errors import ConfigError, DataError, SieveError
+from orchestrator.evaluation.domain import check_domain_tasks
 from orchestrator.evaluation.encode import test_time_pooling
 from orchestrator.evaluation.suite import TestReport
 from orchestrator.models import pooling_for, resolve_model_source, saved_pooling
@@ -54,6 +55,8 @@ def preflight(cfg: MethodConfig) -> str:
         if not storage.exists(repo_path(path)):
             raise DataError(f"{key}: {path}: no such file or folder")
     cfg.check_data()
+    if isinstance(cfg, EncoderMethodConfig) and cfg.eval.domain:  # a BEIR folder read whole, line by line
+        check_domain_tasks(cfg.eval.domain, cfg.eval.domain_paths)
     if not ray.is_initialized() and not joins_cluster():  # the private local Ray's resources are known now
         check_resources([cfg])
     exp_id = tracking.setup(cfg.tracking.tracking_uri, cfg.tracking.experiment)

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from orchestrator.errors import DataError
+from orchestrator.evaluation.beir import BeirEvaluator
 from orchestrator.evaluation.encode import HFEncoder, test_time_pooling
 from orchestrator.evaluation.retrieval import QQP_DEV, RetrievalEvaluator
 from orchestrator.evaluation.sts import read_sts_tsv
@@ -170,6 +171,10 @@ def get_evaluator(name: str, path: str | None = None):
         name == "qqp_retrieval"
     ):  # duplicate-question retrieval (nDCG@10 ...), or one built from another pair file
         return RetrievalEvaluator(name, Path(path) if path else QQP_DEV)
+    if name.startswith("beir"):  # your own retrieval data, a BEIR folder
+        if not path:
+            raise DataError(f"domain evaluator {name!r}: give its BEIR folder (eval.domain_paths.{name})")
+        return BeirEvaluator(name, path)
     if name in RERANKING:
         if not path:
             raise DataError(
@@ -177,8 +182,16 @@ def get_evaluator(name: str, path: str | None = None):
                 f"(eval.domain_paths.{name})"
             )
         return RerankingEvaluator(name, Path(path))
-    known = ["twitterpara", *PAIR_FILES, "qqp_retrieval", *RERANKING]
+    known = ["twitterpara", *PAIR_FILES, "qqp_retrieval", *RERANKING, "beir_<name> (a BEIR folder)"]
     raise DataError(f"unknown domain evaluator {name!r}: expected one of {', '.join(known)}")
+
+
+def check_domain_tasks(names: list[str], paths: dict[str, str] | None = None) -> None:
+    """Before any work: every domain task exists, and a BEIR folder is read whole and checked (file and line)."""
+    for name in names:
+        evaluator = get_evaluator(name, (paths or {}).get(name))
+        if isinstance(evaluator, BeirEvaluator):
+            evaluator.check()
 
 
 def domain_report(encoder, names: list[str], paths: dict[str, str] | None = None):

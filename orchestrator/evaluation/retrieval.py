@@ -32,9 +32,12 @@ def ranked(query_emb: np.ndarray, corpus_emb: np.ndarray, depth: int) -> np.ndar
     return order[:, :depth]
 
 
-def retrieval_metrics(top: np.ndarray, relevant: list[set[int]]) -> dict[str, float]:
+def retrieval_metrics(
+    top: np.ndarray, relevant: list[set[int]], recall_at: tuple[int, ...] = (1, 5, 10)
+) -> dict[str, float]:
     """Each query's ranked corpus indices ``top`` against its relevant set, averaged (the IR evaluator's
-    definitions: nDCG with binary gains over min(|relevant|, k) ideal hits, MAP@k divided by min(k, |relevant|))."""
+    definitions: nDCG with binary gains over min(|relevant|, k) ideal hits, MAP@k divided by min(k, |relevant|));
+    recall at each of ``recall_at``."""
     out: dict[str, list[float]] = {}
 
     def add(key: str, value: float) -> None:
@@ -47,7 +50,7 @@ def retrieval_metrics(top: np.ndarray, relevant: list[set[int]]) -> dict[str, fl
         add("ndcg_at_10", dcg / ideal)
         first = next((i for i, f in enumerate(flags[:10]) if f), None)
         add("mrr_at_10", 0.0 if first is None else 1 / (first + 1))
-        for k in (1, 5, 10):
+        for k in recall_at:
             add(f"recall_at_{k}", sum(flags[:k]) / len(rel))
         for k in (1, 10):
             add(f"accuracy_at_{k}", float(any(flags[:k])))
