@@ -4,6 +4,7 @@
     python jobs/evaluate.py --model PATH --pooling cls_before_pooler --sts-file my_pairs.tsv
     python jobs/evaluate.py --model models:/sifter-simcse@champion --log-to-run   # the registry's champion
     python jobs/evaluate.py --model outputs/models/mine --baseline default --sts-file my_pairs.tsv  # beside its base
+    python jobs/evaluate.py --model outputs/models/mine --baseline default --beir my_beir_folder --tasks ''
 
 ``--pooling`` defaults to the model folder's own saved pooling (a sentence-transformers folder
 records it; a plain transformers folder has none, and then ``mean`` is used). ``cls`` reads the
@@ -12,6 +13,9 @@ model's pooler layer and is refused when the folder has no pooler weights.
 ``--baseline`` scores a second model - the one you started from - in the same call, on the same tasks, read
 with the same pooling (and, when its folder saved another, read that way too: a baseline is never shown only
 at its weaker reading); the table then gives the difference per task.
+
+``--beir FOLDER`` scores your own retrieval data, a BEIR folder (``corpus.jsonl``, ``queries.jsonl``,
+``qrels/test.tsv``; checked line by line before a model is loaded): nDCG@10, MRR@10, recall@1/5/10/100, MAP@100.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from orchestrator import storage, tracking
 from orchestrator.drivers.cli import HelpFormatter
 from orchestrator.errors import ConfigError
 from orchestrator.evaluation import sts
+from orchestrator.evaluation.beir import BeirEvaluator, read_beir
 from orchestrator.evaluation.encode import POOLINGS, HFEncoder
 from orchestrator.models import MLFLOW_SCHEMES, load_encoder, resolve_model_source, saved_pooling
 from orchestrator.seed import seed_everything
@@ -55,6 +60,13 @@ def parse_args() -> argparse.Namespace:
         "--sts-file", action="append", default=[], help="extra TSV(s) with sentence1, sentence2, score"
     )
     ap.add_argument(
+        "--beir",
+        action="append",
+        default=[],
+        metavar="FOLDER",
+        help="a BEIR folder (corpus.jsonl, queries.jsonl, qrels/test.tsv; local or s3://) scored as retrieval",
+    )
+    ap.add_argument(
         "--baseline",
         help="a second model (e.g. 'default', the one you started from) scored in the "
         "same call with the same pooling and tasks; the table shows the difference",
@@ -76,11 +88,13 @@ def checked_tasks(args: argparse.Namespace) -> list[str]:
         raise ConfigError(
             f"--tasks: unknown task(s) {', '.join(unknown)} (known: {', '.join(sts.TASK_FILES)})"
         )
-    if not tasks and not args.sts_file:
-        raise ConfigError("--tasks is empty and no --sts-file given: nothing to evaluate")
+    if not tasks and not args.sts_file and not args.beir:
+        raise ConfigError("--tasks is empty and no --sts-file or --beir given: nothing to evaluate")
     # Validate every input file and the output path before loading the model (fail fast on bad input).
     for f in args.sts_file:
         sts.read_sts_tsv(f)
+    for folder in args.beir:
+        read_beir(folder)
     for flag in ("model", "tracking_uri", "json", "baseline"):
         value = getattr(args, flag)
         if value is not None and not value.strip():
@@ -110,13 +124,19 @@ def main() -> int:
         own = saved_pooling(resolve_model_source(args.baseline))
     result = score(args, args.model, pooling, tasks)
     print(f"pooling: {pooling}" + ("" if args.pooling else " (the model's own)"))
-    print(sts.format_table(result))
+    if result["tasks"]:
+        print(sts.format_table(result))
+    if result.get("retrieval"):
+        print(retrieval_table(result))
     if args.baseline:
         readings = [pooling] + ([own] if own and own != pooling else [])
         result["baselines"] = [score(args, args.baseline, p, tasks) for p in readings]
         for b in result["baselines"]:
             print(f"\n{args.model} − baseline {args.baseline} read with {b['pooling']}, ×100:")
-            print(difference_table(result, b))
+            if result["tasks"]:
+                print(difference_table(result, b))
+            if result.get("retrieval"):
+                print(retrieval_table(result, b))
     record(args, result)
     return 0
 
@@ -125,14 +145,14 @@ def record(args: argparse.Namespace, result: dict) -> None:
     """The scores to MLflow (the active run; with ``--log-to-run``, the run that logged the model) and to
     ``--json``."""
     if mlflow.active_run() is not None:
-        mlflow.log_metrics(sts.flat_metrics(result))
+        mlflow.log_metrics({**sts.flat_metrics(result), **retrieval_metrics(result)})
     if args.log_to_run:
         run_id = tracking.run_of(args.model)
         mlflow.MlflowClient().log_batch(
             run_id,
             metrics=[
                 mlflow.entities.Metric(f"eval_{k}", v, 0, 0)
-                for k, v in sts.flat_metrics(result, "sts_").items()
+                for k, v in {**sts.flat_metrics(result, "sts_"), **retrieval_metrics(result)}.items()
             ],
         )
         print(f"logged to run {run_id}")
@@ -153,7 +173,42 @@ def score(args, model_ref: str, pooling: str, tasks: list[str]) -> dict:
         max_length=args.max_length,
         progress=not args.no_progress,
     )
-    return {"model": model_ref, "pooling": pooling, **sts.evaluate(encoder, tasks, extra_files=args.sts_file)}
+    result = {"model": model_ref, "pooling": pooling, "tasks": {}}
+    if tasks or args.sts_file:
+        result.update(sts.evaluate(encoder, tasks, extra_files=args.sts_file))
+    if args.beir:
+        result["retrieval"] = {
+            name: BeirEvaluator(name, folder)(encoder) for name, folder in beir_tasks(args)
+        }
+    return result
+
+
+def beir_tasks(args) -> list[tuple[str, str]]:
+    """(task name, folder) per ``--beir``: ``beir_<folder name>``, numbered where two folders share a name."""
+    names = [f"beir_{Path(f.rstrip('/')).name or 'data'}" for f in args.beir]
+    return [
+        (n if names.count(n) == 1 else f"{n}_{i + 1}", f) for i, (n, f) in enumerate(zip(names, args.beir))
+    ]
+
+
+def retrieval_metrics(result: dict) -> dict[str, float]:
+    return {k: v for metrics in result.get("retrieval", {}).values() for k, v in metrics.items()}
+
+
+def retrieval_table(result: dict, base: dict | None = None) -> str:
+    """Every retrieval metric ×100 (beside the baseline's, with the difference, when one is given)."""
+    ours = retrieval_metrics(result)
+    if base is None:
+        return "\n".join(
+            ["| retrieval | ×100 |", "|---|---:|", *(f"| {k} | {v * 100:.2f} |" for k, v in ours.items())]
+        )
+    theirs = retrieval_metrics(base)
+    rows = ["| retrieval | baseline | model | model − baseline |", "|---|---:|---:|---:|"]
+    rows += [
+        f"| {k} | {theirs[k] * 100:.2f} | {v * 100:.2f} | {(v - theirs[k]) * 100:+.2f} |"
+        for k, v in ours.items()
+    ]
+    return "\n".join(rows)
 
 
 def difference_table(result: dict, base: dict) -> str:

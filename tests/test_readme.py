@@ -25,7 +25,7 @@ def test_the_own_data_commands_are_accepted_as_written(tmp_path, job_server):
     commands = own_data_commands()
     assert {c[1] for c in commands} == {"jobs/train.py", "jobs/evaluate.py", "jobs/compare.py"} and len(
         commands
-    ) == 5
+    ) == 6
     # each as a real process, forked by the session's job server (it imported the jobs' libraries once);
     # evaluate.py has no --print-config: its --help lists every flag the command uses
     got = run_forked(

@@ -89,6 +89,11 @@ def catalogue(tmp: Path, tiny: Path) -> list[tuple[str, list[str], str]]:
     write(beir / "qrels", "test.tsv", "query-id\tcorpus-id\tscore\nq1\td1\t1\nq1\td9\t1\n")
     return [
         (
+            "eval: a BEIR qrels id not in the corpus",
+            [ev, "--beir", str(beir), "--tasks", ""],
+            "qrels/test.tsv:3: corpus-id 'd9' is not in corpus.jsonl",
+        ),
+        (
             "retrieval: a qrels id not in the corpus",
             [
                 tr,
