@@ -83,7 +83,7 @@ def test_equals_sentence_transformers_information_retrieval_evaluator(tmp_path, 
 
 
 BAD = [
-    ("corpus.jsonl", 2, "{not json\n", "corpus.jsonl:2: not JSON"),
+    ("corpus.jsonl", 2, "{not json\n", "corpus.jsonl:2: invalid JSON"),
     ("corpus.jsonl", 2, '["a list"]\n', "corpus.jsonl:2: not a JSON object"),
     ("corpus.jsonl", 2, '{"text": "no id"}\n', "corpus.jsonl:2: no _id"),
     (

@@ -135,3 +135,14 @@ class CachedLoss:
         worker joins), then step 3."""
         self.loss.backward()
         self.cache.replay(backward, no_sync=no_sync)
+
+
+def encode(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cfg
+) -> tuple[torch.Tensor, CachedEmbeddings | None]:
+    """A batch's embeddings for a contrastive loss: one forward with its graph, or - under ``train.grad_cache`` -
+    GradCache's graph-free mini-batches (the loss is then returned as ``CachedLoss(loss, cache)``)."""
+    if cfg.train.grad_cache:
+        cache = CachedEmbeddings(model, input_ids, attention_mask, cfg.train.grad_cache.mini_batch)
+        return cache.embeddings, cache
+    return model(input_ids, attention_mask), None

@@ -47,6 +47,7 @@ from orchestrator.config import EncoderMethodConfig, ModelConfig, TrackingConfig
 from orchestrator.data.training_corpus import CorpusBlock, prepare_corpus
 from orchestrator.models import load_encoder, resolve_model_source
 from trainers import common
+from trainers.encoder import tokenize_texts
 from trainers.protocol import DOMAIN, DomainEval
 from trainers.recipe import Recipe
 
@@ -162,15 +163,8 @@ def choose_positions(
 
 def mask_batch(tokenizer, texts: list[str], cfg: MLMConfig, rng: random.Random) -> dict[str, torch.Tensor]:
     """input_ids with the chosen tokens replaced 80/10/10, attention_mask, labels (-100 where not chosen)."""
-    enc = tokenizer(
-        [str(t) for t in texts],
-        padding=True,
-        truncation=True,
-        max_length=cfg.model.max_length,
-        return_tensors="pt",
-        return_token_type_ids=False,
-    )
-    ids, labels = enc["input_ids"].clone(), torch.full_like(enc["input_ids"], IGNORE)
+    ids, mask = tokenize_texts(tokenizer, texts, cfg, "cpu")
+    labels = torch.full_like(ids, IGNORE)
     special = set(tokenizer.all_special_ids)
     pieces = {i for t, i in tokenizer.get_vocab().items() if t.startswith("##")}
     for row in range(ids.size(0)):
@@ -183,7 +177,7 @@ def mask_batch(tokenizer, texts: list[str], cfg: MLMConfig, rng: random.Random) 
                 ids[row, pos] = tokenizer.mask_token_id
             elif draw < 0.9:
                 ids[row, pos] = rng.randrange(len(tokenizer))
-    return {"input_ids": ids, "attention_mask": enc["attention_mask"], "labels": labels}
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
 def batch_rng(seed: int, epoch: int, step: int) -> random.Random:

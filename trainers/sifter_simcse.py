@@ -76,7 +76,7 @@ from orchestrator.data.training_corpus import CorpusBlock, prepare_corpus
 from orchestrator.evaluation.encode import mean_pool
 from orchestrator.models import load_encoder, pooling_for
 from trainers import common
-from trainers.grad_cache import CachedEmbeddings, CachedLoss
+from trainers.grad_cache import CachedLoss, encode
 from trainers.protocol import STS_DEV
 from trainers.recipe import Recipe
 
@@ -232,12 +232,7 @@ def compute_loss(
         common.to_device(enc["input_ids"], device, cfg),
         common.to_device(enc["attention_mask"], device, cfg),
     )
-    cache = None
-    if cfg.train.grad_cache:  # embeddings without a graph; the backward re-encodes (trainers/grad_cache.py)
-        cache = CachedEmbeddings(model, ids, mask, cfg.train.grad_cache.mini_batch)
-        out = cache.embeddings
-    else:
-        out = model(ids, mask)
+    out, cache = encode(model, ids, mask, cfg)  # under train.grad_cache: no graph, the backward re-encodes
     per_view = out.view(len(views), -1, out.size(-1))
     emb = {
         v: common.gather_with_grad(per_view[i]) if cfg.gather_negatives else per_view[i]

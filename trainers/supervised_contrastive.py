@@ -45,7 +45,7 @@ from orchestrator.data.labelled import read_table, table_to_shards
 from trainers import common
 from trainers.checkpoint import export_trained_encoder
 from trainers.encoder import build_pooled_encoder, tokenize_texts
-from trainers.grad_cache import CachedEmbeddings, CachedLoss
+from trainers.grad_cache import CachedLoss, encode
 from trainers.protocol import DOMAIN, DomainEval
 from trainers.recipe import Recipe
 
@@ -113,12 +113,7 @@ def compute_loss(
     columns = ["anchor", "positive", *(f"negative_{m}" for m in range(len(cfg.train_pairs.negative_columns)))]
     n = len(batch["anchor"])
     ids, mask = tokenize_texts(tokenizer, [t for c in columns for t in batch[c]], cfg, device)
-    cache = None
-    if cfg.train.grad_cache:  # embeddings without a graph; the backward re-encodes (trainers/grad_cache.py)
-        cache = CachedEmbeddings(model, ids, mask, cfg.train.grad_cache.mini_batch)
-        out = cache.embeddings
-    else:
-        out = model(ids, mask)
+    out, cache = encode(model, ids, mask, cfg)  # under train.grad_cache: no graph, the backward re-encodes
     rows = out.view(len(columns), n, -1).transpose(0, 1)  # (row, column, dim): one gather for every column
     if cfg.gather_negatives:
         rows = common.gather_with_grad(rows.contiguous())

@@ -18,6 +18,7 @@ Limit: the corpus is read into memory (a corpus larger than memory, streamed, is
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from orchestrator import storage
@@ -43,18 +44,25 @@ def _lines(uri: str) -> list[str]:
         raise DataError(f"{uri}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
-def read_jsonl(uri: str, *, texts: tuple[str, ...]) -> dict[str, str]:
-    """``_id`` → its text (the ``texts`` fields that are present, joined by a space), in file order."""
-    out: dict[str, str] = {}
+def json_lines(uri: str) -> Iterator[tuple[int, dict]]:
+    """(line number, object) for every non-blank line of a JSONL file; a line that is not a JSON object is refused
+    naming it."""
     for n, line in enumerate(_lines(uri), start=1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise DataError(f"{uri}:{n}: not JSON ({exc.msg})") from None
+            raise DataError(f"{uri}:{n}: invalid JSON ({exc.msg})") from None
         if not isinstance(row, dict):
             raise DataError(f"{uri}:{n}: not a JSON object")
+        yield n, row
+
+
+def read_jsonl(uri: str, *, texts: tuple[str, ...]) -> dict[str, str]:
+    """``_id`` → its text (the ``texts`` fields that are present, joined by a space), in file order."""
+    out: dict[str, str] = {}
+    for n, row in json_lines(uri):
         key = row.get("_id")
         if not isinstance(key, str | int) or isinstance(key, bool) or str(key) == "":
             raise DataError(f"{uri}:{n}: no _id")

@@ -26,14 +26,13 @@ selection), and ``askubuntu`` / ``cqadupstack`` / ``scidocs`` with ``path=...``.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from orchestrator.errors import DataError
-from orchestrator.evaluation.beir import BeirEvaluator
+from orchestrator.evaluation.beir import BeirEvaluator, json_lines
 from orchestrator.evaluation.encode import HFEncoder, test_time_pooling
 from orchestrator.evaluation.retrieval import QQP_DEV, RetrievalEvaluator
 from orchestrator.evaluation.sts import read_sts_tsv
@@ -134,14 +133,8 @@ class RerankingEvaluator:
                 f"{self.path}: no such file ({self.name} needs its JSONL of query/positive/negative)"
             )
         rows = []
-        for lineno, line in enumerate(self.path.read_text(encoding="utf-8").splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{self.path}:{lineno}: invalid JSON ({exc.msg})") from None
-            if not isinstance(row, dict) or not isinstance(row.get("query"), str) or not row.get("positive"):
+        for lineno, row in json_lines(str(self.path)):
+            if not isinstance(row.get("query"), str) or not row.get("positive"):
                 raise DataError(
                     f'{self.path}:{lineno}: expected {{"query": str, "positive": [..], "negative": [..]}}'
                 )
