@@ -180,3 +180,29 @@ def test_rows_are_read_with_their_negatives_and_a_bad_row_names_its_line(tmp_pat
         TrainingRows(path=str(bad), anchor_column="q", positive_column="pos").rows()
     with pytest.raises(DataError, match=rf"^{bad}:1: missing column\(s\) neg"):
         TrainingRows(path=str(bad), anchor_column="q", positive_column="pos", negative_columns=["neg"]).rows()
+
+
+def test_a_beir_folders_training_qrels_are_the_rows(tmp_path):
+    """Each query with each of its relevant passages (title + text), a 0-score row left out; a bad line refused
+    with its file and line; negative columns refused for a BEIR folder."""
+    from orchestrator.config import validate
+    from orchestrator.errors import ConfigError, DataError
+
+    folder = tmp_path / "mine"
+    (folder / "qrels").mkdir(parents=True)
+    (folder / "corpus.jsonl").write_text(
+        '{"_id": "d1", "title": "Cats", "text": "they purr"}\n{"_id": "d2", "text": "dogs bark"}\n'
+        '{"_id": "d3", "text": "fish swim"}\n'
+    )
+    (folder / "queries.jsonl").write_text(
+        '{"_id": "q1", "text": "what purrs"}\n{"_id": "q2", "text": "pets"}\n'
+    )
+    qrels = folder / "qrels" / "train.tsv"
+    qrels.write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\td1\t1\nq2\td2\t2\nq2\td3\t0\n")
+    rows = TrainingRows(path=str(folder), format="beir").rows()
+    assert rows == [["what purrs", "Cats they purr"], ["pets", "Cats they purr"], ["pets", "dogs bark"]]
+    qrels.write_text("query-id\tcorpus-id\tscore\nq1\td9\t1\n")
+    with pytest.raises(DataError, match=r"train.tsv:2: corpus-id 'd9' is not in corpus.jsonl"):
+        TrainingRows(path=str(folder), format="beir").rows()
+    with pytest.raises(ConfigError, match="negative_columns is for a TSV"):
+        validate(TrainingRows, {"path": "x", "format": "beir", "negative_columns": ["neg"]}, "x.yaml")

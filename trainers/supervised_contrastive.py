@@ -20,7 +20,8 @@ or the best on a labelled dev set (``eval.dev``); the test reads the domain task
 nDCG@10 is the headline of the shipped presets - then the STS tasks, beside the base in the same run.
 
 Args (config keys, see :class:`SupervisedContrastiveConfig`)
-    train_pairs: the rows (path, anchor_column, positive_column, negative_columns, where)
+    train_pairs: the rows (path, anchor_column, positive_column, negative_columns, where), or a BEIR folder's
+        training qrels (``format: beir``, ``split: train``)
     temperature: τ (0.05: MNRL's default scale 20)
     gather_negatives: score against the global batch (every worker's rows), not the worker's alone
 
@@ -37,11 +38,12 @@ from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import nn
 
 from orchestrator.config import EncoderMethodConfig, ModelConfig, StrictModel, TrackingConfig, TrainLoopConfig
 from orchestrator.data.labelled import read_table, table_to_shards
+from orchestrator.evaluation.beir import read_beir
 from trainers import common
 from trainers.checkpoint import export_trained_encoder
 from trainers.encoder import build_pooled_encoder, tokenize_texts
@@ -52,19 +54,39 @@ from trainers.recipe import Recipe
 
 # ---------------------------------------------------------------- config
 class TrainingRows(StrictModel):
-    """Rows of a tab-separated file with a header: an anchor, its positive and any given negatives."""
+    """Rows of a tab-separated file with a header (an anchor, its positive and any given negatives), or a BEIR
+    folder's training qrels (``format: beir``: each query with each of its relevant passages)."""
 
     path: str
+    format: Literal["tsv", "beir"] = "tsv"
     anchor_column: str = "sentence1"
     positive_column: str = "sentence2"
     negative_columns: list[str] = []
     where: dict[str, list[str]] | None = Field(
         None, description="keep rows whose column holds one of the values"
     )
+    split: str = Field("train", description="format beir: the qrels file read (qrels/<split>.tsv)")
     limit: int | None = Field(None, gt=0)
 
+    @model_validator(mode="after")
+    def _beir_has_no_columns(self):
+        if self.format == "beir" and self.negative_columns:
+            raise ValueError(
+                "format beir: the rows are (query, relevant passage); negative_columns is for a TSV"
+            )
+        return self
+
     def rows(self) -> list[list[str]]:
-        """[anchor, positive, *negatives] per row; a missing column or an empty field names its line."""
+        """[anchor, positive, *negatives] per row; a missing column, an empty field or a bad BEIR line names its
+        file and line."""
+        if self.format == "beir":
+            data = read_beir(self.path, self.split)
+            rows = [
+                [q, data.corpus[i]]
+                for q, rel in zip(data.queries, data.relevant, strict=True)
+                for i in sorted(rel)
+            ]
+            return rows[: self.limit] if self.limit else rows
         columns = (self.anchor_column, self.positive_column, *self.negative_columns)
         return [values for _, values in read_table(self.path, columns, limit=self.limit, where=self.where)]
 
