@@ -53,4 +53,4 @@ def test_the_own_data_commands_are_accepted_as_written(tmp_path, job_server):
         if cmd[3] == "siamese":
             assert "path: my_train.tsv" in res["stdout"] and "name: held_out" in res["stdout"]
         if cmd[3] == "supervised_contrastive":
-            assert "path: my_pairs.tsv" in res["stdout"] and "positive_column: passage" in res["stdout"]
+            assert "format: beir" in res["stdout"] and "beir_mine: my_beir_folder" in res["stdout"]
