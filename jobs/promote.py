@@ -3,7 +3,8 @@
     python jobs/promote.py --model sifter-simcse --version 3 [--force] [--tracking-uri URI]
     python jobs/promote.py --model sifter-simcse --from-alias candidate      # what the last sweep proposed
 
-Refuses a version without the ``--metric`` tag, an empty flag, a version or alias that does not exist, and a version whose test score (tag ``test_score``: the method's headline test metric, set at registration)
+Refuses a version without the ``--metric`` tag (or one that is not a number), an empty flag, an alias MLflow would
+refuse (``latest`` and ``vN`` are reserved), a version or alias that does not exist, and a version whose test score (tag ``test_score``: the method's headline test metric, set at registration)
 is below the current champion's, unless ``--force``. The alias move is one registry call, so a
 reader sees either the old or the new champion, never neither.
 """
@@ -15,6 +16,7 @@ import argparse
 import _bootstrap
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
+from mlflow.utils.validation import _validate_model_alias_name, _validate_model_alias_name_reserved
 
 from orchestrator import tracking
 from orchestrator.drivers.cli import HelpFormatter
@@ -43,15 +45,7 @@ def main() -> int:
     )
     args = ap.parse_args()
 
-    for flag in (
-        "model",
-        "alias",
-        "from_alias",
-        "metric",
-    ):  # an empty flag would reach MLflow as its exception
-        value = getattr(args, flag)
-        if value is not None and not value.strip():
-            raise ConfigError(f"--{flag.replace('_', '-')} is empty")
+    check_flags(args)
     tracking.setup(args.tracking_uri, "sieve")
     if args.from_alias:
         args.version = tracking.alias_version(args.model, args.from_alias)
@@ -61,7 +55,7 @@ def main() -> int:
         MlflowClient().get_model_version(args.model, str(args.version))
     except MlflowException:
         raise TrackingError(f"model {args.model!r} has no version {args.version}") from None
-    new = tracking.version_metric(args.model, args.version, args.metric)
+    new = numeric_metric(args.model, args.version, args.metric)
     if new is None:  # nothing to compare: never promote on a score that is not there
         have = sorted(MlflowClient().get_model_version(args.model, str(args.version)).tags)
         raise ConfigError(
@@ -75,7 +69,7 @@ def main() -> int:
         print(f"{args.model}@{args.alias} is already version {args.version}")
         return 0
     if current is not None and not args.force:
-        old = tracking.version_metric(args.model, current, args.metric)
+        old = numeric_metric(args.model, current, args.metric)
         if old is not None and new < old:
             raise TrackingError(
                 f"refusing to promote {args.model} v{args.version} ({args.metric}={new}) over "
@@ -86,6 +80,37 @@ def main() -> int:
         MlflowClient().set_registered_model_tag(args.model, CHAMPION_TAG, str(args.version))
     print(f"{args.model}@{args.alias}: v{current} -> v{args.version} ({args.metric}={new})")
     return 0
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Every flag refused before any registry call: an empty one, an alias MLflow would refuse."""
+    for flag in (
+        "model",
+        "alias",
+        "from_alias",
+        "metric",
+    ):  # an empty flag would reach MLflow as its exception
+        value = getattr(args, flag)
+        if value is not None and not value.strip():
+            raise ConfigError(f"--{flag.replace('_', '-')} is empty")
+    for flag, value in (("--alias", args.alias), ("--from-alias", args.from_alias)):
+        try:  # MLflow's own alias rules, before any call: letters, digits, _ and -; latest and vN reserved
+            if value is not None:
+                _validate_model_alias_name(value)
+                _validate_model_alias_name_reserved(value)
+        except MlflowException as exc:
+            raise ConfigError(f"{flag} {value!r}: {exc.message}") from None
+
+
+def numeric_metric(model: str, version: int, metric: str) -> float | None:
+    """The version's ``metric`` tag as a number (None when it has none); a tag that is not a number is refused."""
+    try:
+        return tracking.version_metric(model, version, metric)
+    except ValueError:
+        value = MlflowClient().get_model_version(model, str(version)).tags[metric]
+        raise ConfigError(
+            f"--metric {metric!r}: {model} v{version}'s tag is {value!r}, not a number"
+        ) from None
 
 
 if __name__ == "__main__":

@@ -22,6 +22,15 @@ def promote(cwd, *args):
     )
 
 
+def _bad_alias_message() -> str:
+    from mlflow.utils.validation import _BAD_ALIAS_CHARACTERS_MESSAGE
+
+    return _BAD_ALIAS_CHARACTERS_MESSAGE
+
+
+BAD_ALIAS = _bad_alias_message()
+
+
 def promote_in_turn(cwd, cases: list[list[str]], jobs) -> list[tuple[int, str]]:
     """``promote.py --model enc ARGS`` for each case, one after the other, forked by the session's job server
     (tests/forked.py): (exit code, stderr)."""
@@ -48,7 +57,8 @@ def test_promote_moves_champion_and_refuses_worse(embedded_tracking, tiny_bert_d
     assert res.returncode == 0, res.stderr
     assert tracking.alias_version("enc", "champion") == good
 
-    refused, forced, missing, no_metric, no_alias, no_from = promote_in_turn(
+    worded = tracking.register(info.model_uri, "enc", tags={"test_score": "0.70", "note": "good"})
+    refused, forced, missing, no_metric, no_alias, no_from, *bad = promote_in_turn(
         embedded_tracking,
         [
             ["--version", str(worse)],
@@ -58,6 +68,11 @@ def test_promote_moves_champion_and_refuses_worse(embedded_tracking, tiny_bert_d
             ["--version", str(good), "--metric", "test_nope"],
             ["--version", str(good), "--alias", " "],
             ["--from-alias", "nope"],
+            # refused before any registry call: MLflow's alias rules, a tag that is not a number
+            ["--version", str(good), "--alias", "latest"],
+            ["--version", str(good), "--alias", "v3"],
+            ["--version", str(good), "--alias", "my champion"],
+            ["--version", str(worded), "--metric", "note"],
         ],
         job_server,
     )
@@ -71,6 +86,12 @@ def test_promote_moves_champion_and_refuses_worse(embedded_tracking, tiny_bert_d
     )
     assert no_alias[0] == 2 and no_alias[1].strip() == "error: --alias is empty"
     assert no_from[0] == 2 and no_from[1].strip() == "error: model 'enc' has no alias 'nope'"
+    assert [(rc, err.strip().splitlines()[-1]) for rc, err in bad] == [
+        (2, "error: --alias 'latest': 'latest' alias name (case insensitive) is reserved."),
+        (2, "error: --alias 'v3': Version alias name 'v3' is reserved."),
+        (2, f"error: --alias 'my champion': Invalid alias name: 'my champion'. {BAD_ALIAS}"),
+        (2, f"error: --metric 'note': enc v{worded}'s tag is 'good', not a number"),
+    ]
     assert tracking.alias_version("enc", "champion") == worse  # forced, then held through every refusal
 
 
