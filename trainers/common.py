@@ -277,7 +277,7 @@ class Stepper:
 
 def skip_cpu_inference_all_reduce() -> None:
     """On its CPU accelerator DeepSpeed JIT-compiles a shared-memory all-reduce (``deepspeed_shm_comm``) when
-    its comm backend starts: about 2 minutes on 2 cores in the middle of the first ZeRO run on a machine, behind
+    its comm backend starts: ~25 s on an idle 2-core machine, longer on a busy one, in the first ZeRO run, behind
     a lock file that a compile killed half-way leaves behind, on which every later run then waits for ever
     (CI, 2026-12-07). The op serves only ``inference_all_reduce`` (tensor-parallel inference), which training
     never calls; marking it incompatible is the gate DeepSpeed's own ``build_shm_op`` reads."""

@@ -9,6 +9,7 @@ from torch import nn
 
 from orchestrator.evaluation.encode import mean_pool, test_time_pooling
 from orchestrator.models import load_encoder, pooling_for
+from trainers import common
 
 
 class PooledEncoder(nn.Module):
@@ -36,7 +37,8 @@ def build_pooled_encoder(cfg) -> tuple[PooledEncoder, object]:
 
 
 def tokenize_texts(tokenizer, texts, cfg, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(input_ids, attention_mask) of ``texts``, padded to the batch's longest, cut at ``model.max_length``."""
+    """(input_ids, attention_mask) of ``texts``, padded to the batch's longest, cut at ``model.max_length``, on
+    ``device`` as every batch goes there (:func:`trainers.common.to_device`: pinned, non-blocking on a GPU)."""
     enc = tokenizer(
         [str(t) for t in texts],
         padding=True,
@@ -45,4 +47,6 @@ def tokenize_texts(tokenizer, texts, cfg, device) -> tuple[torch.Tensor, torch.T
         return_tensors="pt",
         return_token_type_ids=False,
     )
-    return enc["input_ids"].to(device), enc["attention_mask"].to(device)
+    return common.to_device(enc["input_ids"], device, cfg), common.to_device(
+        enc["attention_mask"], device, cfg
+    )

@@ -125,7 +125,7 @@ STS_DEV = Protocol(
 )
 DOMAIN = Protocol(
     "domain",
-    "none: fixed steps, the last checkpoint (or a labelled dev set, `eval.dev`) → TwitterPara AP + the STS tasks",
+    "none: fixed steps, the last checkpoint (or a labelled dev set, `eval.dev`) → the domain tasks + the STS tasks",
     "dev_score",
     "dev score on eval.dev (a labelled dev set, an explicit option)",
     labelled_dev_score,

@@ -93,12 +93,18 @@ def methods_table(methods: dict[str, type[Recipe]] | None = None) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for name, recipe in (methods or METHODS).items():
-        tracking = recipe.config_cls.model_fields["tracking"].default
-        registered = tracking.registry_model_name or name.replace("_", "-")
+        fields = recipe.config_cls.model_fields
+        registered = fields["tracking"].default.registry_model_name or name.replace("_", "-")
+        domain = getattr(fields["eval"].default, "domain", None) if "eval" in fields else None
+        reads = (
+            recipe.reads.replace("the domain tasks", f"the domain tasks ({', '.join(domain)})")
+            if domain
+            else recipe.reads
+        )
         rows.append(
             f"| {recipe.title} | `{name}` | `{recipe.__module__.replace('.', '/')}.py` | {presets(name)} "
             f"| {recipe.runs_with} "
-            f"| {recipe.reads} | `{registered}` |"
+            f"| {reads} | `{registered}` |"
         )
     return "\n".join(rows)
 

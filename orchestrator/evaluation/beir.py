@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from orchestrator import storage
 from orchestrator.config import repo_path
@@ -34,7 +34,6 @@ class BeirSet:
     queries: list[str]
     corpus: list[str]
     relevant: list[set[int]]  # per query, the indices of its relevant documents in ``corpus``
-    ids: dict[str, list[str]] = field(default_factory=dict)  # "queries" / "corpus": the ids, in order
 
 
 def _lines(uri: str) -> list[str]:
@@ -120,7 +119,6 @@ def read_beir(folder: str, split: str = "test") -> BeirSet:
         queries=[queries[q] for q, _ in scored],
         corpus=list(corpus.values()),
         relevant=[rel for _, rel in scored],
-        ids={"queries": [q for q, _ in scored], "corpus": list(corpus)},
     )
 
 
@@ -139,6 +137,6 @@ class BeirEvaluator:
         data = read_beir(self.path, self.split)
         corpus_emb = encoder.encode(data.corpus)  # once per model
         query_emb = encoder.encode(data.queries)
-        top = ranked(query_emb, corpus_emb, max(100, *RECALL_AT))
+        top = ranked(query_emb, corpus_emb, 100)  # MAP@100 and recall@100 read the first 100
         metrics = retrieval_metrics(top, data.relevant, recall_at=RECALL_AT)
         return {f"{self.name}_{k}": v for k, v in metrics.items()}  # nDCG@10 first: the headline
