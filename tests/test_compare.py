@@ -11,8 +11,9 @@ import pytest
 
 from orchestrator.config import REPO_ROOT as ROOT
 from orchestrator.config import validate
-from orchestrator.drivers.compare import CompareJobConfig, arm_config, check_comparable
+from orchestrator.drivers.compare_plan import arm_config, check_comparable
 from orchestrator.errors import ConfigError
+from orchestrator.job_files import CompareJobConfig
 from orchestrator.results import leaderboard as lb
 
 H = "sts_avg_spearman_all"

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from orchestrator.config import validate
-from orchestrator.drivers.compare_plan import CompareJobConfig, arm_config, start_config
+from orchestrator.drivers.compare_plan import arm_config, start_config
 from orchestrator.errors import ConfigError
+from orchestrator.job_files import CompareJobConfig
 
 
 def job(start: dict) -> CompareJobConfig:

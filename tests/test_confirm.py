@@ -10,9 +10,9 @@ from argparse import Namespace
 import pytest
 
 from orchestrator.drivers import confirm
-from orchestrator.drivers.sweep_space import ConfirmBlock, confirm_seeds
 from orchestrator.errors import ConfigError
 from orchestrator.evaluation.suite import TestReport
+from orchestrator.job_files import ConfirmBlock, confirm_seeds
 from orchestrator.results import leaderboard as lb
 from orchestrator.results.publish import choose
 from orchestrator.spec import BaseResult

@@ -10,9 +10,9 @@ import pytest
 
 from orchestrator.config import REPO_ROOT, load_config, read_yaml, set_path, validate
 from orchestrator.drivers.registry import get_method, method_names
-from orchestrator.drivers.sweep_space import Dimension, SweepJobConfig, check_space, trial_config
 from orchestrator.errors import ConfigError
 from orchestrator.evaluation.suite import TestReport, compare_table
+from orchestrator.job_files import Dimension, SweepJobConfig, check_space, trial_config
 from orchestrator.results.publish import Choice, choose, gate_line, register
 from orchestrator.results.report import common_step, dev_at, group_rows, group_table
 from orchestrator.spec import BaseResult
@@ -75,7 +75,7 @@ def test_a_grid_point_is_validated_once_before_ray_and_reaches_its_trial_typed(t
     """check_space hands back every grid point's validated config; the trial takes it as it is (the same object,
     no second validation), and a point a sampler drew is validated when its trial starts. (The workers get
     that object too: ``Recipe.train_func`` refuses anything else, in every Ray Train test.)"""
-    from orchestrator.drivers.sweep_space import config_of, point_key
+    from orchestrator.job_files import config_of, point_key
 
     base = get_method("sifter_simcse").config_cls(model={"name_or_path": str(tiny_bert_dir)})
     bundles = [{"lambda_xx": 0, "lambda_xy": 1}, {"lambda_xx": 1, "lambda_xy": 0}]

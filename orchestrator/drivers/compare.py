@@ -41,17 +41,7 @@ from orchestrator.config import (
 )
 from orchestrator.drivers.cli import job_parser, print_config
 from orchestrator.drivers.cluster import concurrent_trials, init_ray, shutdown_ray
-from orchestrator.drivers.compare_plan import (  # noqa: F401 - the compare file's models, re-exported
-    ArmConfig,
-    CompareJobConfig,
-    ComparePlan,
-    RegisterBlock,
-    arm_config,
-    check_comparable,
-    resolve,
-    seeded,
-    test_pooling,
-)
+from orchestrator.drivers.compare_plan import ComparePlan, resolve, seeded, test_pooling
 from orchestrator.drivers.compare_publish import CompareResult, publish
 from orchestrator.drivers.compare_start import start_from
 from orchestrator.drivers.engine import (

@@ -7,15 +7,12 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import Field, field_validator
+from typing import Any
 
 from orchestrator.config import (
     REPO_ROOT,
     EncoderMethodConfig,
     MethodConfig,
-    StrictModel,
     apply_overrides,
     read_yaml,
     resolve_config_path,
@@ -28,70 +25,9 @@ from orchestrator.drivers.registry import get_method
 from orchestrator.drivers.train import preflight, settled
 from orchestrator.errors import ConfigError
 from orchestrator.evaluation.encode import test_time_pooling
+from orchestrator.job_files import CompareJobConfig, StageConfig
 from orchestrator.models import pooling_for
 from trainers.recipe import GLOBAL_BATCH, SENTENCES, STEP_BUDGET, Recipe
-
-
-class StageConfig(StrictModel):
-    method: str
-    config: str | dict[str, Any] = Field(
-        ..., description="the method's preset file (relative to the repo root), or the whole config inline"
-    )
-    overrides: dict[str, Any] = Field({}, description="dotted keys set on this config")
-
-
-class ArmConfig(StageConfig):
-    start: StageConfig | None = Field(
-        None,
-        description="a stage trained first, from the same base model with the arm's seed (the compare file's "
-        "common_overrides do not reach it); the arm then trains from its exported model - e.g. in-domain TSDAE "
-        "before supervised training, set against the supervised arm alone",
-    )
-
-
-class RegisterBlock(StrictModel):
-    arm: str = Field("best", description="the arm to register (`best`: the one ranked first)")
-    name: str | None = Field(
-        None,
-        description="registered model name (default: the arm's tracking."
-        "registry_model_name, else its method)",
-    )
-    alias: str = "candidate"
-
-
-class CompareJobConfig(StrictModel):
-    """A compare file: the seeds, the arms, the reference arm, the statistics and the optional registration."""
-
-    seeds: list[int] = Field(..., min_length=1)
-    arms: dict[str, ArmConfig] = Field(..., min_length=1)
-    reference: str | None = Field(
-        None, description="the arm every other one is set against (default: the first)"
-    )
-    common_overrides: dict[str, Any] = Field(
-        {}, description="dotted keys set on every arm (steps, batch, eval)"
-    )
-    headline: str | None = Field(
-        None,
-        description="the test figure arms are ranked and gated on (default: the "
-        "method's headline, e.g. sts_avg_spearman_all)",
-    )
-    budget: Literal["steps", "sentences"] = Field(
-        "steps",
-        description="what arms share: equal steps at one "
-        "global batch, or equal training sentences (steps × global "
-        "batch: batch sizes compared at equal epochs)",
-    )
-    confidence: float = Field(0.95, gt=0, lt=1)
-    interval: Literal["t", "bootstrap"] = "t"
-    max_concurrent_trials: int | None = Field(None, ge=1)
-    registration: RegisterBlock | None = None
-
-    @field_validator("seeds")
-    @classmethod
-    def _distinct(cls, v):
-        if len(set(v)) != len(v):
-            raise ValueError(f"seeds must be distinct: {v}")
-        return v
 
 
 # ---------------------------------------------------------------- 1. resolve

@@ -26,13 +26,20 @@ import mlflow
 from orchestrator import storage, tracking
 from orchestrator.config import MethodConfig
 from orchestrator.drivers import compare, compare_publish
-from orchestrator.drivers.compare_plan import ArmConfig, CompareJobConfig, ComparePlan, RegisterBlock
+from orchestrator.drivers.compare_plan import ComparePlan
 from orchestrator.drivers.compare_publish import CompareResult
 from orchestrator.drivers.engine import sweep_dir
-from orchestrator.drivers.sweep_space import SweepJobConfig, config_of, confirm_seeds
 from orchestrator.drivers.train import base_poolings
 from orchestrator.errors import ConfigError
 from orchestrator.evaluation.encode import test_time_pooling
+from orchestrator.job_files import (
+    ArmConfig,
+    CompareJobConfig,
+    RegisterBlock,
+    SweepJobConfig,
+    config_of,
+    confirm_seeds,
+)
 from orchestrator.results import leaderboard as lb
 from orchestrator.results import publish as pub
 from orchestrator.results.publish import explore_table, top_settings

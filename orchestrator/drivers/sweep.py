@@ -44,9 +44,9 @@ from orchestrator.drivers.engine import (  # noqa: F401 - ProgressLines: Tune's 
     train_trial,
 )
 from orchestrator.drivers.registry import get_method
-from orchestrator.drivers.sweep_space import SweepJobConfig, config_of
 from orchestrator.drivers.train import materializes
 from orchestrator.errors import ConfigError
+from orchestrator.job_files import Dimension, SweepJobConfig, config_of
 
 
 def trial_fn(
@@ -147,12 +147,21 @@ class FinishedTrials(tune.Callback):
         self.sweep = sweep
 
 
+def to_tune(dim: Dimension):
+    """A sweep file's dimension as Tune's space entry."""
+    if dim.grid is not None:
+        return tune.grid_search(dim.grid)
+    if dim.choice is not None:
+        return tune.choice(dim.choice)
+    return tune.uniform(*dim.uniform) if dim.uniform is not None else tune.loguniform(*dim.loguniform)
+
+
 def make_search(job: SweepJobConfig, metric: str, max_concurrent: int):
     """(search algorithm, Tune space): every grid point × random draws, or Optuna's TPE with a seed. The
     concurrency limit lives in the searcher: TuneConfig.max_concurrent_trials is ignored when one is
     passed, and 4 trial drivers on 4 CPUs would starve their workers."""
     if job.sweep.search == "variants":
-        space = {k: d.to_tune() for k, d in job.sweep.space.items()}
+        space = {k: to_tune(d) for k, d in job.sweep.space.items()}
         return BasicVariantGenerator(random_state=job.sweep.seed, max_concurrent=max_concurrent), space
     from ray.tune.search.optuna import OptunaSearch  # lazy: the optional Bayesian search (needs optuna)
 
@@ -164,7 +173,7 @@ def make_search(job: SweepJobConfig, metric: str, max_concurrent: int):
                 f"sweep.space.{key}: optuna suggests single values, not bundles; use search: variants "
                 "or one key per dimension"
             )
-        space[key] = tune.choice(values) if values is not None else dim.to_tune()
+        space[key] = tune.choice(values) if values is not None else to_tune(dim)
     return ConcurrencyLimiter(
         OptunaSearch(metric=metric, mode="max", seed=job.sweep.seed), max_concurrent=max_concurrent
     ), space

@@ -46,7 +46,6 @@ from orchestrator.drivers.engine import (
 )
 from orchestrator.drivers.registry import get_method
 from orchestrator.drivers.sweep import run_sweep
-from orchestrator.drivers.sweep_space import SweepJobConfig, check_space, config_of
 from orchestrator.drivers.train import (
     Outcome,
     checkpoint_at,
@@ -59,6 +58,7 @@ from orchestrator.drivers.train import (
 from orchestrator.errors import ConfigError, TrackingError
 from orchestrator.evaluation.suite import TestReport, compare_table, headline_metrics
 from orchestrator.export import write_model_card
+from orchestrator.job_files import SweepJobConfig, check_space, config_of
 from orchestrator.results import publish as pub
 from orchestrator.results.report import write_sweep_report
 from orchestrator.results.verdict import seed_devs, verdict

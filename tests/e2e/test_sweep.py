@@ -115,7 +115,7 @@ def test_tiny_sweep_registers_best_and_reports(ray_cluster, tiny_bert_dir, tmp_p
     assert "tested after the sweep" not in out, out[-3000:]
     from orchestrator.config import read_yaml, set_path
     from orchestrator.drivers.registry import get_method
-    from orchestrator.drivers.sweep_space import trial_config
+    from orchestrator.job_files import trial_config
 
     job, spec = yaml.safe_load(cfg.read_text()), get_method("sifter_simcse")
     data = read_yaml(Path(job["base"]))

@@ -1,6 +1,13 @@
-"""A sweep file's typed models - the method, its base preset and overrides, the search space and the scheduler -
-and the check every space passes before Ray starts: each dimension's values, and every grid point, must give a
-valid method config (values valid alone can be invalid together)."""
+"""The job files' typed models and the checks they pass before Ray starts - configuration, no Ray.
+
+A **sweep file** (``configs/*_sweep/``): the method, its base preset and overrides, the search space, the scheduler
+and the confirm stage; each dimension's values, and every grid point, must give a valid method config (values
+valid alone can be invalid together), and the confirm seeds are never the explore stage's.
+
+A **compare file** (``configs/compare/``): the seeds, the arms (each a method's preset + overrides, optionally after
+a start stage), the reference arm, the statistics and the optional registration.
+
+The drivers (``orchestrator/drivers/``) turn them into Ray Tune runs: ``sweep.py`` a space, ``compare.py`` arms."""
 
 from __future__ import annotations
 
@@ -10,7 +17,6 @@ import math
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
-from ray import tune
 
 from orchestrator.config import MethodConfig, StrictModel, with_params
 from orchestrator.errors import ConfigError
@@ -47,15 +53,6 @@ class Dimension(StrictModel):
             lo, hi = self.loguniform
             return [lo, hi, lo * (hi / lo) ** 0.37]
         return list(self.grid or self.choice)
-
-    def to_tune(self):
-        if self.grid is not None:
-            return tune.grid_search(self.grid)
-        if self.choice is not None:
-            return tune.choice(self.choice)
-        if self.uniform is not None:
-            return tune.uniform(*self.uniform)
-        return tune.loguniform(*self.loguniform)
 
 
 class SchedulerBlock(StrictModel):
@@ -193,3 +190,66 @@ def confirm_seeds(confirm: ConfirmBlock, explored: set[int], source: str) -> lis
             )
         return list(confirm.seeds)
     return list(itertools.islice((s for s in itertools.count(1) if s not in explored), confirm.seeds))
+
+
+# ---------------------------------------------------------------- a compare file
+class StageConfig(StrictModel):
+    method: str
+    config: str | dict[str, Any] = Field(
+        ..., description="the method's preset file (relative to the repo root), or the whole config inline"
+    )
+    overrides: dict[str, Any] = Field({}, description="dotted keys set on this config")
+
+
+class ArmConfig(StageConfig):
+    start: StageConfig | None = Field(
+        None,
+        description="a stage trained first, from the same base model with the arm's seed (the compare file's "
+        "common_overrides do not reach it); the arm then trains from its exported model - e.g. in-domain TSDAE "
+        "before supervised training, set against the supervised arm alone",
+    )
+
+
+class RegisterBlock(StrictModel):
+    arm: str = Field("best", description="the arm to register (`best`: the one ranked first)")
+    name: str | None = Field(
+        None,
+        description="registered model name (default: the arm's tracking."
+        "registry_model_name, else its method)",
+    )
+    alias: str = "candidate"
+
+
+class CompareJobConfig(StrictModel):
+    """A compare file: the seeds, the arms, the reference arm, the statistics and the optional registration."""
+
+    seeds: list[int] = Field(..., min_length=1)
+    arms: dict[str, ArmConfig] = Field(..., min_length=1)
+    reference: str | None = Field(
+        None, description="the arm every other one is set against (default: the first)"
+    )
+    common_overrides: dict[str, Any] = Field(
+        {}, description="dotted keys set on every arm (steps, batch, eval)"
+    )
+    headline: str | None = Field(
+        None,
+        description="the test figure arms are ranked and gated on (default: the "
+        "method's headline, e.g. sts_avg_spearman_all)",
+    )
+    budget: Literal["steps", "sentences"] = Field(
+        "steps",
+        description="what arms share: equal steps at one "
+        "global batch, or equal training sentences (steps × global "
+        "batch: batch sizes compared at equal epochs)",
+    )
+    confidence: float = Field(0.95, gt=0, lt=1)
+    interval: Literal["t", "bootstrap"] = "t"
+    max_concurrent_trials: int | None = Field(None, ge=1)
+    registration: RegisterBlock | None = None
+
+    @field_validator("seeds")
+    @classmethod
+    def _distinct(cls, v):
+        if len(set(v)) != len(v):
+            raise ValueError(f"seeds must be distinct: {v}")
+        return v
