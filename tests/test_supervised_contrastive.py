@@ -9,12 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainers.supervised_contrastive import (
-    SupervisedContrastiveConfig,
-    TrainingRows,
-    compute_loss,
-    multiple_negatives_loss,
-)
+from orchestrator.data.pairs import TrainingRows
+from trainers.supervised_contrastive import SupervisedContrastiveConfig, compute_loss, multiple_negatives_loss
 
 ANCHORS = [
     "how do i learn to play the guitar ?",
@@ -204,5 +200,5 @@ def test_a_beir_folders_training_qrels_are_the_rows(tmp_path):
     qrels.write_text("query-id\tcorpus-id\tscore\nq1\td9\t1\n")
     with pytest.raises(DataError, match=r"train.tsv:2: corpus-id 'd9' is not in corpus.jsonl"):
         TrainingRows(path=str(folder), format="beir").rows()
-    with pytest.raises(ConfigError, match="negative_columns is for a TSV"):
+    with pytest.raises(ConfigError, match="negative_columns and where are for a TSV"):
         validate(TrainingRows, {"path": "x", "format": "beir", "negative_columns": ["neg"]}, "x.yaml")

@@ -20,8 +20,9 @@ or the best on a labelled dev set (``eval.dev``); the test reads the domain task
 nDCG@10 is the headline of the shipped presets - then the STS tasks, beside the base in the same run.
 
 Args (config keys, see :class:`SupervisedContrastiveConfig`)
-    train_pairs: the rows (path, anchor_column, positive_column, negative_columns, where), or a BEIR folder's
-        training qrels (``format: beir``, ``split: train``)
+    train_pairs: the rows (path, anchor_column, positive_column, negative_columns, where) of a TSV or a parquet
+        file (``jobs/mine_negatives.py`` writes one, with mined hard negatives), or a BEIR folder's training qrels
+        (``format: beir``, ``split: train``) - :class:`orchestrator.data.pairs.TrainingRows`
     temperature: τ (0.05: MNRL's default scale 20)
     gather_negatives: score against the global batch (every worker's rows), not the worker's alone
 
@@ -38,12 +39,12 @@ from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field, model_validator
+from pydantic import Field
 from torch import nn
 
-from orchestrator.config import EncoderMethodConfig, ModelConfig, StrictModel, TrackingConfig, TrainLoopConfig
-from orchestrator.data.labelled import read_table, table_to_shards
-from orchestrator.evaluation.beir import read_beir
+from orchestrator.config import EncoderMethodConfig, ModelConfig, TrackingConfig, TrainLoopConfig
+from orchestrator.data.labelled import table_to_shards
+from orchestrator.data.pairs import TrainingRows
 from trainers import common
 from trainers.checkpoint import export_trained_encoder
 from trainers.encoder import build_pooled_encoder, tokenize_texts
@@ -53,44 +54,6 @@ from trainers.recipe import Recipe
 
 
 # ---------------------------------------------------------------- config
-class TrainingRows(StrictModel):
-    """Rows of a tab-separated file with a header (an anchor, its positive and any given negatives), or a BEIR
-    folder's training qrels (``format: beir``: each query with each of its relevant passages)."""
-
-    path: str
-    format: Literal["tsv", "beir"] = "tsv"
-    anchor_column: str = "sentence1"
-    positive_column: str = "sentence2"
-    negative_columns: list[str] = []
-    where: dict[str, list[str]] | None = Field(
-        None, description="keep rows whose column holds one of the values"
-    )
-    split: str = Field("train", description="format beir: the qrels file read (qrels/<split>.tsv)")
-    limit: int | None = Field(None, gt=0)
-
-    @model_validator(mode="after")
-    def _beir_has_no_columns(self):
-        if self.format == "beir" and self.negative_columns:
-            raise ValueError(
-                "format beir: the rows are (query, relevant passage); negative_columns is for a TSV"
-            )
-        return self
-
-    def rows(self) -> list[list[str]]:
-        """[anchor, positive, *negatives] per row; a missing column, an empty field or a bad BEIR line names its
-        file and line."""
-        if self.format == "beir":
-            data = read_beir(self.path, self.split)
-            rows = [
-                [q, data.corpus[i]]
-                for q, rel in zip(data.queries, data.relevant, strict=True)
-                for i in sorted(rel)
-            ]
-            return rows[: self.limit] if self.limit else rows
-        columns = (self.anchor_column, self.positive_column, *self.negative_columns)
-        return [values for _, values in read_table(self.path, columns, limit=self.limit, where=self.where)]
-
-
 class SupervisedContrastiveConfig(EncoderMethodConfig):
     method: Literal["supervised_contrastive"] = "supervised_contrastive"
     model: ModelConfig = ModelConfig(max_length=32)

@@ -27,6 +27,7 @@ from orchestrator.errors import DataError
 from orchestrator.evaluation.retrieval import ranked, retrieval_metrics
 
 RECALL_AT = (1, 5, 10, 100)
+DOCUMENT = ("title", "text")  # a corpus document: its title, then its text
 
 
 @dataclass
@@ -62,19 +63,30 @@ def read_jsonl(uri: str, *, texts: tuple[str, ...]) -> dict[str, str]:
     """``_id`` → its text (the ``texts`` fields that are present, joined by a space), in file order."""
     out: dict[str, str] = {}
     for n, row in json_lines(uri):
-        key = row.get("_id")
-        if not isinstance(key, str | int) or isinstance(key, bool) or str(key) == "":
-            raise DataError(f"{uri}:{n}: no _id")
-        key = str(key)
+        key, text = record(row, f"{uri}:{n}", texts)
         if key in out:
             raise DataError(f"{uri}:{n}: _id {key!r} repeats an earlier line's")
-        text = " ".join(str(row[k]).strip() for k in texts if isinstance(row.get(k), str) and row[k].strip())
-        if not text:
-            raise DataError(f"{uri}:{n}: _id {key!r} has no text")
         out[key] = text
     if not out:
         raise DataError(f"{uri}: no rows")
     return out
+
+
+def record(row: dict, where: str, texts: tuple[str, ...]) -> tuple[str, str]:
+    """(``_id``, its text: the ``texts`` fields present, joined by a space) of one JSONL object; refused at ``where``
+    (file:line) without an ``_id`` or a text."""
+    key = row.get("_id")
+    if not isinstance(key, str | int) or isinstance(key, bool) or str(key) == "":
+        raise DataError(f"{where}: no _id")
+    text = " ".join(str(row[k]).strip() for k in texts if isinstance(row.get(k), str) and row[k].strip())
+    if not text:
+        raise DataError(f"{where}: _id {str(key)!r} has no text")
+    return str(key), text
+
+
+def document_text(row: dict, where: str) -> str:
+    """A corpus document's text as the test encodes it: ``title + " " + text``."""
+    return record(row, where, DOCUMENT)[1]
 
 
 def read_qrels(uri: str, queries: dict[str, str], corpus: dict[str, str]) -> dict[str, dict[str, int]]:
@@ -107,7 +119,7 @@ def read_qrels(uri: str, queries: dict[str, str], corpus: dict[str, str]) -> dic
 def read_beir(folder: str, split: str = "test") -> BeirSet:
     """The folder's queries with a relevant document in ``qrels/<split>.tsv``, against the whole corpus."""
     folder = repo_path(folder)
-    corpus = read_jsonl(storage.join(folder, "corpus.jsonl"), texts=("title", "text"))
+    corpus = read_jsonl(storage.join(folder, "corpus.jsonl"), texts=DOCUMENT)
     queries = read_jsonl(storage.join(folder, "queries.jsonl"), texts=("text",))
     qrels = read_qrels(storage.join(folder, "qrels", f"{split}.tsv"), queries, corpus)
     index = {d: i for i, d in enumerate(corpus)}
