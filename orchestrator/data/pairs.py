@@ -65,7 +65,11 @@ class TrainingRows(StrictModel):
 
 
 def read_parquet_rows(
-    path: str, columns: tuple[str, ...], *, limit: int | None = None, where: dict[str, list[str]] | None = None
+    path: str,
+    columns: tuple[str, ...],
+    *,
+    limit: int | None = None,
+    where: dict[str, list[str]] | None = None,
 ) -> list[list[str]]:
     """The named string columns of a parquet file (local or ``s3://``), a list a row; a missing column or an empty
     field is refused naming the file and the row (counted from 1)."""
@@ -77,7 +81,9 @@ def read_parquet_rows(
         raise DataError(f"{path}: not a readable parquet file ({str(exc).splitlines()[0]})") from None
     missing = [c for c in dict.fromkeys((*columns, *(where or {}))) if c not in table.column_names]
     if missing:
-        raise DataError(f"{path}: missing column(s) {', '.join(missing)} (has: {', '.join(table.column_names)})")
+        raise DataError(
+            f"{path}: missing column(s) {', '.join(missing)} (has: {', '.join(table.column_names)})"
+        )
     data = table.to_pydict()
     rows = []
     for i in range(table.num_rows):
