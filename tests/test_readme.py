@@ -23,9 +23,12 @@ def own_data_commands() -> list[list[str]]:
 @pytest.mark.slow
 def test_the_own_data_commands_are_accepted_as_written(tmp_path, job_server):
     commands = own_data_commands()
-    assert {c[1] for c in commands} == {"jobs/train.py", "jobs/evaluate.py", "jobs/compare.py"} and len(
-        commands
-    ) == 6
+    assert {c[1] for c in commands} == {
+        "jobs/train.py",
+        "jobs/evaluate.py",
+        "jobs/compare.py",
+        "jobs/mine_negatives.py",
+    } and len(commands) == 7
     # each as a real process, forked by the session's job server (it imported the jobs' libraries once);
     # evaluate.py has no --print-config: its --help lists every flag the command uses
     got = run_forked(
@@ -53,4 +56,8 @@ def test_the_own_data_commands_are_accepted_as_written(tmp_path, job_server):
         if cmd[3] == "siamese":
             assert "path: my_train.tsv" in res["stdout"] and "name: held_out" in res["stdout"]
         if cmd[3] == "supervised_contrastive":
-            assert "format: beir" in res["stdout"] and "beir_mine: my_beir_folder" in res["stdout"]
+            assert "format: parquet" in res["stdout"] and "beir_mine: my_beir_folder" in res["stdout"]
+            assert "- negative_1" in res["stdout"]
+        if cmd[1] == "jobs/mine_negatives.py":
+            assert "format: beir" in res["stdout"] and "path: my_beir_folder" in res["stdout"]
+            assert "limit: null" in res["stdout"] and "where: null" in res["stdout"]
