@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from st_model import AsSentenceTransformer
 
 from trainers.sifter_simcse import ContrastiveConfig, build_model, compute_loss, info_nce
 
@@ -81,6 +82,7 @@ LAMBDAS = {
     "sifter_simcse": {},  # the config's defaults: λ_XY = λ_XZ = λ_YZ = 1, λ_XX' = 0
     "simcse": {"lambda_xx": 1, "lambda_xy": 0, "lambda_xz": 0, "lambda_yz": 0},
     "mixed": {"lambda_xx": 0.5, "lambda_xy": 2, "lambda_xz": 0, "lambda_yz": 0.25},
+    "sifter_matryoshka": {"matryoshka_dims": [32, 16, 8], "matryoshka_weights": [1.0, 0.5, 0.25]},
 }
 
 
@@ -90,8 +92,10 @@ def test_the_loss_is_the_lambda_weighted_sum_of_sentence_transformers_mnrl_over_
 ):
     """The loss on the tiny model, derived apart from ``compute_loss``: each view (X, Y = X + backbone,
     Z = X without useless words) tokenised and encoded alone, and sentence-transformers'
-    MultipleNegativesRankingLoss (scale 1/τ) on every weighted pair, summed with its λ. Dropout is off, so X' is
-    X (SimCSE's term is then MNRL(X, X)); the gradient of every encoder weight agrees too."""
+    MultipleNegativesRankingLoss (scale 1/τ) on every weighted pair, summed with its λ - with ``matryoshka_dims``,
+    each pair's MNRL wrapped in sentence-transformers' MatryoshkaLoss. Dropout is off, so X' is X (SimCSE's term is
+    then MNRL(X, X)); the gradient of every encoder weight agrees too."""
+    from sentence_transformers.sentence_transformer.losses.matryoshka import MatryoshkaLoss
     from sentence_transformers.sentence_transformer.losses.multiple_negatives_ranking import (
         MultipleNegativesRankingLoss,
     )
@@ -114,11 +118,30 @@ def test_the_loss_is_the_lambda_weighted_sum_of_sentence_transformers_mnrl_over_
         ("x", "z"): cfg.lambda_xz,
         ("y", "z"): cfg.lambda_yz,
     }
-    reference = sum(
-        w * mnrl.compute_loss_from_embeddings([emb[a], emb[b]], labels=None)
-        for (a, b), w in weights.items()
-        if w
-    )
+    if cfg.matryoshka_dims:
+        st = AsSentenceTransformer(model, 32)
+        wrapped = MatryoshkaLoss(
+            st,
+            MultipleNegativesRankingLoss(st, scale=1 / cfg.temperature),
+            cfg.matryoshka_dims,
+            matryoshka_weights=cfg.matryoshka_weights,
+        )
+        texts = {"x": X, "x2": X, "y": Y, "z": Z}
+
+        def features(t):
+            return dict(tok(t, padding=True, truncation=True, max_length=16, return_tensors="pt"))
+
+        reference = sum(
+            w * wrapped([features(texts[a]), features(texts[b])], labels=None)
+            for (a, b), w in weights.items()
+            if w
+        )
+    else:
+        reference = sum(
+            w * mnrl.compute_loss_from_embeddings([emb[a], emb[b]], labels=None)
+            for (a, b), w in weights.items()
+            if w
+        )
     theirs = torch.autograd.grad(reference, list(model.parameters()), allow_unused=True)
     assert loss.item() == pytest.approx(reference.item(), rel=1e-5) and logs["loss"] == pytest.approx(
         loss.item()

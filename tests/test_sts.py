@@ -349,3 +349,31 @@ def test_a_field_of_megabytes_is_read_as_text_and_a_bad_score_beside_it_still_na
     p.write_text(f"sentence1\tsentence2\tscore\n{big}\tb\t3.0\nc\td\thigh\n")
     with pytest.raises(DataError, match=r"big\.tsv:3: score 'high' is not a number"):
         sts.read_sts_tsv(p)
+
+
+def test_a_matryoshka_config_is_tested_at_every_size_as_sentence_transformers_truncates():
+    """``matryoshka_dims`` [384, 64]: the test stage reports each figure again for the first 64 dimensions
+    (``_dim64``), equal to sentence-transformers' evaluator on the model loaded with ``truncate_dim=64``; the
+    headline stays the whole embedding's."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.evaluation import EmbeddingSimilarityEvaluator
+
+    from orchestrator.evaluation.domain import evaluate_encoder
+    from orchestrator.models import default_model_path
+    from trainers.supervised_contrastive import SupervisedContrastiveConfig
+
+    cfg = SupervisedContrastiveConfig.model_validate(
+        {"train_pairs": {"path": "x"}, "matryoshka_dims": [384, 64], "eval": {"domain": [], "batch_size": 32}}
+    )
+    report = evaluate_encoder(cfg, default_model_path(), tasks=["stsb"])
+    data = sts.load_task("stsb")
+    st = SentenceTransformer(str(default_model_path()), device="cpu", truncate_dim=64)
+    st.max_seq_length = cfg.eval.max_length
+    ref = EmbeddingSimilarityEvaluator(
+        data.sentence1, data.sentence2, data.scores.tolist(), similarity_fn_names=["cosine"], write_csv=False
+    )(st)
+    assert report.metrics["sts_stsb_spearman_all_dim64"] == pytest.approx(
+        next(v for k, v in ref.items() if k.endswith("spearman_cosine")), abs=1e-4
+    )
+    assert report.headline == "sts_avg_spearman_all" and "sts_stsb_spearman_all_dim384" not in report.metrics
+    assert report.metrics["sts_stsb_spearman_all_dim64"] < report.metrics["sts_stsb_spearman_all"]

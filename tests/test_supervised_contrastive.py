@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from st_model import AsSentenceTransformer
 
 from orchestrator.data.pairs import TrainingRows
 from trainers.supervised_contrastive import SupervisedContrastiveConfig, compute_loss, multiple_negatives_loss
@@ -202,3 +203,83 @@ def test_a_beir_folders_training_qrels_are_the_rows(tmp_path):
         TrainingRows(path=str(folder), format="beir").rows()
     with pytest.raises(ConfigError, match="negative_columns and where are for a TSV"):
         validate(TrainingRows, {"path": "x", "format": "beir", "negative_columns": ["neg"]}, "x.yaml")
+
+
+def test_matryoshka_is_sentence_transformers_matryoshka_loss_around_mnrl(tiny_bert_dir):
+    """``matryoshka_dims`` [32, 16, 8] with weights [1, 0.5, 0.25] through the recipe's ``compute_loss`` equals
+    ``MatryoshkaLoss(MultipleNegativesRankingLoss)`` on the same tiny model and texts: the loss to 1e-6, every
+    weight's gradient; and it is not the plain MNRL (the dimensions count)."""
+    from sentence_transformers.sentence_transformer.losses.matryoshka import MatryoshkaLoss
+    from sentence_transformers.sentence_transformer.losses.multiple_negatives_ranking import (
+        MultipleNegativesRankingLoss,
+    )
+
+    dims, weights = [32, 16, 8], [1.0, 0.5, 0.25]
+    cfg = cfg_for(tiny_bert_dir, 1, matryoshka_dims=dims, matryoshka_weights=weights)
+    model, tok = build(cfg)
+    model.eval()
+    loss, logs = compute_loss(model, tok, batch_for(1), cfg)
+    ours = torch.autograd.grad(loss, list(model.parameters()), allow_unused=True)
+
+    st = AsSentenceTransformer(model, 32)
+    reference = MatryoshkaLoss(
+        st, MultipleNegativesRankingLoss(st, scale=1 / cfg.temperature), dims, matryoshka_weights=weights
+    )
+    features = [
+        dict(tok(c, padding=True, truncation=True, max_length=16, return_tensors="pt"))
+        for c in (ANCHORS, POSITIVES, NEGATIVES)
+    ]
+    theirs_loss = reference(features, labels=None)
+    theirs = torch.autograd.grad(theirs_loss, list(model.parameters()), allow_unused=True)
+    assert loss.item() == pytest.approx(theirs_loss.item(), abs=1e-6)
+    assert set(logs) >= {"loss_dim32", "loss_dim16", "loss_dim8"}
+    assert all(
+        (g is None) == (t is None) and (g is None or torch.allclose(g, t, atol=1e-5, rtol=1e-4))
+        for g, t in zip(ours, theirs, strict=True)
+    )
+    plain, _ = compute_loss(model, tok, batch_for(1), cfg_for(tiny_bert_dir, 1))
+    assert abs(plain.item() - loss.item()) > 1e-3
+
+
+def test_matryoshka_dims_are_refused_where_they_cannot_be_trained(tiny_bert_dir):
+    from orchestrator.config import validate
+    from orchestrator.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="matryoshka_dims must be distinct positive sizes"):
+        validate(
+            SupervisedContrastiveConfig, {"train_pairs": {"path": "x"}, "matryoshka_dims": [64, 64]}, "c.yaml"
+        )
+    with pytest.raises(ConfigError, match=r"matryoshka_weights \[1.0\]: one weight"):
+        validate(
+            SupervisedContrastiveConfig,
+            {"train_pairs": {"path": "x"}, "matryoshka_dims": [64, 32], "matryoshka_weights": [1.0]},
+            "c.yaml",
+        )
+    cfg = cfg_for(tiny_bert_dir, 0, matryoshka_dims=[64, 8])
+    with pytest.raises(
+        ConfigError, match=r"matryoshka_dims: 64 is larger than the embedding of .*tiny-bert \(32\)"
+    ):
+        cfg.check_matryoshka(cfg.model.name_or_path)
+
+
+def test_the_card_of_a_matryoshka_model_lists_its_sizes_and_how_to_load_one():
+    from orchestrator.evaluation.suite import TestReport
+    from orchestrator.results.publish import Choice, model_card
+    from trainers.supervised_contrastive import SupervisedContrastiveRecipe
+
+    def card(**kw) -> str:
+        cfg = SupervisedContrastiveConfig.model_validate({"train_pairs": {"path": "x"}, **kw})
+        return model_card(
+            recipe=SupervisedContrastiveRecipe,
+            cfg=cfg,
+            origin="train run `r`",
+            params={},
+            test=TestReport("t", {"m": 0.5}, "m", "| m |"),
+            base=None,
+            choice=Choice({}, 0.5, None, "base", 0.0),
+            registered_name="supervised-contrastive",
+        )
+
+    text = card(matryoshka_dims=[64, 384, 128])
+    assert "Trained at 384, 128, 64 dimensions" in text and "truncate_dim=d" in text
+    assert "Matryoshka" not in card()

@@ -43,6 +43,8 @@ and backpropagates that gradient (``trainers/grad_cache.py``): the same gradient
 
 Args (config keys, see :class:`ContrastiveConfig`)
     lambda_xx, lambda_xy, lambda_xz, lambda_yz: loss weights (≥ 0, at least one > 0)
+    matryoshka_dims, matryoshka_weights: the loss also on the embedding's first d coordinates, summed with weights
+        (``MatryoshkaLoss`` around each term; :mod:`trainers.matryoshka`)
     temperature: τ (0.05);  dropout: hidden + attention dropout of the encoder
     model.pooling: cls | mean | cls_before_pooler (empty: the model folder's own, else cls)
     gather_negatives: all-gather embeddings across workers (default true)
@@ -77,6 +79,7 @@ from orchestrator.evaluation.encode import mean_pool
 from orchestrator.models import load_encoder, pooling_for
 from trainers import common
 from trainers.grad_cache import CachedLoss, encode
+from trainers.matryoshka import MatryoshkaOption, matryoshka_sum
 from trainers.protocol import STS_DEV
 from trainers.recipe import Recipe
 
@@ -84,7 +87,7 @@ VIEW_COLUMNS = {"x": "text", "y": "backbone_view", "z": "deletion_view"}
 
 
 # ---------------------------------------------------------------- config
-class ContrastiveConfig(EncoderMethodConfig):
+class ContrastiveConfig(EncoderMethodConfig, MatryoshkaOption):
     method: Literal["simcse", "sifter_simcse"] = "sifter_simcse"
     model: ModelConfig = ModelConfig(max_length=32)
     default_pooling: ClassVar[str] = "cls"  # the papers' BERT-base setting
@@ -103,6 +106,9 @@ class ContrastiveConfig(EncoderMethodConfig):
 
     def data_sources(self) -> list[tuple[str, str]]:
         return [*self.data.sources(), *self.eval_sources()]
+
+    def check_data(self) -> None:
+        self.check_matryoshka(self.model.name_or_path)
 
     @model_validator(mode="after")
     def _some_loss(self):
@@ -238,7 +244,7 @@ def compute_loss(
         v: common.gather_with_grad(per_view[i]) if cfg.gather_negatives else per_view[i]
         for i, v in enumerate(views)
     }
-    loss, logs = sifter_loss(emb, cfg)
+    loss, logs = matryoshka_sum(lambda e: sifter_loss(e, cfg), emb, cfg)  # sifter_loss alone without dims
     logs["loss"] = float(loss.detach())
     logs.update({f"identical_{v}": n for v, n in identical.items()})
     return (CachedLoss(loss, cache) if cache else loss), logs

@@ -25,6 +25,8 @@ Args (config keys, see :class:`SupervisedContrastiveConfig`)
         (``format: beir``, ``split: train``) - :class:`orchestrator.data.pairs.TrainingRows`
     temperature: τ (0.05: MNRL's default scale 20)
     gather_negatives: score against the global batch (every worker's rows), not the worker's alone
+    matryoshka_dims, matryoshka_weights: the loss also on the embedding's first d coordinates, summed with weights
+        (``MatryoshkaLoss`` around MNRL; :mod:`trainers.matryoshka`)
 
 Paper settings (``configs/supervised_contrastive/paper.yaml``): SimCSE's supervised BERT-base run - batch 512,
 lr 5e-5, τ 0.05, max length 32, 3 epochs - on the shipped QQP duplicates instead of NLI (``docs/FIDELITY.md``).
@@ -49,12 +51,13 @@ from trainers import common
 from trainers.checkpoint import export_trained_encoder
 from trainers.encoder import build_pooled_encoder, tokenize_texts
 from trainers.grad_cache import CachedLoss, encode
+from trainers.matryoshka import MatryoshkaOption, matryoshka_sum
 from trainers.protocol import DOMAIN, DomainEval
 from trainers.recipe import Recipe
 
 
 # ---------------------------------------------------------------- config
-class SupervisedContrastiveConfig(EncoderMethodConfig):
+class SupervisedContrastiveConfig(EncoderMethodConfig, MatryoshkaOption):
     method: Literal["supervised_contrastive"] = "supervised_contrastive"
     model: ModelConfig = ModelConfig(max_length=32)
     default_pooling: ClassVar[str] = "mean"
@@ -75,6 +78,7 @@ class SupervisedContrastiveConfig(EncoderMethodConfig):
     def check_data(self) -> None:
         """The rows read whole before anything starts: a wrong column or an empty field names its line."""
         self.train_pairs.rows()
+        self.check_matryoshka(self.model.name_or_path)
 
 
 # ---------------------------------------------------------------- the loss, from features
@@ -102,10 +106,14 @@ def compute_loss(
     rows = out.view(len(columns), n, -1).transpose(0, 1)  # (row, column, dim): one gather for every column
     if cfg.gather_negatives:
         rows = common.gather_with_grad(rows.contiguous())
-    loss = multiple_negatives_loss(
-        rows[:, 0], rows[:, 1], [rows[:, c] for c in range(2, len(columns))], cfg.temperature
-    )
-    logs = {"loss": float(loss.detach())}
+
+    def mnrl(r: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        return multiple_negatives_loss(
+            r[:, 0], r[:, 1], [r[:, c] for c in range(2, len(columns))], cfg.temperature
+        ), {}
+
+    loss, logs = matryoshka_sum(mnrl, rows, cfg)  # with matryoshka_dims: summed over the cut embeddings
+    logs["loss"] = float(loss.detach())
     return (CachedLoss(loss, cache) if cache else loss), logs
 
 

@@ -33,8 +33,10 @@ from typing import Literal
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import ray.data
 import torch
 from pydantic import Field, model_validator
+from sentence_transformers import SentenceTransformer
 
 from orchestrator import storage
 from orchestrator.config import StrictModel, repo_path
@@ -141,7 +143,7 @@ def check(cfg: MineConfig) -> list[list[str]]:
     """Everything the inputs show, before Ray starts: the rows, every corpus line (streamed), the model folder, and
     an output that does not exist yet. Returns the rows."""
     rows = cfg.pairs.rows()
-    if cfg.corpus is not None and not any(True for _ in corpus_lines(cfg)):
+    if cfg.corpus is not None and sum(1 for _ in corpus_lines(cfg)) == 0:  # every line read and checked
         raise DataError(f"{cfg.corpus.uri}: no passages")
     resolve_model_source(cfg.model)
     if storage.exists(repo_path(cfg.output)):
@@ -154,8 +156,6 @@ class Embed:
     """A Ray Data actor: one sentence-transformers model, loaded once, embedding blocks of ``text``."""
 
     def __init__(self, model_dir: str, batch_size: int, query: bool):
-        from sentence_transformers import SentenceTransformer
-
         device = "cuda" if torch.cuda.is_available() else "cpu"
         self.model = SentenceTransformer(
             model_dir, device=device, trust_remote_code=False, local_files_only=True
@@ -176,8 +176,6 @@ class Embed:
 
 def embedded(ds, cfg: MineConfig, model_dir: str, query: bool):
     """``ds`` (a ``text`` column) with an ``embedding`` column, from ``cfg.actors`` encoder actors, a block each call."""
-    import ray.data
-
     return ds.map_batches(
         Embed,
         fn_constructor_args=(model_dir, cfg.batch_size, query),
@@ -292,8 +290,6 @@ class CorpusScan:
 
 
 def embed_queries(queries: list[str], cfg: MineConfig, model_dir: str) -> torch.Tensor:
-    import ray.data
-
     ds = ray.data.from_items([{"i": i, "text": q} for i, q in enumerate(queries)])
     out = None
     for batch in embedded(ds, cfg, model_dir, query=True).iter_batches(batch_size=None, batch_format="numpy"):
@@ -305,8 +301,6 @@ def embed_queries(queries: list[str], cfg: MineConfig, model_dir: str) -> torch.
 
 def corpus_dataset(cfg: MineConfig, positives: list[list[str]]):
     """The corpus file's passages (streamed from its storage), then the positives, as the reference orders them."""
-    import ray.data
-
     corpus = ray.data.from_items([{"text": t} for ps in positives for t in ps])
     if cfg.corpus is None:
         return corpus
@@ -321,8 +315,6 @@ def corpus_dataset(cfg: MineConfig, positives: list[list[str]]):
 
 def mine(cfg: MineConfig, rows: list[list[str]]) -> dict:
     """Steps 1-5 on the Ray cluster the caller started; returns the summary."""
-    import ray.data
-
     t0 = time.time()
     ray.data.DataContext.get_current().enable_progress_bars = False
     model_dir = str(resolve_model_source(cfg.model))

@@ -200,15 +200,51 @@ def domain_report(encoder, names: list[str], paths: dict[str, str] | None = None
 
 def evaluate_encoder(cfg, model_dir, tasks: list[str] | None = None) -> TestReport:
     """The final test of an exported encoder folder, read with the config's test-time pooling: the domain
-    tasks of ``eval.domain`` (when any: their headline leads) and the STS tasks (``tasks`` or ``eval.tasks``)."""
+    tasks of ``eval.domain`` (when any: their headline leads) and the STS tasks (``tasks`` or ``eval.tasks``); with
+    ``matryoshka_dims`` (a Matryoshka-trained method's config), every figure again at each smaller size
+    (``<metric>_dim<d>``; the headline stays the whole embedding's)."""
     model, tok = load_encoder(str(model_dir))
     pooling = test_time_pooling(pooling_for(cfg))
     enc = HFEncoder(
         model, tok, pooling=pooling, batch_size=cfg.eval.batch_size, max_length=cfg.eval.max_length
     )
+    sizes = sorted(
+        (d for d in getattr(cfg, "matryoshka_dims", []) if d < model.config.hidden_size), reverse=True
+    )
+    cache: dict = {}  # a Matryoshka model: every test again at each smaller size, each text list encoded once
+    report = test_report(Truncated(enc, None, cache) if sizes else enc, cfg, tasks, pooling)
+    for d in sizes:
+        cut = test_report(Truncated(enc, d, cache), cfg, tasks, pooling)
+        report = report.merged(
+            TestReport(
+                f"the first {d} dimensions",
+                {f"{k}_dim{d}": v for k, v in cut.metrics.items()},
+                report.headline,
+                cut.table,
+                {},
+            )
+        )
+    return report
+
+
+def test_report(enc, cfg, tasks: list[str] | None, pooling: str) -> TestReport:
     report = sts_report(enc, tasks or cfg.eval.tasks, pooling)
     return (
         domain_report(enc, cfg.eval.domain, cfg.eval.domain_paths).merged(report)
         if cfg.eval.domain
         else report
     )
+
+
+class Truncated:
+    """An encoder read at its first ``dim`` coordinates (a Matryoshka size; cosine scores normalise them; None:
+    all); a list of texts is encoded once for all sizes (``cache``)."""
+
+    def __init__(self, encoder: HFEncoder, dim: int | None, cache: dict):
+        self.encoder, self.dim, self.cache = encoder, dim, cache
+
+    def encode(self, sentences, desc: str = "encoding"):
+        key = tuple(sentences)
+        if key not in self.cache:
+            self.cache[key] = self.encoder.encode(sentences, desc)
+        return self.cache[key][:, : self.dim]

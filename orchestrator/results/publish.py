@@ -197,6 +197,15 @@ def model_card(
         f"batch {cfg.train.batch_size} × {cfg.scaling.num_workers} workers, learning rate {cfg.train.lr:g}.",
         "",
     ]
+    if dims := getattr(cfg, "matryoshka_dims", None):  # a Matryoshka-trained encoder: each size is servable
+        lines += [
+            "## Embedding sizes (Matryoshka)",
+            "",
+            f"Trained at {', '.join(map(str, sorted(dims, reverse=True)))} dimensions: the first d coordinates alone "
+            "are an embedding. Load it at a size with `SentenceTransformer(path, truncate_dim=d)`; the test figures "
+            "for each size are the `_dim<d>` metrics of the run.",
+            "",
+        ]
     if data is not None:
         lines += ["## Training data", "", "```json", json.dumps(data, indent=1)[:1200], "```", ""]
     lines += [f"## Evaluation ({recipe.metric_label} for the choice; test below)", ""]
