@@ -417,11 +417,22 @@ class MethodConfig(StrictModel):
         return None
 
 
+class ExportBlock(StrictModel):
+    """What an exported encoder folder holds besides the sentence-transformers model."""
+
+    onnx: list[Literal["fp32", "int8"]] = Field(
+        [],
+        description="ONNX copies in the folder's onnx/ (fp32: graph-optimised; int8: dynamic quantisation) for a "
+        "service that runs ONNX Runtime (orchestrator/onnx_export.py)",
+    )
+
+
 class EncoderMethodConfig(MethodConfig):
     """A method that trains a Transformer sentence encoder (``model``) and evaluates it (``eval``)."""
 
     model: ModelConfig = ModelConfig()
     eval: EvalConfig = EvalConfig()
+    export: ExportBlock = ExportBlock()
     default_pooling: ClassVar[str] = "mean"  # when neither the config nor the model folder names one
 
     def model_sources(self) -> list[str]:

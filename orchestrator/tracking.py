@@ -292,7 +292,8 @@ def log_sentence_encoder(model_dir: str | Path, name: str = "model", *, register
     """Log an exported encoder folder as an MLflow sentence-transformers model (pyfunc: text → vector).
 
     Returns the ``ModelInfo``; ``mlflow.pyfunc.load_model(info.model_uri).predict([...])`` gives
-    the embeddings, and the folder itself loads with ``SentenceTransformer``.
+    the embeddings, and the folder itself loads with ``SentenceTransformer``. The folder's ONNX copies
+    (``export.onnx``) go beside it, to the run's ``<name>_onnx/`` artifacts.
     """
     from sentence_transformers import SentenceTransformer  # lazy: a heavy import, needed only to log a model
 
@@ -300,13 +301,16 @@ def log_sentence_encoder(model_dir: str | Path, name: str = "model", *, register
 
     with loading():
         st = SentenceTransformer(str(model_dir), device="cpu", trust_remote_code=False)
-    return mlflow.sentence_transformers.log_model(
+    info = mlflow.sentence_transformers.log_model(
         st,
         name=name,
         registered_model_name=registered_name,
         input_example=["A man is playing a guitar."],
         pip_requirements=SERVING_REQUIREMENTS,
     )  # named: inferring them from the environment takes many seconds
+    if (Path(model_dir) / "onnx").is_dir():  # export.onnx's copies, beside the model in the run's artifacts
+        mlflow.log_artifacts(str(Path(model_dir) / "onnx"), artifact_path=f"{name}_onnx")
+    return info
 
 
 def logged_models(run_id: str, name: str = "model") -> list[str]:

@@ -111,8 +111,8 @@ def export_trained_encoder(
 ):
     """A checkpoint → the sentence-transformers folder users load: the method's module built again
     (``build_model(cfg, **build)`` → module, tokenizer), the checkpoint's weights loaded, its ``.encoder`` saved
-    alone (decoders, heads and MLPs are training-only) with the config's pooling. What every encoder recipe
-    exports; ``max_seq_length`` defaults to the test's (``cfg.eval.max_length``)."""
+    alone (decoders, heads and MLPs are training-only) with the config's pooling, and ``export.onnx``'s ONNX
+    copies. What every encoder recipe exports; ``max_seq_length`` defaults to the test's (``cfg.eval.max_length``)."""
     from orchestrator.export import export_encoder  # lazy: the driver's export, never a worker's
     from orchestrator.models import pooling_for  # lazy: as above
 
@@ -124,7 +124,15 @@ def export_trained_encoder(
         out_dir,
         pooling=pooling_for(cfg),
         max_seq_length=cfg.eval.max_length if max_seq_length is None else max_seq_length,
+        write_more=onnx_copies(cfg),
     )
+
+
+def onnx_copies(cfg):
+    """``export.onnx``'s ONNX copies, written inside the folder's atomic write (None: none asked for)."""
+    from orchestrator.onnx_export import write_onnx  # lazy: the driver's export, never a worker's
+
+    return (lambda folder: write_onnx(folder, cfg.export.onnx)) if cfg.export.onnx else None
 
 
 # ---------------------------------------------------------------- every generator, per rank

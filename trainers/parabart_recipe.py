@@ -16,7 +16,7 @@ from orchestrator.evaluation.domain import evaluate_encoder
 from orchestrator.export import export_encoder, standalone_encoder
 from orchestrator.spec import BaseResult, measure_base
 from trainers import common
-from trainers.checkpoint import load_weights_only
+from trainers.checkpoint import load_weights_only, onnx_copies
 from trainers.parabart import (
     ParaBART,
     ParaBARTConfig,
@@ -45,10 +45,14 @@ def export_model(cfg: ParaBARTConfig, checkpoint_dir, out_dir):
     )
     model.load_state_dict(state)
 
+    onnx = onnx_copies(cfg)
+
     def generator_files(folder: Path) -> None:
         model.sem.config.save_pretrained(folder / "generator")
         tokenizer.save_pretrained(folder / "generator")
         torch.save(model.state_dict(), folder / "parabart.pt")
+        if onnx:
+            onnx(folder)
 
     return export_encoder(
         standalone_encoder(model.sem),

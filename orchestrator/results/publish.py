@@ -26,6 +26,7 @@ from mlflow.entities import Metric
 from orchestrator import storage
 from orchestrator.evaluation.suite import compare_table
 from orchestrator.live_runs import create_child_run
+from orchestrator.onnx_export import FILES as ONNX_FILES
 from orchestrator.spec import BaseResult
 from orchestrator.tracking import find_run, find_version, redact, set_alias
 from orchestrator.tracking import register as register_version
@@ -204,6 +205,16 @@ def model_card(
             f"Trained at {', '.join(map(str, sorted(dims, reverse=True)))} dimensions: the first d coordinates alone "
             "are an embedding. Load it at a size with `SentenceTransformer(path, truncate_dim=d)`; the test figures "
             "for each size are the `_dim<d>` metrics of the run.",
+            "",
+        ]
+    if variants := getattr(getattr(cfg, "export", None), "onnx", None):  # the folder's servable copies
+        files = ", ".join(f"`onnx/{ONNX_FILES[v]}` ({v})" for v in variants)
+        lines += [
+            "## ONNX",
+            "",
+            f"{files}: inputs `input_ids`, `attention_mask` (this folder's tokenizer), output `sentence_embedding`. "
+            "Load with ONNX Runtime - `onnxruntime.InferenceSession(path)` - or Sieve's "
+            "`orchestrator.onnx_export.OnnxEncoder(folder, variant).encode(texts)`.",
             "",
         ]
     if data is not None:
