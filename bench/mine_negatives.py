@@ -20,6 +20,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -68,6 +69,28 @@ def pairs(n: int) -> list[list[str]]:
     return [v for _, v in read_table(path, ("sentence1", "sentence2"), limit=n, where={"label": ["1"]})]
 
 
+class Peaks(threading.Thread):
+    """This process's peak resident memory, sampled every 0.2 s from /proc: all of it (VmRSS), its private pages
+    (RssAnon) and the shared ones it has touched (RssShmem: Ray's object store, mapped into a driver that reads
+    blocks)."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.peak = {"VmRSS": 0, "RssAnon": 0, "RssShmem": 0}
+        self.start()
+
+    def sample(self) -> None:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in self.peak:
+                self.peak[key] = max(self.peak[key], int(value.split()[0]) // 1024)
+
+    def run(self) -> None:
+        while True:
+            self.sample()
+            time.sleep(0.2)
+
+
 def child(tool: str, corpus: str, pairs_file: str, out: str, actors: int, cpus: float) -> None:
     """One measurement in this process; prints a JSON line."""
     sys.path.insert(0, str(ROOT))
@@ -76,6 +99,7 @@ def child(tool: str, corpus: str, pairs_file: str, out: str, actors: int, cpus: 
     n = len(texts)
     del texts
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peaks = Peaks()
     t0 = time.perf_counter()
     if tool == "sieve":
         os.environ["RAY_ADDRESS"] = "local"
@@ -114,6 +138,7 @@ def child(tool: str, corpus: str, pairs_file: str, out: str, actors: int, cpus: 
         result = [got["q"], got["pos"], *(got[f"negative_{m}"] for m in (1, 2, 3))]
     wall = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peaks.sample()
     Path(out).with_suffix(".rows.json").write_text(json.dumps(result))
     print(
         json.dumps(
@@ -122,6 +147,8 @@ def child(tool: str, corpus: str, pairs_file: str, out: str, actors: int, cpus: 
                 "n": n,
                 "rss_before_mib": round(before, 1),
                 "rss_peak_mib": round(peak, 1),
+                "anon_peak_mib": peaks.peak["RssAnon"],
+                "shmem_peak_mib": peaks.peak["RssShmem"],
                 "wall_s": round(wall, 1),
                 "passages_per_s": round(n / wall, 1),
                 "rows": len(result[0]),

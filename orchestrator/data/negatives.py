@@ -280,7 +280,7 @@ class CorpusScan:
         for i in torch.unique(self.top.indices[self.top.indices >= self.n]).tolist():
             self.texts[i] = str(texts[fresh[i - self.n]])
         self.n += len(fresh)
-        if len(self.texts) > 4 * self.top.indices.numel():  # forget the passages no query keeps
+        if len(self.texts) > 2 * self.top.indices.numel():  # forget the passages no query keeps
             wanted = set(self.top.indices.flatten().tolist())
             self.texts = {i: t for i, t in self.texts.items() if i in wanted}
 
@@ -323,7 +323,9 @@ def mine(cfg: MineConfig, rows: list[list[str]]) -> dict:
     range_max = cfg.candidates(max_positives)
     scan = CorpusScan(embed_queries(queries, cfg, model_dir), positives, range_max + max_positives)
     blocks = embedded(corpus_dataset(cfg, positives), cfg, model_dir, query=False)
-    for batch in blocks.iter_batches(batch_size=None, batch_format="numpy"):
+    for batch in blocks.iter_batches(
+        batch_size=cfg.block_rows, batch_format="numpy"
+    ):  # bounded, whatever the blocks
         scan.add(batch["text"], batch["embedding"])
     pos_ids, pos_scores = scan.positives(positives)
     neg, neg_scores, dropped = select(scan.top.scores, scan.top.indices, pos_ids, pos_scores, cfg, range_max)
