@@ -27,9 +27,9 @@ def machine() -> dict:
     }
 
 
-def write_results(name: str, data: dict, markdown: str) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
+def write_results(name: str, data: dict, markdown: str, folder: Path = RESULTS) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
     data = {"benchmark": name, "machine": machine(), **data}
-    (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=2) + "\n")
-    (RESULTS / f"{name}.md").write_text(markdown.rstrip() + "\n")
+    (folder / f"{name}.json").write_text(json.dumps(data, indent=2) + "\n")
+    (folder / f"{name}.md").write_text(markdown.rstrip() + "\n")
     print(markdown)

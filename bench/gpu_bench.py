@@ -16,12 +16,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
+from pathlib import Path
 
 import torch
 from _common import write_results
 
 PEAK_BF16_TFLOPS = float(os.environ.get("SIEVE_PEAK_TFLOPS", "989"))  # H100/H200 SXM dense bf16
+TOKENIZER = Path(__file__).resolve().parent / "assets" / "tokenizer"  # MiniLM's files; its weights stay home
+
+
+def bench_tokenizer():
+    """BERT's uncased WordPiece tokenizer (``bench/assets/tokenizer``): what the random-init models read."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(TOKENIZER), local_files_only=True)
 
 
 def bert_config(size: str):
@@ -151,11 +161,9 @@ def st_mnrl(cfg, batch, seq, steps, device) -> dict:
     from sentence_transformers import SentenceTransformer, losses, models
     from transformers import BertModel
 
-    from orchestrator.models import load_tokenizer
-
     d = tempfile.mkdtemp()
     BertModel(cfg).save_pretrained(d)
-    load_tokenizer("default").save_pretrained(d)
+    bench_tokenizer().save_pretrained(d)
     word = models.Transformer(d, max_seq_length=seq)
     st = SentenceTransformer(modules=[word, models.Pooling(cfg.hidden_size, "cls")], device=str(device))
     loss_fn = losses.MultipleNegativesRankingLoss(st)
@@ -232,11 +240,9 @@ def random_encoder_folder(cfg) -> str:
 
     from transformers import BertModel
 
-    from orchestrator.models import load_tokenizer
-
     d = tempfile.mkdtemp(prefix="sieve-gpu-bench-")
     BertModel(cfg, add_pooling_layer=False).save_pretrained(d)
-    load_tokenizer("default").save_pretrained(d)
+    bench_tokenizer().save_pretrained(d)
     return d
 
 
@@ -384,6 +390,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="tiny config on whatever device: checks the script")
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--out", help="write the results here instead of bench/results/ (the dry run's)")
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     sizes = ["tiny"] if args.quick else ["base", "large"]
@@ -503,8 +510,23 @@ def main() -> None:
             *zrows,
         ]
     )
-    write_results("gpu" if not args.quick else "gpu_quick_cpu", results, md)
+    write_results(
+        "gpu" if not args.quick else "gpu_quick_cpu", results, md, *([Path(args.out)] if args.out else [])
+    )
+    if args.quick and (failed := script_errors(results)):  # the dry run: a row the script could not measure
+        sys.exit(f"gpu_bench --quick: {len(failed)} measurement(s) failed, first: {failed[0]}")
     print(json.dumps({"ok": True}))
+
+
+def script_errors(results: dict) -> list[str]:
+    """The errors of a quick run that would also stop the real one: every failed row but a ZeRO stage without
+    DeepSpeed (optional: it measures ZeRO only where DeepSpeed travels)."""
+    rows = [r for key in ("throughput", "grad_cache", "methods", "zero") for r in results.get(key, [])]
+    return [
+        r["error"]
+        for r in rows
+        if "error" in r and not ("stage" in r and "No module named 'deepspeed'" in r["error"])
+    ]
 
 
 if __name__ == "__main__":

@@ -22,10 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import boto3
 import pyarrow.fs as pafs
-from botocore.config import Config
-from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
 
 from orchestrator.errors import NoSuchKey, StorageError, StorageUnreachable
 
@@ -64,6 +61,9 @@ def _endpoint() -> str | None:
 
 def s3_client():
     """A boto3 client that fails fast (short timeouts, no retry storm) when the endpoint is down."""
+    import boto3  # lazy: only S3 needs it, and the GPU bench's image (recipes, no S3) has none
+    from botocore.config import Config  # lazy: as above
+
     cfg = Config(connect_timeout=3, read_timeout=30, retries={"max_attempts": 2, "mode": "standard"})
     # A fresh session each time: boto3's default session caches credentials, so rotated or
     # removed keys would go unnoticed.
@@ -71,6 +71,12 @@ def s3_client():
 
 
 def _s3_error(uri: str, exc: Exception) -> StorageError:
+    from botocore.exceptions import (  # lazy: as s3_client
+        ClientError,
+        EndpointConnectionError,
+        NoCredentialsError,
+    )
+
     if isinstance(exc, EndpointConnectionError):
         return StorageUnreachable(f"{uri}: S3 endpoint unreachable ({_endpoint() or 'AWS default'})")
     if isinstance(exc, NoCredentialsError):
@@ -148,6 +154,8 @@ def create_exclusive(uri: str, data: bytes) -> bool:
     """Write ``uri`` only if nothing is there, atomically against any other writer: False when it exists. Local:
     ``O_CREAT | O_EXCL``; S3: a conditional write (``If-None-Match: *``), answered 412 when the key exists."""
     if is_s3(uri):
+        from botocore.exceptions import ClientError  # lazy: as s3_client
+
         bucket, key = split_s3(uri)
         try:
             s3_client().put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")

@@ -16,8 +16,6 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import numpy as np
-import ray.train
-import ray.train.torch
 import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dist_nn
@@ -145,7 +143,7 @@ class Stepper:
                 model=module, optimizer=self.optimizer, lr_scheduler=self.scheduler, config=ds_config
             )
         else:
-            self.ddp = ray.train.torch.prepare_model(module) if world_size() > 1 else None
+            self.ddp = ray_prepare_model(module) if world_size() > 1 else None
             self.model = self.ddp if self.ddp is not None else module
             if (
                 compile_backend
@@ -398,3 +396,10 @@ def to_device(tensor: torch.Tensor, device: torch.device | str, cfg) -> torch.Te
     if device.type == "cuda" and cfg.perf.on("pin_memory", True):
         return tensor.pin_memory().to(device, non_blocking=True)
     return tensor.to(device)
+
+
+def ray_prepare_model(module: torch.nn.Module) -> torch.nn.Module:
+    """Ray Train's DDP wrap (its device placement and process group)."""
+    import ray.train.torch  # lazy: the recipes import without Ray where none runs (bench/gpu.sh's image)
+
+    return ray.train.torch.prepare_model(module)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import queue
 import threading
 
-import ray.train
-
 _END = object()
 
 
@@ -22,7 +20,11 @@ class Ingest:
     """
 
     def __init__(self, batch_size: int, *, epochs: int, depth: int, shard=None):
-        self.shard = shard if shard is not None else ray.train.get_dataset_shard("train")
+        if shard is None:
+            import ray.train  # lazy: the recipes import without Ray where none runs (bench/gpu.sh's image)
+
+            shard = ray.train.get_dataset_shard("train")
+        self.shard = shard
         self.batch_size, self.epochs, self.depth = batch_size, epochs, depth
         self.ahead = self._read_ahead(0) if depth > 0 else None
 

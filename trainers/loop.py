@@ -22,7 +22,6 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-import ray.train
 import torch
 
 from orchestrator.errors import TrainingDiverged
@@ -258,6 +257,8 @@ def live_run():
 
 def report(metrics: dict, stepper=None, state: dict | None = None) -> None:
     """``ray.train.report`` with (optionally) a checkpoint written by every rank that has a share."""
+    import ray.train  # lazy: the recipes import without Ray where none runs (bench/gpu.sh's image)
+
     if stepper is None:
         ray.train.report(metrics)
         return
@@ -271,6 +272,8 @@ def report(metrics: dict, stepper=None, state: dict | None = None) -> None:
 @contextmanager
 def resumed_checkpoint():
     """The latest reported checkpoint as a local directory (or None on a fresh start)."""
+    import ray.train  # lazy: as in report
+
     ckpt = ray.train.get_checkpoint()
     if ckpt is None:
         yield None

@@ -51,7 +51,6 @@ import math
 from pathlib import Path
 from typing import Literal
 
-import mlflow
 import torch
 import torch.nn.functional as F
 from pydantic import Field
@@ -360,6 +359,7 @@ class SentimentPyfunc:
 def log_model(model_dir, name: str = "model"):
     """An MLflow pyfunc that carries its code (``trainers/`` + ``orchestrator/``): it loads where Sieve
     is not installed."""
+    import mlflow.pyfunc  # lazy: the driver logs; workers and the GPU bench's image import the recipe without MLflow
 
     class _Model(SentimentPyfunc, mlflow.pyfunc.PythonModel):
         pass

