@@ -163,10 +163,18 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=1000)
     ap.add_argument("--actors", type=int, default=1)
     ap.add_argument("--cpus-per-actor", type=float, default=2)
+    ap.add_argument(
+        "--render", help="redraw the table from this run's JSON (bench/results/mine_negatives.json)"
+    )
     ap.add_argument("--child", nargs=4, metavar=("TOOL", "CORPUS", "PAIRS", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         child(*args.child, args.actors, args.cpus_per_actor)
+        return
+    if args.render:
+        saved = json.loads(Path(args.render).read_text())
+        args.pairs = saved["pairs"]
+        render(saved["runs"], args)
         return
     tmp = Path(tempfile.mkdtemp(prefix="mine-bench-"))
     pairs_file = tmp / "pairs.json"
@@ -199,30 +207,40 @@ def main() -> None:
             same[tool] = json.loads(out.with_suffix(".rows.json").read_text())
             print(runs[-1], flush=True)
         runs[-1]["same_rows"] = runs[-2]["same_rows"] = same["sieve"] == same["sentence-transformers"]
+    render(runs, args)
+
+
+def render(runs: list[dict], args) -> None:
+    """The Markdown table and the JSON (``--render FILE.json`` redraws the table from a run's JSON)."""
     by = {(r["tool"], r["n"]): r for r in runs}
-    small, large = min(args.sizes), max(args.sizes)
+    sizes = sorted({r["n"] for r in runs})
+    small, large = sizes[0], sizes[-1]
     lines = [
         "# Hard-negative mining: `jobs/mine_negatives.py` beside `sentence_transformers.util.mine_hard_negatives`",
         "",
-        f"Command: `python bench/mine_negatives.py --sizes {' '.join(map(str, args.sizes))} --pairs {args.pairs} "
+        f"Command: `python bench/mine_negatives.py --sizes {' '.join(map(str, sizes))} --pairs {args.pairs} "
         f"--actors {args.actors} --cpus-per-actor {args.cpus_per_actor:g}`; {os.cpu_count()} CPU cores, no GPU, "
         f"{time.strftime('%Y-%m-%d')}. {args.pairs} QQP duplicate pairs, MiniLM (packaged), 3 negatives, relative "
-        "margin 0.05; each run a fresh process. Peak RSS: that process's (ours: the driver; its encoder actors are "
-        "other processes, each holding a model and one block). Passages/s: corpus size over the whole call, start-up "
-        "included.",
+        "margin 0.05; each run a fresh process. Peak memory is that process's (ours: the driver; its encoder actors "
+        "are other processes, each holding a model and one block): all of it (VmRSS), its private pages (RssAnon) "
+        "and the shared pages it touched (RssShmem: Ray's object store, bounded by the store's size, not by the "
+        "corpus). Passages/s: corpus size over the whole call, start-up included.",
         "",
-        "| tool | passages | passages/s | wall s | peak RSS MiB | same rows as the other |",
-        "|---|---:|---:|---:|---:|---|",
+        "| tool | passages | passages/s | wall s | peak RSS MiB | private MiB | shared MiB | same rows as the other |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
         *(
             f"| {r['tool']} | {r['n']:,} | {r['passages_per_s']:,.1f} | {r['wall_s']} | {r['rss_peak_mib']:,.0f} | "
-            f"{'yes' if r['same_rows'] else 'NO'} |"
+            f"{r.get('anon_peak_mib', '–')} | {r.get('shmem_peak_mib', '–')} | {'yes' if r['same_rows'] else 'NO'} |"
             for r in runs
         ),
         "",
     ]
     for tool in ("sieve", "sentence-transformers"):
-        ratio = by[(tool, large)]["rss_peak_mib"] / by[(tool, small)]["rss_peak_mib"]
-        lines.append(f"- {tool}: peak RSS at {large:,} / at {small:,} passages = **{ratio:.2f}x**")
+        a, b = by[(tool, small)], by[(tool, large)]
+        lines.append(
+            f"- {tool}: peak RSS at {large:,} / at {small:,} passages = **{b['rss_peak_mib'] / a['rss_peak_mib']:.2f}x**"
+            f" (private memory: {b['anon_peak_mib'] / a['anon_peak_mib']:.2f}x)"
+        )
     speed = by[("sieve", large)]["passages_per_s"] / by[("sentence-transformers", large)]["passages_per_s"]
     lines.append(f"- passages/s at {large:,}, ours / sentence-transformers': **{speed:.2f}x**")
     write_results(

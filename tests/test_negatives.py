@@ -160,3 +160,13 @@ def test_bad_inputs_are_refused_before_ray_naming_file_and_line(tmp_path):
     (tmp_path / "pairs.tsv").write_text("q\tpos\nonly a query\t\n")
     with pytest.raises(DataError, match=r"pairs.tsv:2: "):
         check(validate(MineConfig, base, "mine.yaml"))
+
+
+@pytest.mark.parametrize(
+    "preset", sorted(p.stem for p in (ROOT / "configs" / "mine_negatives").glob("*.yaml"))
+)
+def test_every_mining_preset_validates(preset):
+    from orchestrator.config import load_config
+
+    cfg = load_config(MineConfig, ROOT / "configs" / "mine_negatives" / f"{preset}.yaml")
+    assert cfg.pairs.rows() and cfg.output.endswith(".parquet")
