@@ -75,9 +75,12 @@ def random_batch(n: int, seq: int, device):
     return ids, torch.ones_like(ids)
 
 
+WARMUP = 3  # calls before timing; the dry run (--quick) makes it 1: it checks the script, it times nothing
+
+
 def time_steps(one, steps: int, device) -> float:
     """Seconds per call of ``one`` after 3 warm-up calls (CUDA synchronised)."""
-    for _ in range(3):
+    for _ in range(WARMUP):
         one()
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -392,6 +395,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--out", help="write the results here instead of bench/results/ (the dry run's)")
     args = ap.parse_args()
+    global WARMUP
+    WARMUP = 1 if args.quick else WARMUP
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     sizes = ["tiny"] if args.quick else ["base", "large"]
     batches = [8] if args.quick else [64, 512]
@@ -435,10 +440,16 @@ def main() -> None:
     for b, mini in cached:  # cached 4096 beside plain 512 (the largest plain batch above)
         try:
             r = (
-                cached_step(cfg, b, mini, seq, 3, device)
+                cached_step(cfg, b, mini, seq, min(3, args.steps), device)
                 if mini
                 else step_throughput(
-                    lambda cfg=cfg: BertModel(cfg, add_pooling_layer=False), 3, b, seq, 3, device, cfg
+                    lambda cfg=cfg: BertModel(cfg, add_pooling_layer=False),
+                    3,
+                    b,
+                    seq,
+                    min(3, args.steps),
+                    device,
+                    cfg,
                 )
             )
         except Exception as exc:  # noqa: BLE001 - out of memory is a result too
@@ -456,7 +467,7 @@ def main() -> None:
     mrows = []
     cfg = bert_config(sizes[0])
     for b in batches[:1]:
-        for r in every_method(cfg, b, max(3, args.steps // 2), device):
+        for r in every_method(cfg, b, max(1 if args.quick else 3, args.steps // 2), device):
             results.setdefault("methods", []).append({"model": sizes[0], **r})
             mrows.append(
                 f"| {r['method']} | {b} | "

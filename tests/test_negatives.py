@@ -55,16 +55,16 @@ def test_the_driver_keeps_the_texts_of_the_k_best_only():
 
 
 def qqp_case(tmp_path: Path) -> tuple[list[list[str]], Path]:
-    """300 QQP duplicate pairs (one question given a second positive) and a BEIR corpus of 400 other QQP questions,
+    """150 QQP duplicate pairs (one question given a second positive) and a BEIR corpus of 200 other QQP questions,
     every third with a title."""
     rows = [
         v
         for _, v in read_table(
-            str(ROOT / "data/paraphrase/qqp-train-duplicates.tsv"), ("sentence1", "sentence2"), limit=300
+            str(ROOT / "data/paraphrase/qqp-train-duplicates.tsv"), ("sentence1", "sentence2"), limit=150
         )
     ]
     rows.insert(5, [rows[0][0], rows[7][1]])  # a query with two positives: the margin reads its weaker one
-    dev = [v[0] for _, v in read_table(str(ROOT / "data/paraphrase/qqp-dev.tsv"), ("sentence1",), limit=400)]
+    dev = [v[0] for _, v in read_table(str(ROOT / "data/paraphrase/qqp-dev.tsv"), ("sentence1",), limit=200)]
     folder = tmp_path / "beir"
     folder.mkdir()
     with open(folder / "corpus.jsonl", "w") as f:
@@ -94,7 +94,7 @@ def test_mined_negatives_are_sentence_transformers_mine_hard_negatives(
     cfg = MineConfig(
         pairs=TrainingRows(path=str(tmp_path / "pairs.tsv"), anchor_column="q", positive_column="pos"),
         corpus={"path": str(folder), "format": "beir"},
-        block_rows=128,  # several blocks: the running top-k merges
+        block_rows=64,  # several blocks: the running top-k merges
         output=str(tmp_path / "mined.parquet"),
         **settings,
     )
@@ -120,7 +120,7 @@ def test_mined_negatives_are_sentence_transformers_mine_hard_negatives(
     )  # the filters bit
     assert summary["corpus"] == len(set(corpus) | {p for _, p in rows})
     assert ours["anchor"] == ref["q"] and ours["positive"] == ref["pos"]
-    assert len(ours["anchor"]) > 250
+    assert len(ours["anchor"]) > 120
     for m in (1, 2, 3):
         assert ours[f"negative_{m}"] == ref[f"negative_{m}"], m
     assert summary["rows"] == len(ref["q"])
@@ -145,7 +145,7 @@ def test_bad_inputs_are_refused_before_ray_naming_file_and_line(tmp_path):
     check(validate(MineConfig, base, "mine.yaml"))  # the good case passes
     with open(folder / "corpus.jsonl", "a") as f:
         f.write('{"_id": "x", "text": "fine"}\n{"_id": "y" "text": "broken"}\n')
-    with pytest.raises(DataError, match=r"corpus.jsonl:402: invalid JSON"):
+    with pytest.raises(DataError, match=r"corpus.jsonl:202: invalid JSON"):
         check(validate(MineConfig, base, "mine.yaml"))
     (folder / "corpus.jsonl").write_text('{"text": "no id"}\n')
     with pytest.raises(DataError, match=r"corpus.jsonl:1: no _id"):
