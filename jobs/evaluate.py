@@ -76,7 +76,15 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--max-length", type=int, default=128, help="tokens per sentence (longer ones are cut)")
     ap.add_argument("--seed", type=int, default=42, help="torch / numpy / python seed")
     ap.add_argument("--no-progress", action="store_true", help="no progress bars")
-    return ap.parse_args()
+    args = ap.parse_args()
+    for flag, value, low, high in (
+        ("--batch-size", args.batch_size, 1, 1 << 16),
+        ("--max-length", args.max_length, 1, 8192),
+        ("--seed", args.seed, 0, 2**32 - 1),
+    ):
+        if not low <= value <= high:
+            raise ConfigError(f"{flag} {value}: expected {low} to {high}")
+    return args
 
 
 def checked_tasks(args: argparse.Namespace) -> list[str]:

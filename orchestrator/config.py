@@ -78,11 +78,38 @@ class EvalConfig(StrictModel):
 T = TypeVar("T", bound=BaseModel)
 
 
+# a config is a page of keys: these bound what a hostile or broken file costs before a line of it is built (a YAML
+# alias bomb expands to gigabytes; a 1,000-deep document exhausts the parser's recursion)
+YAML_MAX_BYTES, YAML_MAX_ALIASES, YAML_MAX_DEPTH = 1 << 20, 64, 32
+
+
+def safe_yaml(text: str, where: str) -> Any:
+    """``yaml.safe_load`` of ``text`` within the limits above, checked on the parser's events first (nothing is
+    composed): a larger text, more aliases or deeper nesting is refused in one line naming ``where``."""
+    if len(text) > YAML_MAX_BYTES:
+        raise ConfigError(f"{where}: {len(text):,} bytes of YAML; a config is at most {YAML_MAX_BYTES:,}")
+    depth = aliases = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > YAML_MAX_DEPTH:
+                line = event.start_mark.line + 1
+                raise ConfigError(f"{where}:{line}: YAML nested deeper than {YAML_MAX_DEPTH} levels")
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+        elif isinstance(event, yaml.AliasEvent):
+            aliases += 1
+            if aliases > YAML_MAX_ALIASES:
+                line = event.start_mark.line + 1
+                raise ConfigError(f"{where}:{line}: more than {YAML_MAX_ALIASES} YAML aliases (*name)")
+    return yaml.safe_load(text)
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = safe_yaml(path.read_text(encoding="utf-8"), str(path))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""
@@ -106,7 +133,7 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override {item!r}: empty key")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = safe_yaml(raw, f"override {key}") if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     return key.split("."), value
@@ -274,7 +301,7 @@ class TrainLoopConfig(StrictModel):
         0, ge=0, description="linear warm-up of the learning rate (transformers' schedules)"
     )
     grad_clip: float | None = Field(None, gt=0)
-    seed: int = 42
+    seed: int = Field(42, ge=0, lt=2**32, description="every generator's seed (numpy's take 0 .. 2**32-1)")
     grad_cache: GradCacheBlock | None = Field(
         None, description="contrastive recipes: cached gradients (a large batch on a small batch's memory)"
     )

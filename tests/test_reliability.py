@@ -67,6 +67,9 @@ def catalogue(tmp: Path, tiny: Path) -> list[tuple[str, list[str], str]]:
         str(JOBS / n) for n in ("evaluate.py", "train.py", "sifter_sweep.py", "augment_corpus.py")
     )
     tsv_missing = write(tmp, "nocol.tsv", "sentence1\tsentence2\na\tb\n")
+    levels = "".join(f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]\n" for i in range(1, 10))
+    bomb = write(tmp, "bomb.yaml", "method: simcse\nl0: &l0 [x, x, x, x, x, x, x, x, x]\n" + levels)
+    blank = write(tmp, "blank.txt", "\n\n   \n\n")
     tsv_nan = write(tmp, "nan.tsv", "sentence1\tsentence2\tscore\na\tb\thigh\n")
     tsv_empty = write(tmp, "empty.tsv", "")
     tsv_utf8 = write(tmp, "utf8.tsv", b"sentence1\tsentence2\tscore\n\xff\tb\t1\n")
@@ -133,6 +136,42 @@ def catalogue(tmp: Path, tiny: Path) -> list[tuple[str, list[str], str]]:
             "config: infinite learning rate",  # every NaN or inf in a config; the runtime guard: test_loop.py
             [tr, "--method", "simcse", "train.lr=.inf"],
             "train.lr: Input should be a finite number",
+        ),
+        (
+            "config: a YAML alias bomb, refused before it expands",
+            [tr, "--method", "simcse", "--config", bomb],
+            "bomb.yaml:10: more than 64 YAML aliases (*name)",
+        ),
+        (
+            "config: a 1,000-deep override",
+            [tr, "--method", "simcse", "train.lr=" + "[" * 1000 + "]" * 1000],
+            "override train.lr:1: YAML nested deeper than 32 levels",
+        ),
+        (
+            "config: TSDAE deleting every word",
+            [tr, "--method", "tsdae", "deletion_ratio=1.0"],
+            "deletion_ratio: Input should be less than 1",
+        ),
+        (
+            "config: a negative seed",
+            [tr, "--method", "simcse", "train.seed=-1"],
+            "train.seed: Input should be greater than or equal to 0",
+        ),
+        (
+            "eval: a batch of no sentences",
+            [ev, "--batch-size", "0", "--tasks", "stsb"],
+            "--batch-size 0: expected 1",
+        ),
+        (
+            "eval: a length no model reads",
+            [ev, "--max-length", "100000"],
+            "--max-length 100000: expected 1 to 8192",
+        ),
+        ("eval: a negative seed", [ev, "--seed", "-1"], "--seed -1: expected 0 to"),
+        (
+            "data: a corpus of blank lines, before Ray",
+            [tr, "--method", "simcse", f"data.corpus={blank}"],
+            "blank.txt: no line of 3 or more words (data.min_words): nothing to train on",
         ),
         (
             "scaling: a GPU this machine does not have, before Ray",  # not a silent wait for a placement

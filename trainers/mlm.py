@@ -70,6 +70,9 @@ class MLMConfig(EncoderMethodConfig):
         extra = [("eval.dev_path", self.eval.dev_path)] if self.eval.dev_path else []
         return [*self.data.sources(), *extra, *self.eval_sources()]
 
+    def check_data(self) -> None:
+        self.data.check()
+
     @model_validator(mode="after")
     def _best_needs_a_dev_set(self):
         if self.eval.select == "best" and self.eval.dev is None:

@@ -108,6 +108,7 @@ class ContrastiveConfig(EncoderMethodConfig, MatryoshkaOption):
         return [*self.data.sources(), *self.eval_sources()]
 
     def check_data(self) -> None:
+        self.data.check()
         self.check_matryoshka(self.model.name_or_path)
 
     @model_validator(mode="after")

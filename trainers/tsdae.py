@@ -78,7 +78,7 @@ class TSDAEConfig(EncoderMethodConfig):
     method: Literal["tsdae"] = "tsdae"
     model: ModelConfig = ModelConfig(max_length=64)
     default_pooling: ClassVar[str] = "cls"  # the paper's
-    deletion_ratio: float = Field(0.6, ge=0, le=1)
+    deletion_ratio: float = Field(0.6, ge=0, lt=1)  # 1 would delete every word: nothing to reconstruct from
     tie_encoder_decoder: bool = True
     decoder_name_or_path: str | None = Field(
         None, description="untied decoder's start (default: the encoder)"
@@ -100,6 +100,9 @@ class TSDAEConfig(EncoderMethodConfig):
     def data_sources(self) -> list[tuple[str, str]]:
         extra = [("eval.dev_path", self.eval.dev_path)] if self.eval.dev_path else []
         return [*self.data.sources(), *extra, *self.eval_sources()]
+
+    def check_data(self) -> None:
+        self.data.check()
 
     @model_validator(mode="after")
     def _freeze_without_zero(self):

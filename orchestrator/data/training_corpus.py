@@ -31,6 +31,33 @@ class CorpusBlock(StrictModel):
     def sources(self, key: str = "data") -> list[tuple[str, str]]:  # what preflight checks exists
         return [(f"{key}.shards", self.shards)] if self.shards else [(f"{key}.corpus", self.corpus)]
 
+    def check(self, key: str = "data") -> None:
+        """Before Ray: a local text or TSV corpus holds at least one line of ``min_words`` words (read until the
+        first one: a blank or header-only corpus is refused in seconds, not after the cluster starts). An
+        ``s3://`` or parquet corpus is checked by the pipeline itself."""
+        if self.shards or storage.is_s3(self.corpus):
+            return
+        files = [f for f in input_files(repo_path(self.corpus)) if not f.endswith(".parquet")]
+        for f in files:
+            with open(f, encoding="utf-8", errors="replace") as fh:
+                lines = iter(fh)
+                col = None
+                if f.endswith(".tsv"):
+                    header = next(lines, "").rstrip("\n").split("\t")
+                    col = header.index(self.column) if self.column in header else None
+                    if col is None:
+                        raise DataError(
+                            f"{f}:1: no column {self.column!r} ({key}.column; header: {', '.join(header)})"
+                        )
+                for line in lines:
+                    text = line.rstrip("\n").split("\t")[col] if col is not None and "\t" in line else line
+                    if len(text.split()) >= self.min_words:
+                        return
+        if files:
+            raise DataError(
+                f"{key}.corpus: {self.corpus}: no line of {self.min_words} or more words ({key}.min_words): nothing to train on"
+            )
+
 
 def corpus_key(input_uri: str, corpus_cfg_json: str) -> str:
     """Content address of an augmented corpus: input bytes (local) or key + size (s3), config, ROW_FORMAT."""
