@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from card import card_for
 
 from orchestrator.evaluation import sts
 from orchestrator.onnx_export import FILES, OnnxEncoder
@@ -53,10 +54,8 @@ def test_the_onnx_copies_are_logged_beside_the_model_and_the_card_says_how_to_lo
 ):
     import mlflow
 
-    from orchestrator.evaluation.suite import TestReport
-    from orchestrator.results.publish import Choice, model_card
     from orchestrator.tracking import log_sentence_encoder
-    from trainers.supervised_contrastive import SupervisedContrastiveConfig, SupervisedContrastiveRecipe
+    from trainers.supervised_contrastive import SupervisedContrastiveConfig
 
     with mlflow.start_run() as run:
         log_sentence_encoder(exported, name="model")
@@ -65,15 +64,6 @@ def test_the_onnx_copies_are_logged_beside_the_model_and_the_card_says_how_to_lo
     cfg = SupervisedContrastiveConfig.model_validate(
         {"train_pairs": {"path": "x"}, "export": {"onnx": ["int8"]}}
     )
-    card = model_card(
-        recipe=SupervisedContrastiveRecipe,
-        cfg=cfg,
-        origin="train run `r`",
-        params={},
-        test=TestReport("t", {"m": 0.5}, "m", "| m |"),
-        base=None,
-        choice=Choice({}, 0.5, None, "base", 0.0),
-        registered_name="r",
-    )
+    card = card_for(cfg)
     assert "`onnx/model_qint8.onnx` (int8)" in card and "OnnxEncoder(folder, variant)" in card
     assert "model.onnx" not in card

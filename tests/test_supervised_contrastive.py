@@ -263,22 +263,10 @@ def test_matryoshka_dims_are_refused_where_they_cannot_be_trained(tiny_bert_dir)
 
 
 def test_the_card_of_a_matryoshka_model_lists_its_sizes_and_how_to_load_one():
-    from orchestrator.evaluation.suite import TestReport
-    from orchestrator.results.publish import Choice, model_card
-    from trainers.supervised_contrastive import SupervisedContrastiveRecipe
+    from card import card_for
 
     def card(**kw) -> str:
-        cfg = SupervisedContrastiveConfig.model_validate({"train_pairs": {"path": "x"}, **kw})
-        return model_card(
-            recipe=SupervisedContrastiveRecipe,
-            cfg=cfg,
-            origin="train run `r`",
-            params={},
-            test=TestReport("t", {"m": 0.5}, "m", "| m |"),
-            base=None,
-            choice=Choice({}, 0.5, None, "base", 0.0),
-            registered_name="supervised-contrastive",
-        )
+        return card_for(SupervisedContrastiveConfig.model_validate({"train_pairs": {"path": "x"}, **kw}))
 
     text = card(matryoshka_dims=[64, 384, 128])
     assert "Trained at 384, 128, 64 dimensions" in text and "truncate_dim=d" in text

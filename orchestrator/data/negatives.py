@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import math
 import time
 from typing import Literal
@@ -42,7 +41,7 @@ from orchestrator import storage
 from orchestrator.config import StrictModel, repo_path
 from orchestrator.data.pairs import TrainingRows
 from orchestrator.errors import DataError
-from orchestrator.evaluation.beir import document_text
+from orchestrator.evaluation.beir import document_text, json_object
 from orchestrator.models import resolve_model_source
 
 
@@ -128,15 +127,7 @@ def corpus_lines(cfg: MineConfig):
 
 
 def passage(line: str, fmt: str, where: str) -> str:
-    if fmt == "text":
-        return line.strip()
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise DataError(f"{where}: invalid JSON ({exc.msg})") from None
-    if not isinstance(row, dict):
-        raise DataError(f"{where}: not a JSON object")
-    return document_text(row, where)
+    return line.strip() if fmt == "text" else document_text(json_object(line, where), where)
 
 
 def check(cfg: MineConfig) -> list[list[str]]:

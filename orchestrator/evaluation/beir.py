@@ -48,15 +48,19 @@ def json_lines(uri: str) -> Iterator[tuple[int, dict]]:
     """(line number, object) for every non-blank line of a JSONL file; a line that is not a JSON object is refused
     naming it."""
     for n, line in enumerate(_lines(uri), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{uri}:{n}: invalid JSON ({exc.msg})") from None
-        if not isinstance(row, dict):
-            raise DataError(f"{uri}:{n}: not a JSON object")
-        yield n, row
+        if line.strip():
+            yield n, json_object(line, f"{uri}:{n}")
+
+
+def json_object(line: str, where: str) -> dict:
+    """One JSONL line's object; refused at ``where`` (file:line) when it is not JSON or not an object."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{where}: invalid JSON ({exc.msg})") from None
+    if not isinstance(row, dict):
+        raise DataError(f"{where}: not a JSON object")
+    return row
 
 
 def read_jsonl(uri: str, *, texts: tuple[str, ...]) -> dict[str, str]:
