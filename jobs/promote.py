@@ -4,8 +4,12 @@
     python jobs/promote.py --model sifter-simcse --from-alias candidate      # what the last sweep proposed
 
 Refuses a version without the ``--metric`` tag (or one that is not a number), an empty flag, an alias MLflow would
-refuse (``latest`` and ``vN`` are reserved), a version or alias that does not exist, and a version whose test score (tag ``test_score``: the method's headline test metric, set at registration)
-is below the current champion's, unless ``--force``. The alias move is one registry call, so a
+refuse (``latest`` and ``vN`` are reserved), a version or alias that does not exist; and, unless ``--force``, a
+version registered with ``beats_base=false`` (it did not beat the untouched base in its own run - also as a first
+champion) and a version whose test score (tag ``test_score``: the method's headline test metric, set at
+registration) is below the champion's. Where ``@champion`` already points at the version but was moved there
+outside Sieve (the MLflow UI's alias editor), the version is weighed against the one Sieve last promoted instead of
+being approved. The alias move is one registry call, so a
 reader sees either the old or the new champion, never neither.
 """
 
@@ -62,23 +66,36 @@ def main() -> int:
             f"--metric {args.metric!r}: {args.model} v{args.version} has no such tag (its tags: "
             f"{', '.join(have) or 'none'})"
         )
+    tags = MlflowClient().get_model_version(args.model, str(args.version)).tags
+    if tags.get("beats_base") == "false" and not args.force:  # the job that registered it measured the base
+        raise TrackingError(
+            f"refusing to promote {args.model} v{args.version}: it was registered with beats_base=false (it did "
+            "not beat the untouched base model in its own run); pass --force to do it anyway"
+        )
     current = tracking.alias_version(args.model, args.alias)
-    if current == args.version:
-        if args.alias == "champion":  # moved here by hand: promote.py now stands behind it
-            MlflowClient().set_registered_model_tag(args.model, CHAMPION_TAG, str(args.version))
+    sanctioned = sieve_champion(args.model) if args.alias == "champion" else current
+    if current == args.version and sanctioned in (None, args.version):
         print(f"{args.model}@{args.alias} is already version {args.version}")
+        if args.alias == "champion" and sanctioned is None:  # moved here outside Sieve, no earlier promotion
+            MlflowClient().set_registered_model_tag(args.model, CHAMPION_TAG, str(args.version))
         return 0
-    if current is not None and not args.force:
-        old = numeric_metric(args.model, current, args.metric)
+    held = sanctioned if current == args.version else current  # what it is weighed against
+    if held is not None and not args.force:
+        old = numeric_metric(args.model, held, args.metric)
         if old is not None and new < old:
+            moved = (
+                f" (@{args.alias} was moved to v{args.version} outside Sieve; v{held} is the last it promoted)"
+                if held != current
+                else ""
+            )
             raise TrackingError(
                 f"refusing to promote {args.model} v{args.version} ({args.metric}={new}) over "
-                f"@{args.alias} v{current} ({args.metric}={old}); pass --force to do it anyway"
+                f"@{args.alias} v{held} ({args.metric}={old}){moved}; pass --force to do it anyway"
             )
     tracking.set_alias(args.model, args.alias, args.version)
     if args.alias == "champion":  # what a job reading @champion later compares a hand-moved alias with
         MlflowClient().set_registered_model_tag(args.model, CHAMPION_TAG, str(args.version))
-    print(f"{args.model}@{args.alias}: v{current} -> v{args.version} ({args.metric}={new})")
+    print(f"{args.model}@{args.alias}: v{held} -> v{args.version} ({args.metric}={new})")
     return 0
 
 
@@ -100,6 +117,12 @@ def check_flags(args: argparse.Namespace) -> None:
                 _validate_model_alias_name_reserved(value)
         except MlflowException as exc:
             raise ConfigError(f"{flag} {value!r}: {exc.message}") from None
+
+
+def sieve_champion(model: str) -> int | None:
+    """The version Sieve last promoted to ``@champion`` (the registered model's tag), None when it never did."""
+    tag = MlflowClient().get_registered_model(model).tags.get(CHAMPION_TAG)
+    return int(tag) if tag and tag.isdigit() else None
 
 
 def numeric_metric(model: str, version: int, metric: str) -> float | None:

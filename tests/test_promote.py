@@ -93,6 +93,15 @@ def test_promote_moves_champion_and_refuses_worse(embedded_tracking, tiny_bert_d
         (2, f"error: --metric 'note': enc v{worded}'s tag is 'good', not a number"),
     ]
     assert tracking.alias_version("enc", "champion") == worse  # forced, then held through every refusal
+    # a version whose own run found it no better than the untouched base: refused however high its tag
+    unbeaten = tracking.register(info.model_uri, "enc", tags={"test_score": "0.90", "beats_base": "false"})
+    [(rc, err)] = promote_in_turn(embedded_tracking, [["--version", str(unbeaten)]], job_server)
+    assert (rc, err.strip()) == (
+        2,
+        f"error: refusing to promote enc v{unbeaten}: it was registered with beats_base=false (it did not beat "
+        "the untouched base model in its own run); pass --force to do it anyway",
+    )
+    assert tracking.alias_version("enc", "champion") == worse
 
 
 @pytest.mark.slow
@@ -210,3 +219,22 @@ def test_a_champion_set_through_the_rest_api_is_what_the_next_job_reads(
         f"warning: rest-enc@champion is v{v1} (test_score 0.5000), set outside jobs/promote.py; it "
         f"scores below v{v2} (0.6000), the champion promote.py had set"
     ]
+    # and promote.py asked to approve the hand-moved champion weighs it against the one it promoted, not itself
+    approve = job_server.run(
+        [
+            str(ROOT / "jobs" / "promote.py"),
+            "--model",
+            "rest-enc",
+            "--version",
+            str(v1),
+            "--tracking-uri",
+            mlflow_server,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert approve.returncode == 2 and approve.stderr.strip() == (
+        f"error: refusing to promote rest-enc v{v1} (test_score=0.5) over @champion v{v2} (test_score=0.6) "
+        f"(@champion was moved to v{v1} outside Sieve; v{v2} is the last it promoted); pass --force to do it anyway"
+    )
