@@ -80,7 +80,10 @@ def _from_mlflow(uri: str, cache_dir) -> Path:
                 f"model {uri!r}: no such registered model or alias ({str(exc).splitlines()[0]})"
             ) from None
         pinned = f"models:/{model}/{version}"
+        lines = [f"{uri}: version {version}"]
         if alias == "champion" and (line := champion_set_by_hand(mlflow.MlflowClient(), model, int(version))):
+            lines.append(line)
+        for line in lines:
             if line not in _WARNED:  # a job resolves its model more than once: said once
                 _WARNED.add(line)
                 print(line, flush=True)
@@ -110,22 +113,28 @@ _WARNED: set[str] = set()
 
 def champion_set_by_hand(client, model: str, version: int) -> str | None:
     """One warning line when ``@champion`` points where ``jobs/promote.py`` did not put it (the UI's alias editor
-    skips its check) and scores below the version promote.py had made champion (``test_score`` tags)."""
+    skips its check): that it never promoted one, or which version it had, and whether this one scores below it
+    (``test_score`` tags)."""
     try:
         promoted = client.get_registered_model(model).tags.get(CHAMPION_TAG)
-        if promoted is None or int(promoted) == version:
+        if promoted is not None and int(promoted) == version:
             return None
+        if promoted is None:
+            return (
+                f"warning: {model}@champion is v{version}, set outside jobs/promote.py (it never promoted a version "
+                f"of {model}: nothing checked this one)"
+            )
         new, old = (
             client.get_model_version(model, str(v)).tags.get("test_score") for v in (version, int(promoted))
         )
+        if new is not None and old is not None and float(new) < float(old):
+            return (
+                f"warning: {model}@champion is v{version} (test_score {float(new):.4f}), set outside jobs/promote.py; "
+                f"it scores below v{promoted} ({float(old):.4f}), the champion promote.py had set"
+            )
     except Exception:  # noqa: BLE001 - a check, never a reason to fail the job
         return None
-    if new is None or old is None or float(new) >= float(old):
-        return None
-    return (
-        f"warning: {model}@champion is v{version} (test_score {float(new):.4f}), set outside jobs/promote.py; it "
-        f"scores below v{promoted} ({float(old):.4f}), the champion promote.py had set"
-    )
+    return f"warning: {model}@champion is v{version}, set outside jobs/promote.py (which had set v{promoted})"
 
 
 # the files through which transformers would import a folder's own Python code (``auto_map``)
