@@ -283,7 +283,10 @@ class CorpusScan:
 def embed_queries(queries: list[str], cfg: MineConfig, model_dir: str) -> torch.Tensor:
     ds = ray.data.from_items([{"i": i, "text": q} for i, q in enumerate(queries)])
     out = None
-    for batch in embedded(ds, cfg, model_dir, query=True).iter_batches(batch_size=None, batch_format="numpy"):
+    # in block_rows batches, as the corpus: Ray Data coalesces blocks as a dataset grows (a large training qrels)
+    for batch in embedded(ds, cfg, model_dir, query=True).iter_batches(
+        batch_size=cfg.block_rows, batch_format="numpy"
+    ):
         if out is None:
             out = torch.empty(len(queries), batch["embedding"].shape[1])
         out[torch.from_numpy(batch["i"].copy())] = torch.from_numpy(batch["embedding"].copy())
