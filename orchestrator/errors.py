@@ -46,6 +46,11 @@ class TrackingRejected(SieveError):
     again, so it is kept aside rather than parked as an outage."""
 
 
+class TrialsFailed(SieveError):
+    """Trials of a job ended without a result (killed, out of memory, an error of their own): its figures would
+    silently lack them, so the job ends non-zero; what finished is kept, and ``--resume`` trains the rest."""
+
+
 class TrainingDiverged(SieveError):
     """The loss became NaN or infinite: every later step would train on it, so training stops at once."""
 

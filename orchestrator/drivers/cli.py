@@ -14,6 +14,9 @@ key.sub=value ...               overrides of any config key (YAML values)
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
+import sys
 
 import yaml
 from pydantic import BaseModel
@@ -60,6 +63,18 @@ def job_parser(doc: str, preset_dir: str | None, resumes: str | None = None) -> 
     ap.add_argument("--verbose", action="store_true", help="Ray's worker logs and Tune's status table too")
     ap.add_argument("overrides", nargs="*", help="key.sub=value overrides of the config")
     return ap
+
+
+def resume_command(name: str) -> str:
+    """The command that continues this job where it stopped: as it was started (its flags, its overrides), under
+    its name, with ``--resume``."""
+    args = [a for a in sys.argv[1:] if a not in ("--resume", "--take-over")]
+    if "--name" not in args and not any(a.startswith("--name=") for a in args):
+        args += ["--name", name]
+    script = (
+        os.path.relpath(sys.argv[0]) if not os.path.relpath(sys.argv[0]).startswith("..") else sys.argv[0]
+    )
+    return shlex.join(["python", script, *args, "--resume"])
 
 
 def location_overrides(args: argparse.Namespace, prefix: str = "") -> list[str]:

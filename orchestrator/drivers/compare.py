@@ -50,6 +50,7 @@ from orchestrator.drivers.engine import (
     name_of,
     parent_run,
     reports_uri,
+    require_finished,
     selected_row,
     sweep_dir,
     test_trial,
@@ -177,6 +178,13 @@ def run(plan: ComparePlan, parent_id: str | None = None) -> CompareResult:
     )
     rows = collect(plan, grid, where)
     board = leaderboard(plan, rows, bases)
+    if lost := [r for r in rows if not r["test"]]:  # never a leaderboard published short of a trial
+        if len(lost) < len(rows):
+            print(
+                f"\ncomparison {plan.name!r}, partial: {len(rows) - len(lost)} of {len(rows)} trials tested\n"
+            )
+            print(lb.markdown(board), flush=True)
+        require_finished(lost, len(rows), f"comparison {plan.name!r}", plan.rerun)
     return CompareResult(rows, board, time.time() - t0)
 
 

@@ -19,7 +19,7 @@ from orchestrator.config import (
     set_path,
     validate,
 )
-from orchestrator.drivers.cli import location_overrides
+from orchestrator.drivers.cli import location_overrides, resume_command
 from orchestrator.drivers.engine import take_name
 from orchestrator.drivers.registry import get_method
 from orchestrator.drivers.train import preflight, settled
@@ -44,6 +44,7 @@ class ComparePlan:
     verbose: bool = False
     # arm → its start stage
     starts: dict[str, tuple[type[Recipe], MethodConfig]] = field(default_factory=dict)
+    rerun: str = ""  # the command that continues it: said when a trial did not finish
 
     @property
     def first(self) -> MethodConfig:
@@ -189,7 +190,15 @@ def resolve(args: argparse.Namespace) -> ComparePlan:
     first = next(iter(arms.values()))[1]
     name = take_name(args, first.run.storage, "compare", "comparison", reads=getattr(args, "status", False))
     return ComparePlan(
-        name, job, arms, sorted(exp_ids)[0], args.resume, not args.no_progress, args.verbose, starts
+        name,
+        job,
+        arms,
+        sorted(exp_ids)[0],
+        args.resume,
+        not args.no_progress,
+        args.verbose,
+        starts,
+        resume_command(name),
     )
 
 

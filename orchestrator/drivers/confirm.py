@@ -26,6 +26,7 @@ import mlflow
 from orchestrator import storage, tracking
 from orchestrator.config import MethodConfig
 from orchestrator.drivers import compare, compare_publish
+from orchestrator.drivers.cli import resume_command
 from orchestrator.drivers.compare_plan import ComparePlan
 from orchestrator.drivers.compare_publish import CompareResult
 from orchestrator.drivers.engine import sweep_dir
@@ -88,7 +89,14 @@ def comparison(plan, settings: list[dict], registered_name: str) -> ComparePlan:
         registration=RegisterBlock(arm="best", name=registered_name, alias="candidate"),
     )
     return ComparePlan(
-        confirm_name(plan.name), job, arms, plan.exp_id, plan.resume, plan.progress, plan.verbose
+        confirm_name(plan.name),
+        job,
+        arms,
+        plan.exp_id,
+        plan.resume,
+        plan.progress,
+        plan.verbose,
+        rerun=resume_command(plan.name),  # the sweep's own command: its confirm stage resumes with it
     )
 
 

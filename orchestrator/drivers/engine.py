@@ -16,6 +16,7 @@ import json
 import math
 import os
 import re
+import socket
 import tempfile
 import time
 from contextlib import contextmanager
@@ -43,7 +44,7 @@ from orchestrator.drivers.train import (
     fit,
     worker_cores,
 )
-from orchestrator.errors import ConfigError, sieve_cause
+from orchestrator.errors import ConfigError, TrialsFailed, sieve_cause
 from orchestrator.evaluation.suite import TestReport
 from orchestrator.live_runs import close_failed, create_child_run
 from orchestrator.results.publish import flat_params, params_label
@@ -169,7 +170,8 @@ def train_trial(
         return
     # an audit line per training start: proves on resume that finished trials were not re-run
     log = storage.join(sweep_dir, "invocations", f"{trial}-{time.time_ns()}.json")
-    storage.write_bytes(log, json.dumps({"trial": trial, "params": params}).encode())
+    record = {"trial": trial, "params": params, "host": socket.gethostname(), "pid": os.getpid()}  # its process
+    storage.write_bytes(log, json.dumps(record).encode())
     # a train job's own run (made before Ray), else the trial's run nested under its job's
     run_id = (tracking.get("run_id") or _child_run(tracking, trial, params, cfg)) if tracking else None
     trainer = build_trainer(
@@ -183,6 +185,19 @@ def train_trial(
     )
     fit(trainer, recipe, cfg)
     storage.write_bytes(done, b"")
+
+
+def require_finished(lost: list[dict], total: int, what: str, rerun: str) -> None:
+    """A job whose trials did not all end with a result stops here, non-zero, in one line naming them and the
+    command that trains only those (a finished trial is replayed, never trained again)."""
+    if not lost:
+        return
+    named = "; ".join(f"{r['trial']}: {(r.get('error') or 'ended without a result')[:160]}" for r in lost[:3])
+    more = f"; and {len(lost) - 3} more" if len(lost) > 3 else ""
+    raise TrialsFailed(
+        f"{what}: {len(lost)} of {total} trial(s) did not finish ({named}{more}); the others are kept - "
+        f"rerun with: {rerun}   (it trains the missing trial(s) only)"
+    )
 
 
 def tests_uri(sweep_dir: str, trial: str) -> str:

@@ -34,12 +34,13 @@ from orchestrator.config import (
     validate,
 )
 from orchestrator.drivers import confirm
-from orchestrator.drivers.cli import job_parser, location_overrides, print_config
+from orchestrator.drivers.cli import job_parser, location_overrides, print_config, resume_command
 from orchestrator.drivers.cluster import init_ray, shutdown_ray
 from orchestrator.drivers.engine import (
     kept_test,
     live_tracking,
     parent_run,
+    require_finished,
     sweep_dir,
     take_name,
     trial_rows,
@@ -190,6 +191,10 @@ def run(plan: SweepPlan, parent_id: str | None = None) -> SweepResult:
         keep=keep,
     )
     rows = trial_rows(grid, recipe.metric, recipe.selection_metric(plan.base))
+    # a trial that failed (killed, out of memory) is a setting never measured: the sweep stops, resumable
+    require_finished(
+        [r for r in rows if r["error"]], len(rows), f"sweep {plan.name!r}", resume_command(plan.name)
+    )
     if not any(r["checkpoint_path"] for r in rows):
         raise ConfigError(
             f"sweep {plan.name}: no trial reported a checkpoint (errors: {[r['error'] for r in rows]})"

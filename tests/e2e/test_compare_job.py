@@ -1,5 +1,7 @@
 """``jobs/compare.py`` end to end on the session's local Ray cluster, on a tiny random BERT: 2 arms × 2 seeds,
-the driver killed after the first trial finished and resumed; every trial trained once and tested once, the
+the driver killed after the first trial finished and resumed; a trial of the resumed run killed (the job
+ends non-zero naming it, its MLflow run FAILED) and trained alone by the command it names; every other
+trial trained once and every trial tested once, the
 leaderboard on the MLflow parent run (one child run per trial) and as the console's last lines, the
 registration gate applied; the experiment's state then rewritten as if killed mid-publish, and the resume
 replays every trial without training or testing it again (the engine's resume rule, the same for a sweep).
@@ -60,6 +62,24 @@ def run_job(jobs, tmp_path, store, *args, new_session=False):
     )
 
 
+def kill_a_starting_trial(where: Path, started_before: set[str], proc) -> str:
+    """SIGKILL the process of the first trial that starts training after ``started_before`` (its audit record
+    names its process); its name."""
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        for f in sorted((where / "invocations").iterdir()):
+            if f.name not in started_before:
+                record = json.loads(f.read_text())
+                os.kill(record["pid"], signal.SIGKILL)
+                return record["trial"]
+        if proc.poll() is not None:
+            pytest.fail(
+                "the resumed comparison ended before a trial could be killed:\n" + proc.stdout.read()[-3000:]
+            )
+        time.sleep(0.1)
+    pytest.fail("no trial started in time")
+
+
 def test_compare_killed_and_resumed_trains_and_tests_each_trial_once(
     ray_cluster, tiny_bert_dir, tiny_shards, tmp_path, job_server
 ):
@@ -95,16 +115,41 @@ def test_compare_killed_and_resumed_trains_and_tests_each_trial_once(
         r".*claims/cmp.json\): if it no longer runs, pass --take-over to run under this name$",
         refused.strip(),
     ), refused[-2000:]
+    started_before = {p.name for p in (where / "invocations").iterdir()}
     proc = run_job(
         job_server, tmp_path, store, "--config", str(cfg), "--name", "cmp", "--resume", "--take-over"
     )
+    # a trial of the resumed run killed as the kernel's OOM killer would (SIGKILL to its process) while it
+    # trains: the job ends non-zero, in one line naming it and the command that trains it alone
+    victim = kill_a_starting_trial(where, started_before, proc)
+    out, _ = proc.communicate(timeout=800)
+    assert "--take-over: the claim on 'cmp' of jobs/compare.py on " in out
+    assert "engine: experiment 'cmp' restored at " in out  # the one engine every job runs on, its resume rule
+    last = out.strip().splitlines()[-1]
+    assert proc.returncode == 2 and re.fullmatch(
+        rf"error: comparison 'cmp': 1 of 4 trial\(s\) did not finish \({victim}: .+\); the others are kept - "
+        r"rerun with: python \S*jobs/compare\.py --config \S+compare.yaml --name cmp --no-progress --storage \S+ "
+        r"--resume   \(it trains the missing trial\(s\) only\)",
+        last,
+    ), out[-4000:]
+    assert not (where / "published.json").exists() and not (tmp_path / "outputs" / "reports" / "cmp").exists()
+    assert not (store / "claims" / "cmp.json").exists()  # given back on the way out
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}")
+    (failed,) = mlflow.search_runs(
+        search_all_experiments=True, filter_string="tags.`sieve.role` = 'compare'", output_format="list"
+    )
+    assert failed.info.status == "FAILED" and "did not finish" in failed.data.tags["sieve.failure"]
+
+    # the command it named trains that trial alone (the finished ones replayed) and publishes the whole
+    proc = run_job(job_server, tmp_path, store, "--config", str(cfg), "--name", "cmp", "--resume")
     out, _ = proc.communicate(timeout=800)
     assert proc.returncode == 0, out[-4000:]
-    assert "--take-over: the claim on 'cmp' of jobs/compare.py on " in out
     assert not (store / "claims" / "cmp.json").exists()  # given back at the end
-    assert "engine: experiment 'cmp' restored at " in out  # the one engine every job runs on, its resume rule
     starts = [p.name.rsplit("-", 1)[0] for p in (where / "invocations").iterdir()]
     assert len(set(starts)) == 4 and all(starts.count(t) == 1 for t in tested_before), starts  # trained once
+    assert starts.count(victim) == 2 and all(starts.count(t) == 1 for t in set(starts) - {victim}), starts
     tests = sorted(p.stem for p in (where / "tests").iterdir())
     assert len(tests) == 4 and tested_before <= set(tests)
     lines = out.strip().splitlines()
@@ -125,10 +170,6 @@ def test_compare_killed_and_resumed_trains_and_tests_each_trial_once(
         "gate"
     ]
 
-    import mlflow
-
-    uri = f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}"
-    mlflow.set_tracking_uri(uri)
     exp = mlflow.get_experiment_by_name("sieve")
     parents = mlflow.search_runs(
         [exp.experiment_id], filter_string="tags.`sieve.role` = 'compare'", output_format="list"
@@ -136,6 +177,7 @@ def test_compare_killed_and_resumed_trains_and_tests_each_trial_once(
     assert (
         len(parents) == 1 and "| **base (" in parents[0].data.tags["mlflow.note.content"]
     )  # the UI description
+    assert parents[0].info.status == "FINISHED"  # the failed run, resumed and finished
     children = mlflow.search_runs(
         [exp.experiment_id], filter_string="tags.`sieve.role` = 'trial'", output_format="list"
     )
