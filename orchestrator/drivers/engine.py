@@ -170,7 +170,8 @@ def train_trial(
         return
     # an audit line per training start: proves on resume that finished trials were not re-run
     log = storage.join(sweep_dir, "invocations", f"{trial}-{time.time_ns()}.json")
-    record = {"trial": trial, "params": params, "host": socket.gethostname(), "pid": os.getpid()}  # its process
+    # its process named too: which one trained it, and which one a test can stop
+    record = {"trial": trial, "params": params, "host": socket.gethostname(), "pid": os.getpid()}
     storage.write_bytes(log, json.dumps(record).encode())
     # a train job's own run (made before Ray), else the trial's run nested under its job's
     run_id = (tracking.get("run_id") or _child_run(tracking, trial, params, cfg)) if tracking else None
