@@ -12,6 +12,7 @@ written checkpoint. Local directories are written to a temporary sibling and ren
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import re
 import shutil
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
-from orchestrator.errors import NoSuchKey, StorageError, StorageUnreachable
+from orchestrator.errors import DataError, NoSuchKey, StorageError, StorageUnreachable
 
 COMPLETE_MARKER = "_COMPLETE"
 
@@ -433,3 +434,22 @@ def pyarrow_filesystem(uri: str):
         )
         return fs, f"{bucket}/{key}".rstrip("/")
     return pafs.LocalFileSystem(), str(Path(uri).resolve())
+
+
+def iter_lines(uri: str) -> Iterator[tuple[int, str]]:
+    """(line number, line without its end) of a text file, local or ``s3://``, streamed - never read whole; a file
+    that cannot be read, or a line that is not UTF-8, is refused naming it."""
+    if not is_s3(uri) and not Path(uri).is_file():
+        raise StorageError(f"{uri}: no such file")
+    fs, key = pyarrow_filesystem(uri)
+    try:
+        stream = fs.open_input_stream(key)
+    except OSError as exc:
+        raise StorageError(f"{uri}: cannot be read ({str(exc).splitlines()[0]})") from None
+    with io.TextIOWrapper(stream, encoding="utf-8") as f:
+        n = 0
+        try:
+            for n, line in enumerate(f, start=1):  # noqa: B007 - n names the line a decode error is on
+                yield n, line.rstrip("\r\n")
+        except UnicodeDecodeError as exc:
+            raise DataError(f"{uri}:{n + 1}: not UTF-8 text ({exc.reason})") from None

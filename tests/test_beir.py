@@ -126,3 +126,48 @@ def test_a_domain_task_without_its_folder_and_a_preflight_that_reads_it(tmp_path
     (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq0\td0\t1\nq1\tgone\t1\n")
     with pytest.raises(DataError, match=r"test.tsv:3: corpus-id 'gone' is not in corpus.jsonl"):
         check_domain_tasks(["beir_mine"], {"beir_mine": str(folder)})
+
+
+def test_running_top_over_chunks_is_the_whole_corpus_ranking_ties_included():
+    """Chunk by chunk, the running top-k equals ``ranked`` over the whole corpus at once - the same positions in
+    the same order, exact ties (repeated documents) by ascending position, across chunk boundaries."""
+    import numpy as np
+
+    from orchestrator.evaluation.beir import RunningTop, unit
+    from orchestrator.evaluation.retrieval import ranked
+
+    rng = np.random.default_rng(0)
+    # one-hot documents: each score is one coordinate of the query, exact however a product is blocked, and every
+    # document sharing its coordinate ties with it exactly (about 7 each, across chunk boundaries)
+    docs = np.eye(8)[rng.integers(0, 8, size=60)]
+    queries = rng.normal(size=(6, 8))
+    want = ranked(queries, docs, 12)
+    assert len({tuple(row) for row in want}) == 6
+    for chunk in (1, 7, 13, 60):
+        top = RunningTop(unit(queries), 12)
+        for start in range(0, len(docs), chunk):
+            top.add(unit(docs[start : start + chunk]))
+        assert np.array_equal(top.indices, want), chunk
+
+
+def test_the_corpus_is_encoded_once_a_chunk_at_a_time_and_scores_as_read_whole(tmp_path, tiny_bert_dir):
+    """The test never holds more than ``chunk_rows`` documents: each corpus document is encoded once, in calls of at
+    most that many; the figures are those of the corpus encoded in one call."""
+    from orchestrator.evaluation.encode import HFEncoder
+    from orchestrator.models import load_encoder
+
+    model, tok = load_encoder(str(tiny_bert_dir))
+    encoder = HFEncoder(model, tok, pooling="mean", batch_size=64)
+    calls: list[int] = []
+
+    class Counting:
+        def encode(self, texts, **kw):
+            calls.append(len(texts))
+            return encoder.encode(texts, **kw)
+
+    folder = beir_folder(tmp_path, n=40)
+    whole = BeirEvaluator("b", str(folder), chunk_rows=10**6)(encoder)
+    chunked = BeirEvaluator("b", str(folder), chunk_rows=16)(Counting())
+    queries, *corpus = calls
+    assert queries == 40 and sum(corpus) == 40 * 3 and max(corpus) == 16  # each document once, 16 at a time
+    assert chunked == pytest.approx(whole, abs=1e-9)

@@ -40,7 +40,7 @@ from sentence_transformers import SentenceTransformer
 from orchestrator import storage
 from orchestrator.config import StrictModel, repo_path
 from orchestrator.data.pairs import TrainingRows
-from orchestrator.errors import DataError
+from orchestrator.errors import DataError, StorageError
 from orchestrator.evaluation.beir import document_text, json_object
 from orchestrator.models import resolve_model_source
 
@@ -111,19 +111,12 @@ def queries_and_positives(rows: list[list[str]]) -> tuple[list[str], list[list[s
 
 def corpus_lines(cfg: MineConfig):
     """(line number, passage) of the corpus file, streamed (never read whole); a bad line names file and line."""
-    fs, key = storage.pyarrow_filesystem(cfg.corpus.uri)
     try:
-        stream = fs.open_input_stream(key)
-    except OSError as exc:
-        raise DataError(f"{cfg.corpus.uri}: cannot be read ({str(exc).splitlines()[0]})") from None
-    with io.TextIOWrapper(stream, encoding="utf-8") as f:
-        n = 0
-        try:
-            for n, line in enumerate(f, start=1):  # noqa: B007 - n names the line a decode error is on
-                if line.strip():
-                    yield n, passage(line, cfg.corpus.format, f"{cfg.corpus.uri}:{n}")
-        except UnicodeDecodeError as exc:
-            raise DataError(f"{cfg.corpus.uri}:{n + 1}: not UTF-8 text ({exc.reason})") from None
+        for n, line in storage.iter_lines(cfg.corpus.uri):
+            if line.strip():
+                yield n, passage(line, cfg.corpus.format, f"{cfg.corpus.uri}:{n}")
+    except StorageError as exc:  # as the other inputs: a corpus that cannot be read is the user's data error
+        raise DataError(str(exc)) from None
 
 
 def passage(line: str, fmt: str, where: str) -> str:

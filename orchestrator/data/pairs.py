@@ -52,8 +52,9 @@ class TrainingRows(StrictModel):
         file and line."""
         if self.format == "beir":
             data = read_beir(self.path, self.split)
+            passages = data.texts_at(set().union(*data.relevant))  # the relevant ones only, one streamed pass
             rows = [
-                [q, data.corpus[i]]
+                [q, passages[i]]
                 for q, rel in zip(data.queries, data.relevant, strict=True)
                 for i in sorted(rel)
             ]

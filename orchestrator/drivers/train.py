@@ -55,7 +55,7 @@ def preflight(cfg: MethodConfig) -> str:
         if not storage.exists(repo_path(path)):
             raise DataError(f"{key}: {path}: no such file or folder")
     cfg.check_data()
-    if isinstance(cfg, EncoderMethodConfig) and cfg.eval.domain:  # a BEIR folder read whole, line by line
+    if isinstance(cfg, EncoderMethodConfig) and cfg.eval.domain:  # a BEIR folder read through, line by line
         check_domain_tasks(cfg.eval.domain, cfg.eval.domain_paths)
     if not ray.is_initialized() and not joins_cluster():  # the private local Ray's resources are known now
         check_resources([cfg])

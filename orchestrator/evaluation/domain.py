@@ -180,7 +180,8 @@ def get_evaluator(name: str, path: str | None = None):
 
 
 def check_domain_tasks(names: list[str], paths: dict[str, str] | None = None) -> None:
-    """Before any work: every domain task exists, and a BEIR folder is read whole and checked (file and line)."""
+    """Before any work: every domain task exists, and a BEIR folder is read through (streamed) and checked (file and
+    line)."""
     for name in names:
         evaluator = get_evaluator(name, (paths or {}).get(name))
         if isinstance(evaluator, BeirEvaluator):
