@@ -41,7 +41,9 @@ def dirty_file(path: Path) -> Path:
 
 
 def test_cleaning_rules_without_ray():
-    cfg = CorpusConfig(max_words=5)
+    cfg = CorpusConfig(
+        max_words=5, drop_capitalised_splits=True
+    )  # off by default: WikiSplit's presets set it
     rows = clean_records(
         [
             ("a  b\tc .", None),
@@ -63,6 +65,11 @@ def test_cleaning_rules_without_ray():
         "invalid_utf8",
     ]
     assert [r["truncated"] for r in rows] == [False, False, True, False, False, False]
+    default = clean_records([("He met Dr.", None), ("Smith came .", None)], CorpusConfig())
+    assert [r["text"] for r in default] == [
+        "He met Dr.",
+        "Smith came .",
+    ]  # the split filter is WikiSplit's only
 
 
 def read_shards(out) -> list[dict]:
@@ -72,14 +79,22 @@ def read_shards(out) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_manifest_counts_on_dirty_file(ray_cluster, tmp_path):
+def test_manifest_counts_on_dirty_file(ray_cluster, tmp_path, capsys):
     cfg = CorpusConfig(
         input=str(dirty_file(tmp_path / "dirty.txt")),
         seed=1,
         max_words=50,
+        drop_capitalised_splits=True,  # off by default: WikiSplit's presets turn it on
         parser={"workers": 2, "cpus_per_worker": 1},
     )
     manifest = run_pipeline(cfg, str(tmp_path / "out"), progress=False)
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("corpus: dropped")]
+    assert said == [
+        "corpus: dropped 9 line(s): 2 repeating a kept sentence; 2 blank; 1 following such a split "
+        "(drop_capitalised_splits); 1 ending in a capitalised word, a likely bad sentence split "
+        "(drop_capitalised_splits); 1 holding control characters; 1 not UTF-8; 1 under 3 words (min_words); "
+        "1 cut to 50 words (max_words)"
+    ], said
     assert manifest["read"] == 20
     assert manifest["written"] == 11
     assert manifest["skipped"] == {
@@ -170,7 +185,8 @@ def test_a_build_on_a_cluster_whose_cpus_are_held_elsewhere_runs(ray_cluster, tm
         manifest = run_pipeline(cfg, str(tmp_path / "out"), progress=False)
     finally:
         ray.kill(holder)
-    assert manifest["written"] == 11 and len(read_shards(tmp_path / "out")) == 11
+    # the dirty file's 11 sentences, and the split and the line after it, kept: the split filter is off
+    assert manifest["written"] == 13 and len(read_shards(tmp_path / "out")) == 13
     assert manifest["parser_cpus_reserved"] < 1.0
     assert (
         f"each of the 2 parser actors reserves {manifest['parser_cpus_reserved']:g} CPU"

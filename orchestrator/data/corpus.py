@@ -217,6 +217,30 @@ def parse_failure_message(source: str, failures: int, total: int, limit: float, 
 # ---------------------------------------------------------------- stage 4: write, and count
 SHARD_COLUMNS = [c for c in COLUMNS if c not in ("skip", "error")]
 
+# why a line was not kept, as the console says it (the key each reason is counted under in manifest.json)
+WHY = {
+    "empty": "blank",
+    "control_characters": "holding control characters",
+    "invalid_utf8": "not UTF-8",
+    "too_short": "under {min_words} words (min_words)",
+    "capitalised_split": "ending in a capitalised word, a likely bad sentence split (drop_capitalised_splits)",
+    "after_capitalised_split": "following such a split (drop_capitalised_splits)",
+    "duplicate": "repeating a kept sentence",
+    "over_limit": "beyond limit {limit}",
+    "parse_error": "that failed to parse",
+    "no_triple": "with no parse triple",
+}
+
+
+def dropped_line(skipped: dict[str, int], truncated: int, cfg) -> str:
+    """One console line: how many lines each filter dropped and why, and how many were cut to ``max_words``."""
+    parts = [
+        f"{n} {WHY.get(k, k).format(min_words=cfg.min_words, limit=cfg.limit)}"
+        for k, n in sorted(skipped.items(), key=lambda kv: -kv[1])
+    ]
+    cut = f"; {truncated} cut to {cfg.max_words} words (max_words)" if truncated else ""
+    return f"corpus: dropped {sum(skipped.values())} line(s){': ' + '; '.join(parts) if parts else ''}{cut}"
+
 
 # ---------------------------------------------------------------- the whole pipeline
 def run_pipeline(cfg: CorpusConfig, output: str, *, progress: bool = True) -> dict:
@@ -306,6 +330,7 @@ def run_pipeline(cfg: CorpusConfig, output: str, *, progress: bool = True) -> di
         f"actors: {written} rows written ({failures + counts['no_triple']} unparsed) in {timings['pipeline_s']:.1f} s",
         flush=True,
     )
+    print(dropped_line(skipped, truncated, cfg), flush=True)  # what the filters took, always said
     manifest = {
         "read": read,
         "written": written,

@@ -47,7 +47,10 @@ class CorpusConfig(StrictModel):
     column: str = "text"
     min_words: int = Field(3, ge=1)
     max_words: int = Field(64, ge=1, description="longer lines are truncated to this many words")
-    drop_capitalised_splits: bool = True
+    drop_capitalised_splits: bool = Field(
+        False,
+        description="drop a sentence ending in a capitalised word and the line after it (WikiSplit's bad splits)",
+    )
     limit: int | None = Field(None, gt=0, description="keep at most this many sentences after shuffling")
     shard_rows: int = Field(5000, gt=0)
     seed: int = 42

@@ -25,7 +25,10 @@ class CorpusBlock(StrictModel):
     parser_workers: int = Field(2, ge=1)
     min_words: int = Field(3, ge=1)
     max_words: int = Field(64, ge=1, description="longer sentences are cut to this many words before parsing")
-    drop_capitalised_splits: bool = Field(True, description="SIFTER's sentence-split filter; off for tweets")
+    drop_capitalised_splits: bool = Field(
+        False,
+        description="drop a sentence ending in a capitalised word and the line after it (a bad split in WikiSplit; on in the WikiSplit presets only)",
+    )
     augment: AugmentConfig = AugmentConfig()
 
     def sources(self, key: str = "data") -> list[tuple[str, str]]:  # what preflight checks exists
