@@ -4,11 +4,15 @@
     python jobs/evaluate.py --model PATH --pooling cls_before_pooler --sts-file my_pairs.tsv
     python jobs/evaluate.py --model models:/sifter-simcse@champion --log-to-run   # the registry's champion
     python jobs/evaluate.py --model outputs/models/mine --baseline default --sts-file my_pairs.tsv  # beside its base
-    python jobs/evaluate.py --model outputs/models/mine --baseline default --beir my_beir_folder --tasks ''
+    python jobs/evaluate.py --model outputs/models/mine --sts-file my_pairs.tsv --tasks stsb,sickr  # and two STS sets
+    python jobs/evaluate.py --model outputs/models/mine --baseline default --beir my_beir_folder
 
 ``--pooling`` defaults to the model folder's own saved pooling (a sentence-transformers folder
 records it; a plain transformers folder has none, and then ``mean`` is used). ``cls`` reads the
 model's pooler layer and is refused when the folder has no pooler weights.
+
+With ``--sts-file`` or ``--beir`` your own data alone is scored (seconds); ``--tasks`` adds STS sets. The
+average (``avg``) is over the named STS tasks only: a file of yours is scored beside them, never in it.
 
 ``--baseline`` scores a second model - the one you started from - in the same call, on the same tasks, read
 with the same pooling (and, when its folder saved another, read that way too: a baseline is never shown only
@@ -55,7 +59,11 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument(
         "--pooling", choices=POOLINGS, help="default: the model folder's saved pooling, else mean"
     )
-    ap.add_argument("--tasks", default=",".join(sts.SEVEN_TASKS), help="comma-separated; '' for none")
+    ap.add_argument(
+        "--tasks",
+        help=f"comma-separated STS tasks; '' for none (default: the seven, {','.join(sts.SEVEN_TASKS)} - or none "
+        "when --sts-file or --beir names your own data)",
+    )
     ap.add_argument(
         "--sts-file", action="append", default=[], help="extra TSV(s) with sentence1, sentence2, score"
     )
@@ -90,6 +98,8 @@ def parse_args() -> argparse.Namespace:
 def checked_tasks(args: argparse.Namespace) -> list[str]:
     """The tasks to score, once every input file, flag and the output path are checked: bad input fails before
     a model is loaded."""
+    if args.tasks is None:  # your own files alone are scored in seconds; the STS suite only when asked
+        args.tasks = "" if args.sts_file or args.beir else ",".join(sts.SEVEN_TASKS)
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     unknown = [t for t in tasks if t not in sts.TASK_FILES]
     if unknown:

@@ -247,6 +247,10 @@ def load_tokenizer(name: str):
         ) from None
 
 
+POOLER_NOTE = (
+    "sieve_pooler.json"  # in an export whose pooler weights are its base's, never trained (export.py)
+)
+
 # Encoder-only classes of encoder-decoder families, saved on their own (orchestrator.export.standalone_encoder)
 _STANDALONE_ENCODERS = {
     "BlenderbotSmallEncoder": "transformers.models.blenderbot_small.modeling_blenderbot_small"
@@ -291,6 +295,11 @@ def load_encoder(
             raise ModelSourceError(
                 f"model {name!r}: cannot load weights from {path} ({type(exc).__name__}: {exc})"
             ) from None
+    if require_pooler and Path(path, POOLER_NOTE).is_file():
+        raise ModelSourceError(
+            f"model {name!r}: pooling 'cls' reads the pooler layer, but {path}'s pooler is its base model's, "
+            "never trained with this encoder; use 'cls_before_pooler' or 'mean'"
+        )
     if require_pooler and (
         not hasattr(model, "pooler")
         or model.pooler is None

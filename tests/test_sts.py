@@ -164,7 +164,15 @@ def test_cli_writes_json_schema(tmp_path, tiny_bert_dir, job_server):
     assert result["tasks"]["stsb"]["n"] == 1379
     assert set(result["tasks"]["stsb"]["spearman"]) >= {"all", "mean", "wmean"}
     assert -1 <= result["avg"]["spearman_all"] <= 1 and "pearson_all" in result["avg"]
+    # the average is the named tasks': your file is scored beside them, never averaged in
+    assert result["avg"]["spearman_all"] == result["tasks"]["stsb"]["spearman"]["all"]
     assert "| stsb | 1379 |" in res.stdout
+    # your file alone (no --tasks): only it is scored - no STS suite, no average
+    res = run_cli(job_server, "--model", str(tiny_bert_dir), "--sts-file", str(pairs), "--json", str(out))
+    assert res.returncode == 0, res.stderr
+    alone = json.loads(out.read_text())
+    assert set(alone["tasks"]) == {"pairs"} and alone["avg"] == {} and "| **avg** |" not in res.stdout
+    assert alone["tasks"]["pairs"] == result["tasks"]["pairs"]
 
 
 def test_cli_scores_a_baseline_beside_the_model_read_both_ways(tmp_path, tiny_bert_dir, job_server):
@@ -281,7 +289,31 @@ def test_cli_defaults_to_the_folders_saved_pooling_and_refuses_a_new_pooler(
     )
     assert res.returncode == 2 and "Traceback" not in res.stderr
     last = res.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: ") and "pooler" in last
+    assert last.startswith("error: ") and "has no pooler weights" in last
+
+    # exported as the trainers export (their base named): every weight the base had is in the folder - its
+    # pooler untouched, so nothing is "newly initialized" on load - and cls pooling is still refused
+    import torch
+    from transformers import AutoModel
+
+    folder = export_encoder(
+        encoder,
+        AutoTokenizer.from_pretrained(str(tiny_bert_dir)),
+        tmp_path / "trained",
+        pooling="mean",
+        base=str(tiny_bert_dir),
+    )
+    loaded, info = AutoModel.from_pretrained(str(folder), output_loading_info=True)
+    base = AutoModel.from_pretrained(str(tiny_bert_dir))
+    assert info["missing_keys"] == [] or info["missing_keys"] == set(), info
+    assert torch.equal(loaded.pooler.dense.weight, base.pooler.dense.weight)
+    res = run_cli(
+        job_server, "--model", str(folder), "--pooling", "cls", "--tasks", "", "--sts-file", str(pairs)
+    )
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert (
+        "pooler is its base model's, never trained with this encoder" in res.stderr.strip().splitlines()[-1]
+    )
 
 
 def test_encoding_batches_sentences_of_one_token_length_and_matches_unbatched(tiny_bert_dir):

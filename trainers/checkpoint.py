@@ -125,6 +125,7 @@ def export_trained_encoder(
         pooling=pooling_for(cfg),
         max_seq_length=cfg.eval.max_length if max_seq_length is None else max_seq_length,
         write_more=onnx_copies(cfg),
+        base=cfg.model.name_or_path,  # its pooler weights, saved untouched: the folder has every weight it had
     )
 
 

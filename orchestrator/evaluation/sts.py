@@ -178,17 +178,19 @@ def evaluate(
     data_dir: str | Path | None = None,
     extra_files: list[str | Path] | None = None,
 ) -> dict:
-    """Run the STS tasks; ``avg`` is over the tasks given (the 7-task average for the standard set).
-    A sentence that several tasks share is encoded once (the 7 test sets: 26,289 distinct sentences
-    of 28,530 per-task ones)."""
-    datasets = [load_task(task, data_dir) for task in tasks] + [read_sts_tsv(f) for f in extra_files or []]
+    """Run the STS tasks, and a user's own files (``extra_files``) beside them; ``avg`` is over the named
+    ``tasks`` only (the 7-task average for the standard set: a user's file is scored, never averaged in, so
+    the average means what a paper's does). A sentence that several tasks share is encoded once (the 7 test
+    sets: 26,289 distinct sentences of 28,530 per-task ones)."""
+    named = [load_task(task, data_dir) for task in tasks]
+    datasets = named + [read_sts_tsv(f) for f in extra_files or []]
     embeddings = encode_unique(encoder, [s for d in datasets for s in d.sentence1 + d.sentence2], desc="STS")
     results = {d.name: evaluate_data(encoder, d, embeddings) for d in datasets}
     avg = {}
-    if results:
+    if named:
         avg = {
-            "spearman_all": float(np.mean([r["spearman"]["all"] for r in results.values()])),
-            "pearson_all": float(np.mean([r["pearson"]["all"] for r in results.values()])),
+            f"{k}_all": float(np.mean([results[d.name][k]["all"] for d in named]))
+            for k in ("spearman", "pearson")
         }
     return {"tasks": results, "avg": avg}
 
