@@ -227,14 +227,15 @@ def test_sweep_job_resolves_without_ray(embedded_tracking):
     # a name already taken is refused here, before the corpus is built (it was refused minutes later, after
     # the parse); --resume of it is not
     args.overrides = []
-    (embedded_tracking / "outputs" / "sweeps" / "x").mkdir(parents=True)
-    (embedded_tracking / "outputs" / "sweeps" / "x" / "experiment_state.json").write_text("{}")
+    # the first one kept its plan
+    assert (embedded_tracking / "outputs" / "sweeps" / "x" / "plan.json").is_file()
     with pytest.raises(
         ConfigError, match=r"^sweep 'x' already exists at .*: pass --resume, or another --name"
     ):
         resolve(args, "sifter_sweep")
-    args.resume = True
-    assert resolve(args, "sifter_sweep").name == "x"
+    args.resume, args.preset = True, None  # by its name alone: the plan it kept
+    resumed = resolve(args, "sifter_sweep")
+    assert resumed.name == "x" and resumed.base.train.lr == 4e-5
 
 
 def test_optuna_search_is_seeded_and_refuses_bundles():
@@ -414,6 +415,20 @@ def test_the_closing_verdict_says_what_a_user_decides_on(tmp_path):
     assert lines[5].startswith("next: python jobs/promote.py --model sifter-simcse --version 4")
     alone = verdict(champion={}, **{**kw, "devs": devs[:1]})
     assert "no champion yet" in alone[1] and alone[3].startswith("noise: one seed per setting")
+    assert not any(line.startswith("saturated") for line in lines)  # no history: nothing to flag
+    # a loss that ended below 1e-3 (the comparison's flag) is said before the registration line
+    rows[1]["history"], rows[2]["history"] = [{"loss": 0.9}, {"loss": 2e-05}], [{"loss": 0.05}]
+    flagged = verdict(champion={}, rows=rows, **kw)
+    assert (
+        len(flagged) <= 8
+        and flagged[-1] == "candidate: x"
+        and flagged[-2]
+        == (
+            "saturated: 1 of 2 explore trial(s) ended with a training loss below 0.001 (lowest: t1, 2e-05) - they "
+            "trained on no signal, and their figures test nothing; a harder task (a larger batch, hard negatives) "
+            "or fewer steps"
+        )
+    )
 
 
 def test_the_card_sets_the_scores_beside_the_base_and_the_champion_and_mlflow_gets_no_front_matter():
@@ -480,3 +495,25 @@ def test_trial_runs_get_each_evaluation_once_whatever_the_outage_kept(embedded_t
     history = tracking.MlflowClient().get_metric_history(child, "m")
     assert sorted((h.step, h.value) for h in history) == [(2, 0.5), (4, 0.6)]
     assert sorted(h.step for h in tracking.MlflowClient().get_metric_history(child, "loss")) == [2, 4]
+
+
+def test_the_card_says_the_steps_the_run_trained_and_lists_its_settings():
+    """A run whose data gives fewer steps than ``train.max_steps`` (300 sentences, batch 64) trains what the data
+    gives: its card says that number and why, read from its reports' last step."""
+    from card import card_for
+
+    from orchestrator.config import validate
+    from orchestrator.results.publish import trained_steps
+    from trainers.supervised_contrastive import SupervisedContrastiveRecipe
+
+    cfg = validate(SupervisedContrastiveRecipe.config_cls, {"train": {"max_steps": 20}}, "t")
+    reports = [{"step": 2, "loss": 1.0}, {"step": 4, "loss": 0.5}, {"loss": 0.4}]
+    assert trained_steps(reports) == 4 and trained_steps([]) is None
+    assert "Training: 4 steps (train.max_steps 20: the data gave 4), batch " in card_for(cfg, steps=4)
+    assert "Training: 20 steps, batch " in card_for(cfg, steps=20) and "Training: 20 steps, " in card_for(cfg)
+    # its settings a list a person reads in the MLflow UI, not a block of JSON braces
+    card = card_for(
+        cfg, params={"config": "configs/x.yaml", "params": {"lambdas": [1, 0], "train.lr": 3e-05}}
+    )
+    assert "- config: `configs/x.yaml`\n- params.lambdas: `[1, 0]`\n- params.train.lr: `3e-05`\n" in card
+    assert "```json" not in card

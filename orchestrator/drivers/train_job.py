@@ -130,6 +130,7 @@ def _train(
         params={"config": str(path), "overrides": overrides},
         choice=choice,
         registered_name=name,
+        steps=(steps := pub.trained_steps(outcome.history)),
     )
     write_model_card(model_dir, card)  # Sieve's card, not sentence-transformers' empty one
     model_ref = str(model_dir)
@@ -156,6 +157,7 @@ def _train(
         metrics={
             **{f"test_{k}": v for k, v in test.metrics.items()},
             "wall_s": wall_s,
+            **({"steps_trained": steps} if steps is not None else {}),
             f"best_{recipe.metric}": best_dev,
             **base_metrics,
         },
@@ -174,6 +176,16 @@ def _train(
             + compare_table(base.test, test, candidate_name="trained")
         )
     print(json.dumps(summary(run_id, model_dir, wall_s, best_dev, base, test), indent=2))
+    if cfg.train.max_steps and steps is not None and steps < cfg.train.max_steps:
+        print(
+            f"training: {pub.training_length(cfg, steps)} - raise train.epochs to repeat the data", flush=True
+        )
+    # the last line: what a train run leaves, and where registration happens
+    print(
+        f"registered: nothing - a train run exports ({model_dir}) and logs; a model is registered by "
+        "jobs/compare.py or a sweep, when it beats its base",
+        flush=True,
+    )
     return 0
 
 

@@ -155,6 +155,33 @@ def mlflow_description(card: str) -> str:
     return card
 
 
+def as_list(settings: dict, prefix: str = "") -> list[str]:
+    """A nested mapping as Markdown bullets, ``- key.sub: value`` (what a card shows where JSON would be a block of
+    braces in the MLflow UI)."""
+    out = []
+    for k, v in settings.items():
+        if isinstance(v, dict) and v:
+            out += as_list(v, f"{prefix}{k}.")
+        else:
+            out.append(f"- {prefix}{k}: `{v if isinstance(v, str) else json.dumps(v, default=str)}`")
+    return out
+
+
+def trained_steps(history: list[dict]) -> int | None:
+    """The last step a run reported (its reports' ``step``): what it trained, whatever ``max_steps`` asked."""
+    return max((int(h["step"]) for h in history if isinstance(h.get("step"), int | float)), default=None)
+
+
+def training_length(cfg, steps: int | None) -> str:
+    """``20 steps``; ``4 steps (train.max_steps 20: the data gave 4)`` for a run its data cut short; epochs when
+    the config sets no step count."""
+    if not cfg.train.max_steps:
+        return f"{steps} steps ({cfg.train.epochs} epochs)" if steps else f"{cfg.train.epochs} epochs"
+    if steps is None or steps >= cfg.train.max_steps:
+        return f"{cfg.train.max_steps} steps"
+    return f"{steps} steps (train.max_steps {cfg.train.max_steps}: the data gave {steps})"
+
+
 def model_card(
     *,
     recipe,
@@ -166,6 +193,7 @@ def model_card(
     choice: Choice,
     registered_name: str,
     champion: dict | None = None,
+    steps: int | None = None,
 ) -> str:
     """The exported folder's README.md and the registered version's description, for every job that exports
     (``origin``: "sweep `s`, trial `t`", "train run `r`"): base model, method and its settings, training data,
@@ -190,11 +218,9 @@ def model_card(
         "",
         "## Setting",
         "",
-        "```json",
-        json.dumps(params, indent=1, default=str),
-        "```",
+        *(as_list(params) or ["- (the method's defaults)"]),
         "",
-        f"Training: {cfg.train.max_steps or cfg.train.epochs} {'steps' if cfg.train.max_steps else 'epochs'}, "
+        f"Training: {training_length(cfg, steps)}, "
         f"batch {cfg.train.batch_size} × {cfg.scaling.num_workers} workers, learning rate {cfg.train.lr:g}.",
         "",
     ]
@@ -218,7 +244,7 @@ def model_card(
             "",
         ]
     if data is not None:
-        lines += ["## Training data", "", "```json", json.dumps(data, indent=1)[:1200], "```", ""]
+        lines += ["## Training data", "", *as_list(data)[:40], ""]
     lines += [f"## Evaluation ({recipe.metric_label} for the choice; test below)", ""]
     if choice.base_dev is not None:
         lines += [

@@ -14,8 +14,29 @@ import statistics
 from pathlib import Path
 
 from orchestrator.evaluation.suite import TestReport, headline_metrics
+from orchestrator.results.leaderboard import SATURATED_LOSS
 from orchestrator.results.publish import Choice, setting_of
 from orchestrator.spec import BaseResult
+
+
+def saturation_line(rows: list[dict]) -> str | None:
+    """The explore trials whose training loss ended below :data:`~orchestrator.results.leaderboard.SATURATED_LOSS`
+    (a contrastive loss that low: every batch's negatives are trivial, the trial trained on no signal and its
+    figures test nothing) - said as the comparison's leaderboard flags an arm; None when there is none."""
+    last = {
+        r["trial"]: losses[-1]
+        for r in rows
+        if (losses := [h["loss"] for h in r.get("history", []) if isinstance(h.get("loss"), int | float)])
+    }
+    flat = {t: v for t, v in last.items() if v < SATURATED_LOSS}
+    if not flat:
+        return None
+    worst = min(flat, key=flat.get)
+    return (
+        f"saturated: {len(flat)} of {len(last)} explore trial(s) ended with a training loss below "
+        f"{SATURATED_LOSS:g} (lowest: {worst}, {flat[worst]:.2g}) - they trained on no signal, and their figures "
+        "test nothing; a harder task (a larger batch, hard negatives) or fewer steps"
+    )
 
 
 def _x100(v: float) -> str:
@@ -42,6 +63,7 @@ def verdict(
     summary_json: Path,
     job: str,
     gate: str,
+    rows: list[dict] = (),
 ) -> list[str]:
     best = choice.best
     setting = json.dumps(best["params"], sort_keys=True, default=str)
@@ -102,5 +124,7 @@ def verdict(
         if choice.beats_base
         else f"next: python jobs/{job}.py --print-config   # the keys to sweep wider or train longer"
     )
+    if saturated := saturation_line(rows):
+        lines.append(saturated)
     lines.append(gate)
     return lines

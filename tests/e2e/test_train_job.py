@@ -189,6 +189,14 @@ def test_train_job_tracks_live_exports_and_keeps_secrets(
         "Trained by Sieve's `simcse` recipe" in card and "train run `live`" in card and "Unknown" not in card
     )
     assert "| metric | base | candidate | candidate − base |" in card  # the scores beside the base's
+    assert "Training: 8 steps, batch 8 × 1 workers" in card and run[0].data.metrics["steps_trained"] == 8
+    assert (
+        out.strip()
+        .splitlines()[-1]
+        .startswith(  # a train run says it registered nothing, and who does
+            "registered: nothing - a train run exports ("
+        )
+    )
     mlflow.set_tracking_uri(mlflow_server)
     assert mlflow.pyfunc.load_model(f"runs:/{run_id}/model").predict(["a b c"]).shape == (1, 32)
 
