@@ -228,12 +228,15 @@ def validate(model_cls: type[T], data: dict[str, Any], source: str) -> T:
         raise ConfigError(format_validation_error(exc, source)) from None
 
 
-def resolve_config_path(path_or_preset: str | Path, method: str | None = None) -> Path:
-    """A path as given, or ``configs/<method>/<preset>.yaml`` for a bare preset name."""
-    p = Path(path_or_preset)
+DEFAULT_PRESET = "smoke"
+
+
+def resolve_config_path(path_or_preset: str | Path | None, method: str | None = None) -> Path:
+    """A path as given, or ``configs/<method>/<preset>.yaml`` for a bare preset name (None: the smoke preset)."""
+    p = Path(path_or_preset or DEFAULT_PRESET)
     if p.suffix in {".yaml", ".yml"} or p.exists() or method is None:
         return p
-    return CONFIG_DIR / method / f"{path_or_preset}.yaml"
+    return CONFIG_DIR / method / f"{p}.yaml"
 
 
 def load_config(model_cls: type[T], path: str | Path | None, overrides: list[str] | None = None) -> T:

@@ -132,7 +132,7 @@ def test_the_main_job_confirms_and_its_plan_is_a_comparison_of_its_best_settings
     assert cplan.job.registration.alias == "candidate" and cplan.job.registration.name == "sifter-simcse"
     simcse = cplan.arms["rank1"][1]  # the explore winner's typed config, its dropout from the grid point
     assert simcse.lambda_xx == 1 and simcse.dropout == 0.1 and cplan.arms["rank2"][1].lambda_xy == 1
-    args.overrides = ["confirm.seeds=0"]
+    args.overrides, args.name = ["confirm.seeds=0"], "c0"  # a new sweep: 'c' kept its plan, the name is taken
     assert resolve(args, "sifter_sweep").confirm_seeds == []
 
 

@@ -3,6 +3,7 @@ resolves to the same job (the same printout again). In-process: nothing here sta
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -50,3 +51,48 @@ def test_print_config_round_trips(job, tmp_path, monkeypatch, capsys):
     else:
         seed = again["base"]["train"]["seed"] if job.startswith("sweep") else again["train"]["seed"]
     assert seed == 7
+
+
+def test_a_sweeps_resume_reads_the_plan_it_kept_and_refuses_another(tmp_path, monkeypatch, capsys):
+    """A new sweep keeps its plan (the ``--print-config`` form, every config settled) before any work; its
+    ``--resume`` reads that plan - by the name alone, whatever the preset now says - and one handed another plan
+    is refused in one line naming the first difference. A name that kept no plan is refused without a file."""
+    from orchestrator.errors import ConfigError
+
+    monkeypatch.delenv("SIEVE_STORAGE", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)  # the embedded MLflow store of the preflight, here
+    store = str(tmp_path / "st")
+
+    def plan(*argv):
+        monkeypatch.setattr(sys, "argv", ["jobs/sifter_sweep.py", *argv, "--storage", store])
+        return sweep_job.resolve(
+            sweep_job.job_parser("doc", "sifter_sweep", resumes="sweep").parse_args(), "sifter_sweep"
+        )
+
+    started = plan("--preset", "smoke", "--name", "s", "train.lr=4e-05")
+    kept = tmp_path / "st" / "sweeps" / "s" / "plan.json"
+    assert json.loads(kept.read_text())["base"]["train"]["lr"] == 4e-05
+    resumed = plan("--name", "s", "--resume")  # no preset, no override: the kept plan, not the smoke preset's
+    assert (
+        resumed.base.train.lr == 4e-05
+        and resumed.base == started.base
+        and resumed.job
+        == started.job.model_copy(update={"base": started.base.model_dump(mode="json"), "base_overrides": {}})
+    )
+    assert plan("--preset", "smoke", "--name", "s", "--resume", "train.lr=4e-05").base == started.base
+    with pytest.raises(
+        ConfigError,
+        match=r"^--resume: sweep 's' was started with another plan \(base.train.lr: "
+        r"4e-05 vs 5e-05; kept at \S+plan.json\): resume it without --config",
+    ):
+        plan("--preset", "smoke", "--name", "s", "--resume", "train.lr=5e-05")
+    (tmp_path / "st" / "sweeps" / "old").mkdir()  # a sweep made before plans were kept
+    with pytest.raises(
+        ConfigError,
+        match=r"^sweep 'old' kept no plan \(\S+ is missing: .*pass the --config it was started with$",
+    ):
+        plan("--name", "old", "--resume")
+    assert (
+        plan("--preset", "smoke", "--name", "old", "--resume").base.train.lr != 4e-05
+    )  # read from the file named

@@ -85,6 +85,9 @@ def catalogue(tmp: Path, tiny: Path) -> list[tuple[str, list[str], str]]:
     unequal = write(tmp, "unequal.yaml", "seeds: [1, 2]\n" + arms)
     typo = write(tmp, "typo.yaml", "seeds: [1, 2]\nrefrence: a\n" + arms)
     (tmp / "st" / "train" / "taken").mkdir(parents=True, exist_ok=True)  # an earlier run's checkpoints
+    (tmp / "st" / "sweeps" / "a-sweep").mkdir(
+        parents=True, exist_ok=True
+    )  # a sweep's: no comparison plan kept
     beir = tmp / "beir"  # your own retrieval data whose qrels name a document the corpus lacks
     (beir / "qrels").mkdir(parents=True, exist_ok=True)
     write(beir, "corpus.jsonl", '{"_id": "d1", "text": "a cat"}\n')
@@ -267,6 +270,11 @@ def catalogue(tmp: Path, tiny: Path) -> list[tuple[str, list[str], str]]:
             "compare: status of a name never run",
             [cmp, "--name", "never", "--status", "--storage", str(tmp / "st")],
             "no comparison 'never' at",
+        ),
+        (
+            "compare: status of a sweep's name (no plan kept: not read with the preset's)",
+            [cmp, "--name", "a-sweep", "--status", "--storage", str(tmp / "st")],
+            "comparison 'a-sweep' kept no plan (",
         ),
         (
             "compare: arms on unequal steps",

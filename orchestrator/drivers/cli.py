@@ -21,7 +21,7 @@ import sys
 import yaml
 from pydantic import BaseModel
 
-from orchestrator.config import storage_root
+from orchestrator.config import DEFAULT_PRESET, storage_root
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -42,7 +42,9 @@ def job_parser(doc: str, preset_dir: str | None, resumes: str | None = None) -> 
             "--resume", action="store_true", help=f"continue the {resumes} NAME after a crash (needs --name)"
         )
     src = ap.add_mutually_exclusive_group()
-    src.add_argument("--preset", default="smoke", help=f"configs/{preset_dir or '<method>'}/<preset>.yaml")
+    src.add_argument(  # None when not given: a --resume then reads the plan its run kept, not the preset's
+        "--preset", help=f"configs/{preset_dir or '<method>'}/<preset>.yaml (default: {DEFAULT_PRESET})"
+    )
     src.add_argument("--config", help="a YAML config file (e.g. one written by --print-config)")
     ap.add_argument("--name", help="run name (default: <kind>-<time>)")
     ap.add_argument(

@@ -60,6 +60,7 @@ from orchestrator.drivers.engine import (
 )
 from orchestrator.drivers.registry import get_method
 from orchestrator.drivers.train import materializes
+from orchestrator.errors import ConfigError
 from orchestrator.models import resolve_model_source, saved_pooling
 from orchestrator.results import leaderboard as lb
 from orchestrator.results import publish as pub
@@ -230,6 +231,11 @@ def interim(plan: ComparePlan, where: str) -> str:
     for f in storage.list_files(storage.join(where, "invocations")):
         rec = json.loads(storage.read_bytes(storage.join(where, "invocations", f)))
         seen[rec["trial"]] = rec["params"]
+    if stray := sorted({p["arm"] for p in seen.values()} - set(plan.arms)):
+        raise ConfigError(
+            f"comparison {plan.name!r}: its trials ran arm(s) {', '.join(stray)} that this plan has not "
+            f"({', '.join(plan.arms)}): the name is not this plan's comparison"
+        )
     rows = [
         trial_record(plan, trial, params, where)
         for trial, params in seen.items()

@@ -5,10 +5,12 @@ preflight - before Ray."""
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator import storage
 from orchestrator.config import (
     REPO_ROOT,
     EncoderMethodConfig,
@@ -20,7 +22,7 @@ from orchestrator.config import (
     validate,
 )
 from orchestrator.drivers.cli import location_overrides, resume_command
-from orchestrator.drivers.engine import take_name
+from orchestrator.drivers.engine import first_difference, kept_plan, plan_uri, sweep_dir, take_name
 from orchestrator.drivers.registry import get_method
 from orchestrator.drivers.train import preflight, settled
 from orchestrator.errors import ConfigError
@@ -144,11 +146,15 @@ def check_comparable(
 
 
 def resolve(args: argparse.Namespace) -> ComparePlan:
+    """The plan from the compare file (``--config``, else the preset) and the overrides - or, with ``--resume`` /
+    ``--status``, the one the comparison kept when it started: a resume reads that, never the preset's, and
+    one given another plan by name is refused."""
+    reads = getattr(args, "status", False)
     if args.resume and not args.name:
         raise ConfigError("--resume needs --name (the comparison to continue)")
-    if getattr(args, "status", False) and not args.name:
+    if reads and not args.name:
         raise ConfigError("--status needs --name (the comparison to read)")
-    path = Path(args.config or resolve_config_path(args.preset, "compare"))
+    path = Path(args.config or resolve_config_path(args.preset or "smoke", "compare"))
     job = validate(
         CompareJobConfig,
         apply_overrides(
@@ -157,49 +163,83 @@ def resolve(args: argparse.Namespace) -> ComparePlan:
         str(path),
     )
     cli = [o for o in args.overrides if not o.startswith("compare.")] + location_overrides(args)
-    arms = {name: arm_config(job, name, str(path), cli) for name in job.arms}
-    starts = {
-        name: start_config(job, name, str(path), cli, arms[name]) for name, a in job.arms.items() if a.start
-    }
-    reference = job.reference or next(iter(job.arms))
-    if reference not in arms:
-        raise ConfigError(f"{path}: reference {reference!r} is not one of the arms ({', '.join(arms)})")
-    if job.registration is not None and job.registration.arm not in ("best", *arms):
-        raise ConfigError(
-            f"{path}: registration.arm {job.registration.arm!r}: expected best or one of {', '.join(arms)}"
-        )
-    job = job.model_copy(update={"reference": reference})
-    check_comparable(arms, str(path), job.budget)
+    job, arms, starts = arms_of(job, str(path), cli)
     if args.print_config:
-
-        def inlined(stage: StageConfig, cfg: MethodConfig) -> StageConfig:
-            return stage.model_copy(update={"config": cfg.model_dump(mode="json"), "overrides": {}})
-
-        inline = {
-            n: inlined(a, arms[n][1]).model_copy(
-                update={"start": inlined(a.start, starts[n][1]) if a.start else None}
-            )
-            for n, a in job.arms.items()
-        }
-        return ComparePlan("", job.model_copy(update={"arms": inline, "common_overrides": {}}), arms, "")
-    exp_ids = {preflight(cfg) for _, cfg in arms.values()}
-    for _, cfg in starts.values():
-        preflight(cfg)
-    arms = {n: (recipe, settled(cfg)) for n, (recipe, cfg) in arms.items()}  # each arm's pooling resolved
-    starts = {n: (recipe, settled(cfg)) for n, (recipe, cfg) in starts.items()}
+        return ComparePlan("", inlined(job, arms, starts), arms, "")
     first = next(iter(arms.values()))[1]
-    name = take_name(args, first.run.storage, "compare", "comparison", reads=getattr(args, "status", False))
+    if not (args.resume or reads):  # a new comparison: checked, then its name claimed, then its plan kept
+        exp_ids = {preflight(cfg) for _, cfg in [*arms.values(), *starts.values()]}
+        arms, starts = settle(arms), settle(starts)
+        name = take_name(args, first.run.storage, "compare", "comparison")
+        # what --resume and --status read: every arm's config, settled
+        kept_at = plan_uri(sweep_dir(first.run.storage, name))
+        storage.write_bytes(kept_at, json.dumps(inlined(job, arms, starts).model_dump(mode="json")).encode())
+    else:
+        name = take_name(args, first.run.storage, "compare", "comparison", reads=reads)
+        kept_at = plan_uri(sweep_dir(first.run.storage, name))
+        given = bool(args.config or args.preset or args.overrides)
+        kept = kept_plan(kept_at, CompareJobConfig, f"comparison {name!r}", given)
+        if kept is not None:
+            if args.resume and given:
+                now = inlined(job, settle(arms), settle(starts)).model_dump(mode="json")
+                if diff := first_difference(kept.model_dump(mode="json"), now):
+                    raise ConfigError(
+                        f"--resume: comparison {name!r} was started with another plan ({diff}; kept at "
+                        f"{kept_at}): resume it without --config/--preset/overrides, or start a new --name"
+                    )
+            job, arms, starts = arms_of(kept, kept_at, location_overrides(args))
+        exp_ids = set() if reads else {preflight(cfg) for _, cfg in [*arms.values(), *starts.values()]}
+        arms, starts = settle(arms), settle(starts)
     return ComparePlan(
         name,
         job,
         arms,
-        sorted(exp_ids)[0],
+        min(exp_ids, default=""),
         args.resume,
         not args.no_progress,
         args.verbose,
         starts,
         resume_command(name),
     )
+
+
+def settle(stages: dict) -> dict:
+    """Each stage's config with its pooling resolved (:func:`settled`)."""
+    return {n: (recipe, settled(cfg)) for n, (recipe, cfg) in stages.items()}
+
+
+def arms_of(job: CompareJobConfig, source: str, cli: list[str]):
+    """The compare file's arms and start stages, validated and checked comparable: (job, arms, starts)."""
+    arms = {name: arm_config(job, name, source, cli) for name in job.arms}
+    starts = {
+        name: start_config(job, name, source, cli, arms[name]) for name, a in job.arms.items() if a.start
+    }
+    reference = job.reference or next(iter(job.arms))
+    if reference not in arms:
+        raise ConfigError(f"{source}: reference {reference!r} is not one of the arms ({', '.join(arms)})")
+    if job.registration is not None and job.registration.arm not in ("best", *arms):
+        raise ConfigError(
+            f"{source}: registration.arm {job.registration.arm!r}: expected best or one of {', '.join(arms)}"
+        )
+    job = job.model_copy(update={"reference": reference})
+    check_comparable(arms, source, job.budget)
+    return job, arms, starts
+
+
+def inlined(job: CompareJobConfig, arms: dict, starts: dict) -> CompareJobConfig:
+    """The plan with every arm's (and start stage's) whole config inline: what ``--print-config`` prints and
+    what a comparison keeps for its resume."""
+
+    def inline(stage: StageConfig, cfg: MethodConfig) -> StageConfig:
+        return stage.model_copy(update={"config": cfg.model_dump(mode="json"), "overrides": {}})
+
+    arms_inline = {
+        n: inline(a, arms[n][1]).model_copy(
+            update={"start": inline(a.start, starts[n][1]) if a.start else None}
+        )
+        for n, a in job.arms.items()
+    }
+    return job.model_copy(update={"arms": arms_inline, "common_overrides": {}})
 
 
 def seeded(cfg: MethodConfig, seed: int) -> MethodConfig:

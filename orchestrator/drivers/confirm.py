@@ -44,6 +44,7 @@ from orchestrator.job_files import (
 from orchestrator.results import leaderboard as lb
 from orchestrator.results import publish as pub
 from orchestrator.results.publish import explore_table, top_settings
+from orchestrator.results.verdict import saturation_line
 from orchestrator.spec import BaseResult
 from trainers.recipe import Recipe
 
@@ -184,6 +185,7 @@ def publish(plan, result, parent_id: str) -> dict:
         "@champion"
         if registered
         else f"next: python jobs/{plan.default_dir}.py --print-config   # the keys to sweep wider or train longer",
+        *filter(None, [saturation_line(result.rows)]),
         last,
     ]
     mlflow.set_tag("mlflow.note.content", "\n\n".join(["\n".join(verdict), table]))

@@ -33,7 +33,7 @@ from ray.tune.search import BasicVariantGenerator
 
 from orchestrator import storage, tracking
 from orchestrator.claims import claim
-from orchestrator.config import MethodConfig
+from orchestrator.config import MethodConfig, validate
 from orchestrator.drivers.recording import RecordingTuneReportCallback, uri_on
 from orchestrator.drivers.registry import get_method
 from orchestrator.drivers.train import (
@@ -66,19 +66,21 @@ def launch(
     num_samples: int = 1,
     callbacks: tuple = (),
 ):
-    """Run (or, ``resume``, restore and finish) the Tune experiment ``name``: ``trainable(tune_config)`` once per
+    """Run (or, ``resume``, run again - the finished trials replayed) the Tune experiment ``name``: ``trainable(tune_config)`` once per
     point of ``space`` (``{"params": space}`` reaches the trial), at most ``concurrent`` at once, each holding
     1 CPU for its driver (its workers ask for their own). Returns the ``ResultGrid``. ``progress``: the
     (metric, label) of the one line printed per evaluation (``verbose``: Tune's own status table instead)."""
     root, path = sweeps_root(storage_root), sweep_dir(storage_root, name)
     trainable = tune.with_resources(trainable, {"CPU": 1})
-    restore = resume and tune.Tuner.can_restore(path)
+    # A resume never reads Tune's saved state: ``tuner.pkl``, the experiment snapshots and the searcher's state
+    # are pickles (Tune's restore runs whatever they hold), and the storage is writable by whoever can write the
+    # run's prefix. The plan runs again as a new experiment instead, its trials drawn again in the same order
+    # (a grid, or the seeded sampler) and so named as before: a finished one replays its kept records
+    # (train_trial, test_trial: JSON, never trained or tested twice), one cut short trains from its last
+    # checkpoint (Ray Train's storage: tensors loaded weights-only), one never started starts.
     # the one line every job prints as its trials start: train, compare, a sweep's explore and confirm stages
-    print(f"engine: experiment {name!r} {'restored' if restore else 'started'} at {path}", flush=True)
-    if restore:
-        return tune.Tuner.restore(
-            path, trainable=trainable, resume_unfinished=True, resume_errored=True
-        ).fit()
+    how = "resumed (finished trials replay their records)" if resume else "started"
+    print(f"engine: experiment {name!r} {how} at {path}", flush=True)
     tuner = tune.Tuner(
         trainable,
         param_space={"params": space},
@@ -349,6 +351,40 @@ def refuse_existing(storage_root: str, name: str) -> None:
     """A new sweep may not reuse a name (its state would be mixed with the old one's)."""
     if storage.exists(path := sweep_dir(storage_root, name)):
         raise ConfigError(f"sweep {name!r} already exists at {path}: pass --resume, or another --name")
+
+
+def plan_uri(where: str) -> str:
+    """Where a run keeps the plan it started with (its job file, every config inline and settled): what its
+    ``--resume`` and ``--status`` read."""
+    return storage.join(where, "plan.json")
+
+
+def kept_plan(uri: str, model: type, what: str, given: bool):
+    """The plan ``what`` kept when it started, validated as ``model``; None for a run made before runs kept their
+    plan - read then from the file the user names (``given``; without one, refused: the preset's plan may not be
+    the run's)."""
+    if not storage.exists(uri):
+        if given:
+            return None
+        raise ConfigError(
+            f"{what} kept no plan ({uri} is missing: another job's name, or a run made before plans were kept): "
+            "pass the --config it was started with"
+        )
+    try:
+        data = json.loads(storage.read_bytes(uri))
+    except ValueError as exc:
+        raise ConfigError(f"{uri}: not JSON ({exc})") from None
+    return validate(model, data, uri)
+
+
+def first_difference(a, b, path: str = "") -> str | None:
+    """The first key where ``a`` and ``b`` differ, as ``key: a vs b`` (None when equal)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in [*a, *(k for k in b if k not in a)]:
+            if (d := first_difference(a.get(k), b.get(k), f"{path}.{k}" if path else str(k))) is not None:
+                return d
+        return None
+    return None if a == b else f"{path or 'the plan'}: {a!r} vs {b!r}"
 
 
 # ---------------------------------------------------------------- naming and progress

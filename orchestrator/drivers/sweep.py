@@ -36,8 +36,7 @@ from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter
 
 from orchestrator.config import MethodConfig
 from orchestrator.drivers.cluster import concurrent_trials
-from orchestrator.drivers.engine import (  # noqa: F401 - ProgressLines: Tune's pickled state of a sweep started
-    ProgressLines,  # before the engine took it names it here, and a --resume unpickles it
+from orchestrator.drivers.engine import (
     launch,
     sweep_dir,
     test_trial,
@@ -111,8 +110,6 @@ def run_sweep(
     concurrent = concurrent_trials(
         base, job.sweep.max_concurrent_trials, streams=not materializes(base, shards)
     )
-    if resume and not tune.Tuner.can_restore(path):  # a new name was refused in sweep_job.resolve (take_name)
-        raise ConfigError(f"--resume: no sweep to resume at {path}")
     sc = job.sweep.scheduler
     max_evals = max(1, math.ceil((base.train.max_steps or 10**6) / base.train.eval_steps))
     search, space = make_search(job, recipe.metric, concurrent)
@@ -137,14 +134,6 @@ def run_sweep(
         metric=recipe.metric,
         num_samples=job.sweep.num_samples,
     )
-
-
-class FinishedTrials(tune.Callback):
-    """Kept only so that the state of a sweep started before the test moved into the trial (its driver tested
-    trials as they ended) still unpickles on ``--resume``: it does nothing."""
-
-    def __init__(self, sweep: str):
-        self.sweep = sweep
 
 
 def to_tune(dim: Dimension):

@@ -37,9 +37,12 @@ from orchestrator.drivers import confirm
 from orchestrator.drivers.cli import job_parser, location_overrides, print_config, resume_command
 from orchestrator.drivers.cluster import init_ray, shutdown_ray
 from orchestrator.drivers.engine import (
+    first_difference,
+    kept_plan,
     kept_test,
     live_tracking,
     parent_run,
+    plan_uri,
     require_finished,
     sweep_dir,
     take_name,
@@ -93,44 +96,43 @@ class SweepPlan:
 
 def resolve(args: argparse.Namespace, default_dir: str) -> SweepPlan:
     """Sweep file → typed base config (YAML, then the sweep's base_overrides by path, then the command
-    line) → every point of the space checked → preflight. Nothing here starts Ray."""
+    line) → every point of the space checked → preflight. Nothing here starts Ray. A ``--resume`` reads the
+    plan the sweep kept when it started (never the preset's), and one given another plan is refused."""
     if args.resume and not args.name:
         raise ConfigError("--resume needs --name (the sweep to continue)")
-    path = args.config or resolve_config_path(args.preset, default_dir)
+    path = str(args.config or resolve_config_path(args.preset, default_dir))
     job = validate(
         SweepJobConfig,
         apply_overrides(read_yaml(Path(path)), [o for o in args.overrides if o.startswith(JOB_KEYS)]),
-        str(path),
+        path,
     )
-    recipe = get_method(job.method)
-    if isinstance(job.base, dict):  # the whole base config inline (what --print-config writes)
-        data, source = job.base, f"{path}: base"
-    else:
-        base_path = Path(job.base) if Path(job.base).is_absolute() else REPO_ROOT / job.base
-        data, source = read_yaml(base_path), str(base_path)
-    for key, value in job.base_overrides.items():
-        set_path(data, key.split("."), value, f"{path}: base_overrides.{key}")
     cli = [o for o in args.overrides if not o.startswith(JOB_KEYS)] + location_overrides(args)
-    base = validate(recipe.config_cls, apply_overrides(data, cli), f"{source} (+ overrides)")
-    if not recipe.has_dev(base):
-        raise ConfigError(
-            f"{path}: a sweep ranks settings on a dev score, and this {job.method} config has none "
-            "(eval.dev is empty - the paper's protocol); set eval.dev to tune on a labelled dev set"
-        )
-    configs = check_space(base, job.sweep.space, str(path))
-    seeds = confirm.check(job, recipe, base, configs, str(path))
+    recipe, base, configs, seeds = typed(job, path, cli)
     if args.print_config:
-        return SweepPlan(
-            "",
-            job.model_copy(update={"base": base.model_dump(mode="json"), "base_overrides": {}}),
-            recipe,
-            base,
-            "",
-        )
-    exp_id = preflight(base)  # tracking server, storage, model source: fail before any Ray work
-    base = settled(base)
-    # claimed and checked before the corpus is built and the base measured, not minutes later
-    name = take_name(args, base.run.storage, default_dir, "sweep")
+        return SweepPlan("", inlined(job, base), recipe, base, "")
+    if (
+        not args.resume
+    ):  # a new sweep: checked, then its name claimed, then its plan kept - before any Ray work
+        exp_id = preflight(base)  # tracking server, storage, model source
+        base = settled(base)
+        name = take_name(args, base.run.storage, default_dir, "sweep")
+        kept_at = plan_uri(sweep_dir(base.run.storage, name))
+        storage.write_bytes(kept_at, json.dumps(inlined(job, base).model_dump(mode="json")).encode())
+    else:
+        name = take_name(args, base.run.storage, default_dir, "sweep")
+        kept_at = plan_uri(sweep_dir(base.run.storage, name))
+        given = bool(args.config or args.preset or args.overrides)
+        if (kept := kept_plan(kept_at, SweepJobConfig, f"sweep {name!r}", given)) is not None:
+            now = inlined(job, settled(base)).model_dump(mode="json")
+            if given and (diff := first_difference(kept.model_dump(mode="json"), now)):
+                raise ConfigError(
+                    f"--resume: sweep {name!r} was started with another plan ({diff}; kept at {kept_at}): "
+                    "resume it without --config/--preset/overrides, or start a new --name"
+                )
+            job = kept
+            recipe, base, configs, seeds = typed(kept, kept_at, location_overrides(args))
+        exp_id = preflight(base)
+        base = settled(base)
     configs = {k: settled(c) for k, c in configs.items()}  # a typed copy each: nothing validated again
     return SweepPlan(
         name,
@@ -145,6 +147,32 @@ def resolve(args: argparse.Namespace, default_dir: str) -> SweepPlan:
         configs,
         seeds,
     )
+
+
+def typed(job: SweepJobConfig, path: str, cli: list[str]):
+    """The sweep file's recipe, its typed base config, every point of its space typed, and the confirm
+    stage's seeds - each refused in one line naming the file and key."""
+    recipe = get_method(job.method)
+    if isinstance(job.base, dict):  # the whole base config inline (what --print-config writes)
+        data, source = dict(job.base), f"{path}: base"
+    else:
+        base_path = Path(job.base) if Path(job.base).is_absolute() else REPO_ROOT / job.base
+        data, source = read_yaml(base_path), str(base_path)
+    for key, value in job.base_overrides.items():
+        set_path(data, key.split("."), value, f"{path}: base_overrides.{key}")
+    base = validate(recipe.config_cls, apply_overrides(data, cli), f"{source} (+ overrides)")
+    if not recipe.has_dev(base):
+        raise ConfigError(
+            f"{path}: a sweep ranks settings on a dev score, and this {job.method} config has none "
+            "(eval.dev is empty - the paper's protocol); set eval.dev to tune on a labelled dev set"
+        )
+    configs = check_space(base, job.sweep.space, path)
+    return recipe, base, configs, confirm.check(job, recipe, base, configs, path)
+
+
+def inlined(job: SweepJobConfig, base: MethodConfig) -> SweepJobConfig:
+    """The sweep file with its base config inline: what ``--print-config`` prints and a sweep keeps."""
+    return job.model_copy(update={"base": base.model_dump(mode="json"), "base_overrides": {}})
 
 
 # ---------------------------------------------------------------- 2. run
@@ -277,6 +305,7 @@ def publish(plan: SweepPlan, result: SweepResult, parent_id: str) -> dict:
         choice=choice,
         registered_name=reg_name,
         champion=champion,
+        steps=pub.trained_steps(best["history"]),
     )
     write_model_card(result.model_dir, card)
     mlflow.log_text(card, "model_card.md")
@@ -341,6 +370,7 @@ def publish(plan: SweepPlan, result: SweepResult, parent_id: str) -> dict:
         summary_json=report_dir / "summary.json",
         job=plan.default_dir,
         gate=line,
+        rows=result.rows,
     )
     mlflow.set_tag("mlflow.note.content", "\n\n".join(closing))  # the parent run's description in the UI
     return {

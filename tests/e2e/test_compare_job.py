@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
 import signal
 import time
@@ -62,6 +63,16 @@ def run_job(jobs, tmp_path, store, *args, new_session=False):
     )
 
 
+class Planted:
+    """A pickle that creates a file when it is loaded (``open(path, "w")``): what a planted Tune state would run."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
 def kill_a_starting_trial(where: Path, started_before: set[str], proc) -> str:
     """SIGKILL the process of the first trial that starts training after ``started_before`` (its audit record
     names its process); its name."""
@@ -100,11 +111,14 @@ def test_compare_killed_and_resumed_trains_and_tests_each_trial_once(
     proc.wait(30)
     tested_before = {p.stem for p in (where / "tests").iterdir()}
     assert (where / "base" / "mean.json").is_file()  # the base, measured once, kept for the resume
-    status = run_job(job_server, tmp_path, store, "--config", str(cfg), "--name", "cmp", "--status")
-    interim, _ = status.communicate(timeout=300)  # the finished trials' leaderboard, read from the storage
+    # the finished trials' leaderboard, read from the storage by the name alone: the plan the comparison kept
+    # (2 steps × 8), not the default preset's (20 × 32)
+    status = run_job(job_server, tmp_path, store, "--name", "cmp", "--status")
+    interim, _ = status.communicate(timeout=300)
     assert status.returncode == 0 and f"interim: {len(tested_before)} of 4 trials tested" in interim, interim[
         -2000:
     ]
+    assert "Trained for (steps × global batch): sifter 2 × 8; simcse 2 × 8." in interim, interim[-2000:]
 
     # the killed driver's claim on its name stays behind: a resume is refused in one line naming it, until
     # the user says to take it over
@@ -124,7 +138,9 @@ def test_compare_killed_and_resumed_trains_and_tests_each_trial_once(
     victim = kill_a_starting_trial(where, started_before, proc)
     out, _ = proc.communicate(timeout=800)
     assert "--take-over: the claim on 'cmp' of jobs/compare.py on " in out
-    assert "engine: experiment 'cmp' restored at " in out  # the one engine every job runs on, its resume rule
+    assert (
+        "engine: experiment 'cmp' resumed (finished trials replay their records) at " in out
+    )  # the engine's
     last = out.strip().splitlines()[-1]
     assert proc.returncode == 2 and re.fullmatch(
         rf"error: comparison 'cmp': 1 of 4 trial\(s\) did not finish \({victim}: .+\); the others are kept - "
@@ -142,14 +158,39 @@ def test_compare_killed_and_resumed_trains_and_tests_each_trial_once(
     )
     assert failed.info.status == "FAILED" and "did not finish" in failed.data.tags["sieve.failure"]
 
+    # Tune's own saved state is never read by a resume (issue 54): a tuner.pkl and a newest experiment snapshot
+    # planted in the storage, each a pickle that creates a file when loaded, create nothing
+    marker = tmp_path / "planted-payload-ran"
+    payload = pickle.dumps(Planted(str(marker)))
+    (where / "tuner.pkl").write_bytes(payload)
+    (where / "experiment_state-2099-01-01_00-00-00.json").write_text(
+        json.dumps(
+            {"trial_data": [], "runner_data": {"_type": "CLOUDPICKLE_FALLBACK", "value": payload.hex()}}
+        )
+    )
+    pickle.loads(payload)  # the control: loaded, the payload does run
+    assert marker.exists()
+    marker.unlink()
+
     # the command it named trains that trial alone (the finished ones replayed) and publishes the whole
     proc = run_job(job_server, tmp_path, store, "--config", str(cfg), "--name", "cmp", "--resume")
     out, _ = proc.communicate(timeout=800)
     assert proc.returncode == 0, out[-4000:]
+    assert not marker.exists()
+    assert "engine: experiment 'cmp' resumed (finished trials replay their records) at " in out
     assert not (store / "claims" / "cmp.json").exists()  # given back at the end
     starts = [p.name.rsplit("-", 1)[0] for p in (where / "invocations").iterdir()]
     assert len(set(starts)) == 4 and all(starts.count(t) == 1 for t in tested_before), starts  # trained once
     assert starts.count(victim) == 2 and all(starts.count(t) == 1 for t in set(starts) - {victim}), starts
+    # a resume handed another plan than the one the comparison kept is refused, naming the first difference
+    other = run_job(
+        job_server, tmp_path, store, "--config", str(cfg), "--name", "cmp", "--resume", "train.max_steps=3"
+    )
+    refused, _ = other.communicate(timeout=300)
+    assert other.returncode == 2 and refused.strip().splitlines()[-1].startswith(
+        "error: --resume: comparison 'cmp' was started with another plan (arms.sifter.config.train.max_steps: "
+        "2 vs 3; kept at "
+    ), refused[-2000:]
     tests = sorted(p.stem for p in (where / "tests").iterdir())
     assert len(tests) == 4 and tested_before <= set(tests)
     lines = out.strip().splitlines()
@@ -192,21 +233,11 @@ def test_compare_killed_and_resumed_trains_and_tests_each_trial_once(
     } <= artifacts
     assert "sifter_vs_reference_low" in parents[0].data.metrics
 
-    # Tune snapshots its state every few seconds: a driver killed right after a trial ended brings it back as
-    # unfinished. Made certain here, as the engine's resume rule for every job (sweeps, comparisons, train
-    # runs): the latest snapshot edited to say every trial was still RUNNING and the record of publication
-    # removed (killed before its publish ended); resumed, each trial is called again, replays its reports,
-    # trains and tests nothing, and the publish adds no second parent run, child run or version
+    # killed before its publish ended (the record of publication removed): resumed, each trial is called again
+    # (a resume runs the plan as a new experiment), replays its reports, trains and tests nothing, and the
+    # publish adds no second parent run, child run or version - the engine's resume rule for every job
     replays = where / "replays"
     replayed = len(list(replays.iterdir())) if replays.is_dir() else 0
-    state_file = sorted(where.glob("experiment_state-*.json"))[-1]
-    state = json.loads(state_file.read_text())
-    for entry in state["trial_data"]:
-        trial = json.loads(entry[0])
-        assert trial["status"] == "TERMINATED"
-        entry[0] = json.dumps({**trial, "status": "RUNNING"})
-    assert len(state["trial_data"]) == 4
-    state_file.write_text(json.dumps(state))
     (where / "published.json").unlink()
     kept = {p.stem: p.stat().st_mtime_ns for p in (where / "tests").iterdir()}
     proc = run_job(job_server, tmp_path, store, "--config", str(cfg), "--name", "cmp", "--resume")
