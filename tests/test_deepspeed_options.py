@@ -1,6 +1,6 @@
-"""DeepSpeed's options on this machine's CPU accelerator, in one process (gloo): ZeRO-2 with the optimiser
-offloaded starts and takes the step plain AdamW takes, and ``deepspeed.bf16: on`` trains with the fp32 loss to
-1%. (The 2-worker equalities of ZeRO-2/3 are ``tests/test_grad_cache.py``'s; crash/resume, ``test_train_ray.py``.)"""
+"""DeepSpeed's options on this machine's CPU accelerator, in one process (gloo): ZeRO-2 and ZeRO-3 with the
+optimiser offloaded start and take the step plain AdamW takes, and ``deepspeed.bf16: on`` trains with the fp32
+loss to 1% under both. (The 2-worker equalities of ZeRO-2/3 are ``tests/test_grad_cache.py``'s; crash/resume, ``test_train_ray.py``.)"""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ SETTINGS = {
     "plain": {"stage": 0},
     "offload": {"stage": 2, "offload_optimizer": True},
     "bf16": {"stage": 2, "bf16": "on"},
+    "offload3": {"stage": 3, "offload_optimizer": True},
+    "bf16_3": {"stage": 3, "bf16": "on"},
 }
 
 
@@ -36,15 +38,23 @@ def _worker(rank: int, model_dir: str, out_dir: str, init_file: str) -> None:
         stepper = common.make_stepper(model, cfg, rows_per_worker=64)
         loss, logs = compute_loss(stepper.model, tok, BATCH, cfg)
         stepper.step(loss)
-        params = {n: p.detach().float().clone() for n, p in model.named_parameters()}
-        out[name] = {"loss": logs["loss"], "params": params, "dtype": str(next(model.parameters()).dtype)}
+        if ds["stage"] == 3:  # ZeRO-3 holds each parameter partitioned: gathered whole to be read
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(list(model.parameters())):
+                params = {n: p.detach().float().clone() for n, p in model.named_parameters()}
+                dtype = str(next(model.parameters()).dtype)
+        else:
+            params = {n: p.detach().float().clone() for n, p in model.named_parameters()}
+            dtype = str(next(model.parameters()).dtype)
+        out[name] = {"loss": logs["loss"], "params": params, "dtype": dtype}
     torch.save(out, Path(out_dir) / "out.pt")
     dist.destroy_process_group()
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_zero2_offload_steps_as_adamw_and_bf16_trains_within_one_percent(tiny_bert_dir, tmp_path):
+def test_zero2_and_zero3_offload_step_as_adamw_and_bf16_trains_within_one_percent(tiny_bert_dir, tmp_path):
     import torch.multiprocessing as mp
 
     torch.manual_seed(0)
@@ -54,14 +64,17 @@ def test_zero2_offload_steps_as_adamw_and_bf16_trains_within_one_percent(tiny_be
     }
     mp.spawn(_worker, args=(str(tiny_bert_dir), str(tmp_path), str(tmp_path / "init")), nprocs=1, join=True)
     out = torch.load(tmp_path / "out.pt")
-    plain, offload, bf16 = out["plain"], out["offload"], out["bf16"]
-    assert offload["loss"] == pytest.approx(plain["loss"], abs=1e-6)
+    plain = out["plain"]
     moved = max(float((plain["params"][n] - p).abs().max()) for n, p in start.items())
     assert (
         moved > 1e-4
     )  # the step moved the weights (lr 1e-3): the equality below is not of two unmoved models
-    for n, p in plain["params"].items():
-        torch.testing.assert_close(offload["params"][n], p, atol=1e-6, rtol=1e-5, msg=n)
-    assert bf16["dtype"] == "torch.bfloat16"
-    assert bf16["loss"] == pytest.approx(plain["loss"], rel=0.01)
-    assert max(float((bf16["params"][n] - p).abs().max()) for n, p in start.items()) > 1e-4
+    for offload in (out["offload"], out["offload3"]):  # ZeRO-2 and ZeRO-3, the optimiser on the CPU
+        assert offload["loss"] == pytest.approx(plain["loss"], abs=1e-6)
+        assert offload["params"].keys() == plain["params"].keys()
+        for n, p in plain["params"].items():
+            torch.testing.assert_close(offload["params"][n], p, atol=1e-6, rtol=1e-5, msg=n)
+    for bf16 in (out["bf16"], out["bf16_3"]):
+        assert bf16["dtype"] == "torch.bfloat16"
+        assert bf16["loss"] == pytest.approx(plain["loss"], rel=0.01)
+        assert max(float((bf16["params"][n] - p).abs().max()) for n, p in start.items()) > 1e-4
