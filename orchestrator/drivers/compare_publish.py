@@ -170,7 +170,7 @@ def winner_card(
         ),
         registered_name=reg_name,
         champion=champion,
-        steps=pub.trained_steps(rep["history"]),
+        steps=pub.trained_steps(rep.get("history", [])),
     )
 
 

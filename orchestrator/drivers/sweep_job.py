@@ -305,7 +305,7 @@ def publish(plan: SweepPlan, result: SweepResult, parent_id: str) -> dict:
         choice=choice,
         registered_name=reg_name,
         champion=champion,
-        steps=pub.trained_steps(best["history"]),
+        steps=pub.trained_steps(best.get("history", [])),
     )
     write_model_card(result.model_dir, card)
     mlflow.log_text(card, "model_card.md")
