@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 INFRA_VENV ?= .venv-infra
 INFRA_STAMP := $(INFRA_VENV)/.installed-stamp
 
-.PHONY: install browser sweep test test-fast lint bench clean
+.PHONY: install browser sweep test test-fast infra-check lint bench clean
 
 # One pip command, as the stack notes say: installing in steps lets later packages
 # downgrade pyarrow / python-dateutil. torch stays pinned in pyproject.toml (CPU wheel).
@@ -41,6 +41,11 @@ test: install
 # the inner loop: no Ray cluster, no server, no slow end-to-end run (CI runs everything: `make test`)
 test-fast: install
 	$(PY) -m pytest -m "not slow and not services" $(PYTEST_ARGS)
+
+# the AWS root applied and destroyed against moto's server on loopback (about 3-4 minutes; needs terraform and
+# the aws provider in the offline mirror, SIEVE_TF_MIRROR, default /opt/tf-plugins)
+infra-check: $(STAMP)
+	SIEVE_INFRA_CHECK=1 $(PY) -m pytest -m infra_check -s tests/infra/test_emulated_apply.py $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
