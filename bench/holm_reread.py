@@ -12,7 +12,6 @@ since keep the per-seed scores and their own adjusted intervals; this script rea
 from __future__ import annotations
 
 import json
-import sys
 
 from _common import RESULTS, write_results
 from scipy import stats
@@ -105,4 +104,10 @@ def main(name: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "sifter_compare_cpu")
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "name", nargs="?", default="sifter_compare_cpu", help="bench/results/NAME.json to re-read"
+    )
+    main(ap.parse_args().name)

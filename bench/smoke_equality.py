@@ -55,4 +55,10 @@ def main(before: str, after: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:3]))
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("before", help="the first sweep's report folder")
+    ap.add_argument("after", help="the second sweep's report folder")
+    args = ap.parse_args()
+    sys.exit(main(args.before, args.after))
