@@ -66,3 +66,29 @@ def test_every_command_a_result_file_names_parses_in_todays_tree(tmp_path, job_s
             if unknown:
                 failures.append(f"{where}: no such flag {unknown}")
     assert failures == [], "\n".join(failures)
+
+
+def test_the_readme_results_table_is_the_one_the_json_gives():
+    """README's results table is written by ``bench/readme_results.py --write`` from the result files' JSON: equal to
+    what the script renders now (a figure typed by hand, or a file rerun without the table rewritten, fails), and each
+    verdict agrees with its interval (the script refuses "seen" where the comparison's interval reaches 0)."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import readme_results
+    finally:
+        sys.path.pop(0)
+    text = (ROOT / "README.md").read_text()
+    start, end = text.index(readme_results.BEGIN), text.index(readme_results.END) + len(readme_results.END)
+    assert text[start:end] == readme_results.block()
+    # the agreement check can fail: a "seen" verdict on an interval that covers 0 is refused
+    row = next(r for r in readme_results.ROWS if r.file == "siamese_compare_topics_cpu")
+    bad = readme_results.Row(row.method, row.setting, row.file, row.arm, row.versus, "seen")
+    saved = readme_results.ROWS
+    readme_results.ROWS = [bad]
+    try:
+        with pytest.raises(ValueError, match="verdict 'seen' but the interval says seen=False"):
+            readme_results.table()
+    finally:
+        readme_results.ROWS = saved
