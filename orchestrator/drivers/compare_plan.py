@@ -5,12 +5,10 @@ preflight - before Ray."""
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator import storage
 from orchestrator.config import (
     REPO_ROOT,
     EncoderMethodConfig,
@@ -22,7 +20,14 @@ from orchestrator.config import (
     validate,
 )
 from orchestrator.drivers.cli import location_overrides, resume_command
-from orchestrator.drivers.engine import first_difference, kept_plan, plan_uri, sweep_dir, take_name
+from orchestrator.drivers.engine import (
+    keep_plan,
+    kept_plan,
+    plan_uri,
+    refuse_another_plan,
+    sweep_dir,
+    take_name,
+)
 from orchestrator.drivers.registry import get_method
 from orchestrator.drivers.train import preflight, settled
 from orchestrator.errors import ConfigError
@@ -173,7 +178,7 @@ def resolve(args: argparse.Namespace) -> ComparePlan:
         name = take_name(args, first.run.storage, "compare", "comparison")
         # what --resume and --status read: every arm's config, settled
         kept_at = plan_uri(sweep_dir(first.run.storage, name))
-        storage.write_bytes(kept_at, json.dumps(inlined(job, arms, starts).model_dump(mode="json")).encode())
+        keep_plan(kept_at, inlined(job, arms, starts))
     else:
         name = take_name(args, first.run.storage, "compare", "comparison", reads=reads)
         kept_at = plan_uri(sweep_dir(first.run.storage, name))
@@ -181,12 +186,8 @@ def resolve(args: argparse.Namespace) -> ComparePlan:
         kept = kept_plan(kept_at, CompareJobConfig, f"comparison {name!r}", given)
         if kept is not None:
             if args.resume and given:
-                now = inlined(job, settle(arms), settle(starts)).model_dump(mode="json")
-                if diff := first_difference(kept.model_dump(mode="json"), now):
-                    raise ConfigError(
-                        f"--resume: comparison {name!r} was started with another plan ({diff}; kept at "
-                        f"{kept_at}): resume it without --config/--preset/overrides, or start a new --name"
-                    )
+                now = inlined(job, settle(arms), settle(starts))
+                refuse_another_plan(kept, now, f"comparison {name!r}", kept_at)
             job, arms, starts = arms_of(kept, kept_at, location_overrides(args))
         exp_ids = set() if reads else {preflight(cfg) for _, cfg in [*arms.values(), *starts.values()]}
         arms, starts = settle(arms), settle(starts)

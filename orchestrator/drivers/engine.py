@@ -377,6 +377,20 @@ def kept_plan(uri: str, model: type, what: str, given: bool):
     return validate(model, data, uri)
 
 
+def keep_plan(uri: str, plan) -> None:
+    """What ``--resume`` and ``--status`` read: the plan (a typed job file, every config inline and settled)."""
+    storage.write_bytes(uri, json.dumps(plan.model_dump(mode="json")).encode())
+
+
+def refuse_another_plan(kept, now, what: str, uri: str) -> None:
+    """A ``--resume`` handed a plan other than the one ``what`` kept is refused, naming the first difference."""
+    if diff := first_difference(kept.model_dump(mode="json"), now.model_dump(mode="json")):
+        raise ConfigError(
+            f"--resume: {what} was started with another plan ({diff}; kept at {uri}): resume it without "
+            "--config/--preset/overrides, or start a new --name"
+        )
+
+
 def first_difference(a, b, path: str = "") -> str | None:
     """The first key where ``a`` and ``b`` differ, as ``key: a vs b`` (None when equal)."""
     if isinstance(a, dict) and isinstance(b, dict):

@@ -37,12 +37,13 @@ from orchestrator.drivers import confirm
 from orchestrator.drivers.cli import job_parser, location_overrides, print_config, resume_command
 from orchestrator.drivers.cluster import init_ray, shutdown_ray
 from orchestrator.drivers.engine import (
-    first_difference,
+    keep_plan,
     kept_plan,
     kept_test,
     live_tracking,
     parent_run,
     plan_uri,
+    refuse_another_plan,
     require_finished,
     sweep_dir,
     take_name,
@@ -117,18 +118,14 @@ def resolve(args: argparse.Namespace, default_dir: str) -> SweepPlan:
         base = settled(base)
         name = take_name(args, base.run.storage, default_dir, "sweep")
         kept_at = plan_uri(sweep_dir(base.run.storage, name))
-        storage.write_bytes(kept_at, json.dumps(inlined(job, base).model_dump(mode="json")).encode())
+        keep_plan(kept_at, inlined(job, base))
     else:
         name = take_name(args, base.run.storage, default_dir, "sweep")
         kept_at = plan_uri(sweep_dir(base.run.storage, name))
         given = bool(args.config or args.preset or args.overrides)
         if (kept := kept_plan(kept_at, SweepJobConfig, f"sweep {name!r}", given)) is not None:
-            now = inlined(job, settled(base)).model_dump(mode="json")
-            if given and (diff := first_difference(kept.model_dump(mode="json"), now)):
-                raise ConfigError(
-                    f"--resume: sweep {name!r} was started with another plan ({diff}; kept at {kept_at}): "
-                    "resume it without --config/--preset/overrides, or start a new --name"
-                )
+            if given:
+                refuse_another_plan(kept, inlined(job, settled(base)), f"sweep {name!r}", kept_at)
             job = kept
             recipe, base, configs, seeds = typed(kept, kept_at, location_overrides(args))
         exp_id = preflight(base)
