@@ -68,10 +68,12 @@ def main() -> None:
         "",
         f"**The paper's claim is {verdict} here.** " + "; ".join(f"{e}: {t}" for e, t in per.items()) + ".",
         "",
-        "MiniLM (mean pooling) adapted per experiment, each set in the role the paper gives it (sentiment: "
-        "Sentiment140's 359 hand-labelled tweets train - its 1.6M training tweets are not here - and Sanders "
-        "tests; topics: Sanders' 4 company topics train, the PIT-2015 (SemEval) trending topics test; crisis: 6 "
-        "CrisisLexT26 events train, 3 unseen events test). Equal encoder work: SIAMESE and ALL 60 steps of 16 "
+        "MiniLM (mean pooling) adapted per experiment, each set in a role we chose - not the paper's for two "
+        "of the three (`docs/FIDELITY.md`, Siamese): sentiment: Sentiment140's 359 hand-labelled test tweets "
+        "train (the paper: its 1.6M training tweets, not here) and Sanders tests; topics: Sanders' 4 company "
+        "topics train, the PIT-2015 (SemEval) trending topics test (the paper: SemEval trains, Sanders tests); "
+        "crisis: 6 CrisisLexT26 events train, 3 unseen events test (the paper: CrisisNLP trains, CrisisLexT26 "
+        "tests). Equal encoder work: SIAMESE and ALL 60 steps of 16 "
         "pairs; NAIVE a 60-step head-only warm-up (ours: a fresh head's gradients are noise to the encoder) then "
         "60 joint steps of 32 texts. Constant lr 2e-5, the last checkpoint. Δ cosine distance ×100 on 5,000 "
         "same- and 5,000 different-class test pairs; same-class MAP ×100. Differences are paired by seed, "
