@@ -349,6 +349,18 @@ class DeepSpeedBlock(StrictModel):
     offload_optimizer: bool = False
     offload_params: bool = False
     bf16: Literal["auto", "on", "off"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
+    bucket_size: int | None = Field(
+        None,
+        gt=0,
+        description="elements per communication bucket: ZeRO's reduce and all-gather buckets, ZeRO-3's prefetch "
+        "(null: DeepSpeed's defaults, 5e8 and 5e7 - larger than a BERT-base, so a bucket can hold every gradient)",
+    )
+    max_live_parameters: int | None = Field(
+        None,
+        gt=0,
+        description="ZeRO-3: parameters a worker keeps gathered before releasing them, and the reuse distance under "
+        "which it keeps one (null: DeepSpeed's 1e9 - more than a BERT-large: every parameter may stay whole)",
+    )
 
 
 class PerformanceBlock(StrictModel):

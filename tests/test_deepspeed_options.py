@@ -78,3 +78,30 @@ def test_zero2_and_zero3_offload_step_as_adamw_and_bf16_trains_within_one_percen
         assert bf16["dtype"] == "torch.bfloat16"
         assert bf16["loss"] == pytest.approx(plain["loss"], rel=0.01)
         assert max(float((bf16["params"][n] - p).abs().max()) for n, p in start.items()) > 1e-4
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_bucket_and_live_parameter_options_reach_the_fields_deepspeed_reads(stage):
+    """``deepspeed.bucket_size`` / ``max_live_parameters`` as DeepSpeed's own config model parses them (it refuses
+    an unknown key, so a misspelt one fails here); unset, DeepSpeed's defaults - the figures the options'
+    descriptions give."""
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    from orchestrator.config import DeepSpeedBlock
+
+    def parsed(**kw):
+        return DeepSpeedZeroConfig(
+            **common.deepspeed_config(DeepSpeedBlock(stage=stage, **kw), grad_clip=None)["zero_optimization"]
+        )
+
+    got = parsed(bucket_size=1234, max_live_parameters=5678)
+    assert (got.reduce_bucket_size, got.allgather_bucket_size) == (1234, 1234)
+    assert (got.prefetch_bucket_size, got.max_live_parameters, got.max_reuse_distance) == (
+        (1234, 5678, 5678) if stage == 3 else (5e7, 1e9, 1e9)
+    )
+    default = parsed()
+    assert (default.reduce_bucket_size, default.prefetch_bucket_size, default.max_live_parameters) == (
+        5e8,
+        5e7,
+        1e9,
+    )

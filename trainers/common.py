@@ -297,6 +297,15 @@ def deepspeed_config(cfg, *, grad_clip: float | None) -> dict:
         zero["offload_param"] = {"device": "cpu"}
     if cfg.stage == 3:
         zero["stage3_gather_16bit_weights_on_model_save"] = False
+    if cfg.bucket_size:
+        zero.update(reduce_bucket_size=cfg.bucket_size, allgather_bucket_size=cfg.bucket_size)
+        if cfg.stage == 3:
+            zero["stage3_prefetch_bucket_size"] = cfg.bucket_size
+    if cfg.max_live_parameters and cfg.stage == 3:
+        zero.update(
+            stage3_max_live_parameters=cfg.max_live_parameters,
+            stage3_max_reuse_distance=cfg.max_live_parameters,
+        )
     out = {
         "train_micro_batch_size_per_gpu": 1,  # informational: the trainer feeds whole batches
         "gradient_accumulation_steps": 1,
