@@ -848,3 +848,44 @@ def test_the_reverse_objective_is_the_papers_loss_and_confusion_a_named_option(t
     assert logs_c["loss_adv"] == pytest.approx(logs["loss_adv"]) and float(loss_c) > logs_c["loss_para"]
     with pytest.raises(ValueError, match="adversary_objective"):
         tiny(tiny_bert_dir, adversary_objective="gradient_reversal")
+
+
+def test_the_reference_syntax_encoder_is_a_post_norm_gelu_bart_layer_on_normalised_embeddings(tiny_bert_dir):
+    """``syntax_encoder: reference`` builds E_syn as uclanlp/ParaBART does: LayerNorm on the tag + position
+    embeddings, then BART encoder layers - post-norm, GELU, no dropout on attention or activations. V is computed
+    here by hand from the layer's own weights (eval mode) and must equal E_syn's output at every real position;
+    a pre-norm layer, ReLU or a missing embedding LayerNorm gives other values."""
+    import torch.nn.functional as F
+
+    cfg, model, _, batcher = setup(tiny_bert_dir, syntax_encoder="reference")
+    model.eval()
+    b = batcher(ROWS, train=False)
+    ids, mask = b["parse_ids"], b["parse_mask"]
+    got = model.syntax(ids, mask)
+
+    layer = model.syn[0]
+    assert type(layer).__name__ == "BartEncoderLayer" and len(model.syn) == cfg.syntax_layers
+    assert layer.activation_dropout == 0.0 and layer.self_attn.dropout == 0.0 and layer.dropout == 0.1
+    assert model.syn_embed.weight[0].abs().sum() == 0  # the padding row, zero as the reference sets it
+
+    def ln(x, norm):
+        return F.layer_norm(x, x.shape[-1:], norm.weight, norm.bias, norm.eps)
+
+    x = ln(model.syn_embed(ids) + model.syn_pos(torch.arange(ids.size(1))), model.syn_norm)
+    a, heads = layer.self_attn, cfg.syntax_heads
+    B, T, d = x.shape
+
+    def split(t):
+        return t.view(B, T, heads, d // heads).transpose(1, 2)
+
+    q, k, v = split(a.q_proj(x)), split(a.k_proj(x)), split(a.v_proj(x))
+    scores = q @ k.transpose(-1, -2) / (d // heads) ** 0.5
+    scores = scores.masked_fill((mask == 0)[:, None, None, :], float("-inf"))
+    attn = a.out_proj((scores.softmax(-1) @ v).transpose(1, 2).reshape(B, T, d))
+    h = ln(x + attn, layer.self_attn_layer_norm)  # post-norm: the norm after the residual sum
+    want = ln(h + layer.fc2(F.gelu(layer.fc1(h))), layer.final_layer_norm)
+    real = mask.bool()
+    assert torch.allclose(got[real], want[real], atol=1e-5)
+    assert not torch.allclose(
+        got[real], ln(h + layer.fc2(F.relu(layer.fc1(h))), layer.final_layer_norm)[real]
+    )

@@ -13,6 +13,8 @@ up to ``parse_max_length`` (160) tokens, from the corpus pipeline.
   never dropped). The sentence embedding is the mean of its token states: ū = mean(E_sem(x)).
 * **Syntax encoder** E_syn (one Transformer layer, as the reference code, with its own vocabulary
   of tags and brackets, built from the data and saved with the model) reads p: V = E_syn(p).
+  ``syntax_encoder: reference`` builds it as the reference code does (LayerNorm on the embeddings, BART's
+  post-norm GELU encoder layer); ``prenorm`` (ours, the presets' until rerun) is PyTorch's pre-norm ReLU layer.
 * **Decoder** generates y from Concat(ū, V): its cross-attention memory is [ū; V], so the
   meaning can only come through ū and the shape through V (the paper: BART-base's first
   decoder layer). It reads E_sem's word embeddings and writes through an output projection of
@@ -60,7 +62,7 @@ Args (config keys, see :class:`ParaBARTConfig`)
     architecture (auto), lambda_adv (0.1), adversary_start_step, discriminator (reference | softmax),
     discriminator_warmup (idle | fit), lr_discriminator, discriminator_bias (default | prior), adversary_objective
     (reverse | confusion), freeze_encoder_steps (0), word_dropout (0.2), train.lr (2e-5: E_sem, D), lr_syntax_decoder
-    (1e-4), syntax_layers (1), syntax_heads, decoder_layers (1), parse_max_length (160), model.max_length (40),
+    (1e-4), syntax_layers (1), syntax_heads, syntax_encoder (prenorm | reference), decoder_layers (1), parse_max_length (160), model.max_length (40),
     syntax_guidance (true), tie_output (false), selection (valid_para_loss | last | stsb_dev)
 
 Example
@@ -76,6 +78,8 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field, model_validator
 from torch import nn
+from transformers import BartConfig
+from transformers.models.bart.modeling_bart import BartEncoderLayer
 
 from orchestrator import backbones
 from orchestrator.config import EncoderMethodConfig, EvalConfig, ModelConfig, TrackingConfig, TrainLoopConfig
@@ -103,6 +107,12 @@ class ParaBARTConfig(EncoderMethodConfig):
     parse_max_length: int = Field(160, gt=0)
     syntax_layers: int = Field(1, ge=1)
     syntax_heads: int = Field(6, ge=1)
+    syntax_encoder: Literal["prenorm", "reference"] = Field(
+        "prenorm",
+        description="E_syn's form - reference: the reference code's (LayerNorm on the tag + position embeddings, "
+        "dropout 0.1, BART encoder layers: post-norm, GELU); prenorm: ours so far (PyTorch's pre-norm ReLU layer "
+        "straight on the embeddings)",
+    )
     decoder_layers: int = Field(1, ge=1)
     lambda_adv: float = Field(0.1, ge=0)
     adversary_start_step: int = Field(
@@ -174,20 +184,31 @@ class ParaBART(nn.Module):
         syntax_heads: int = 6,
         parse_max_length: int = 160,
         syntax_guidance: bool = True,
+        syntax_encoder: str = "prenorm",
     ):
         super().__init__()
         d = encoder.config.hidden_size
         self.syntax_vocab, self.tag_vocab = syntax, tags  # travel in the state dict (extra state)
         self.pretrained: set[str] = set()  # names of parameters loaded from pretrained weights
         self.sem = encoder  # E_sem
-        self.syntax_guidance = syntax_guidance
+        self.syntax_guidance, self.syntax_encoder = syntax_guidance, syntax_encoder
         if syntax_guidance:  # without it E_syn does not exist (DDP refuses parameters that get no gradient)
             self.syn_embed = nn.Embedding(len(syntax), d, padding_idx=0)  # E_syn
             self.syn_pos = nn.Embedding(parse_max_length, d)
-            layer = nn.TransformerEncoderLayer(
-                d, syntax_heads, 4 * d, dropout=0.1, batch_first=True, norm_first=True
-            )
-            self.syn = nn.TransformerEncoder(layer, syntax_layers, enable_nested_tensor=False)
+            if syntax_encoder == "reference":
+                self.syn_norm = nn.LayerNorm(d)  # the reference's synt_layernorm_embedding
+                self.syn = nn.ModuleList(
+                    BartEncoderLayer(syntax_layer_config(d, syntax_heads)) for _ in range(syntax_layers)
+                )
+                for emb in (self.syn_embed, self.syn_pos):  # BART's init_std, the padding row zero
+                    nn.init.normal_(emb.weight, std=0.02)
+                with torch.no_grad():
+                    self.syn_embed.weight[0].zero_()
+            else:
+                layer = nn.TransformerEncoderLayer(
+                    d, syntax_heads, 4 * d, dropout=0.1, batch_first=True, norm_first=True
+                )
+                self.syn = nn.TransformerEncoder(layer, syntax_layers, enable_nested_tensor=False)
         self.decoder = decoder  # a *ForCausalLM / *LMHeadModel with cross-attention
 
     @property
@@ -209,7 +230,17 @@ class ParaBART(nn.Module):
         if not self.syntax_guidance:
             return parse_ids.new_zeros((parse_ids.size(0), 0, self.hidden_size), dtype=torch.float)
         pos = torch.arange(parse_ids.size(1), device=parse_ids.device)
-        return self.syn(self.syn_embed(parse_ids) + self.syn_pos(pos), src_key_padding_mask=parse_mask == 0)
+        x = self.syn_embed(parse_ids) + self.syn_pos(pos)
+        if self.syntax_encoder != "reference":
+            return self.syn(x, src_key_padding_mask=parse_mask == 0)
+        x = F.dropout(self.syn_norm(x), p=0.1, training=self.training)
+        pad = (parse_mask == 0)[:, None, None, :].expand(-1, 1, parse_mask.size(1), -1)
+        bias = torch.zeros(pad.shape, dtype=x.dtype, device=x.device).masked_fill(
+            pad, torch.finfo(x.dtype).min
+        )
+        for layer in self.syn:
+            x = layer(x, bias)
+        return x
 
     def decode(
         self,
@@ -249,6 +280,21 @@ class ParaBART(nn.Module):
         return logits, u
 
 
+def syntax_layer_config(d: int, heads: int) -> BartConfig:
+    """One E_syn layer as the reference code builds it (BART-base's encoder layer in E_sem's width): post-norm,
+    GELU, a 4×d feed-forward, dropout 0.1 on the residual branches, none on attention or activations."""
+    return BartConfig(
+        d_model=d,
+        encoder_attention_heads=heads,
+        encoder_ffn_dim=4 * d,
+        dropout=0.1,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        activation_function="gelu",
+        attn_implementation="sdpa",
+    )
+
+
 def build_model(cfg: ParaBARTConfig, syntax: Vocab, tags: Vocab, skeleton: str | Path | None = None):
     """(ParaBART, tokenizer) for ``cfg.model`` and ``cfg.architecture`` (``orchestrator.backbones``):
 
@@ -278,6 +324,7 @@ def build_model(cfg: ParaBARTConfig, syntax: Vocab, tags: Vocab, skeleton: str |
         syntax_heads=cfg.syntax_heads,
         parse_max_length=cfg.parse_max_length,
         syntax_guidance=cfg.syntax_guidance,
+        syntax_encoder=cfg.syntax_encoder,
     )
     model.pretrained = b.pretrained
     return model, b.tokenizer
