@@ -889,3 +889,35 @@ def test_the_reference_syntax_encoder_is_a_post_norm_gelu_bart_layer_on_normalis
     assert not torch.allclose(
         got[real], ln(h + layer.fc2(F.relu(layer.fc1(h))), layer.final_layer_norm)[real]
     )
+
+
+def test_the_reference_output_layer_is_a_fresh_linear_with_bias_on_the_decoder_states(tiny_bert_dir):
+    """``output_layer: reference``: the logits are ``W h + b`` with h the decoder's last states as they leave
+    its layers (no MLM transform between), W fresh (not the pretrained embeddings), b zero at the start; both at
+    the decoder's learning rate, the bias without weight decay. Tying it to the embeddings is refused."""
+    import torch.nn.functional as F
+    from pydantic import ValidationError
+
+    cfg, model, _, batcher = setup(tiny_bert_dir, output_layer="reference")
+    head = model.decoder.cls
+    assert isinstance(head, torch.nn.Linear) and head.bias is not None
+    assert head.weight.shape == model.sem.get_input_embeddings().weight.shape
+    assert (
+        not torch.equal(head.weight, model.sem.get_input_embeddings().weight) and head.bias.abs().sum() == 0
+    )
+    assert not any(n.startswith("decoder.cls.") for n in model.pretrained)
+    seen = {}
+    model.decoder.bert.register_forward_hook(lambda m, i, o: seen.update(h=o.last_hidden_state))
+    model.eval()
+    b = batcher(ROWS, train=False)
+    u = model.embed(b["src_ids"], b["src_mask"])
+    logits = model.decode(
+        u, model.syntax(b["parse_ids"], b["parse_mask"]), b["parse_mask"], b["tgt_ids"], b["tgt_mask"]
+    )
+    assert torch.allclose(logits, F.linear(seen["h"], head.weight, head.bias), atol=1e-5)
+    groups = parameter_groups(model, cfg)
+    lrs = lr_of(groups, model)
+    assert lrs["decoder.cls.weight"] == lrs["decoder.cls.bias"] == cfg.lr_syntax_decoder
+    assert next(g["weight_decay"] for g in groups if any(p is head.bias for p in g["params"])) == 0
+    with pytest.raises(ValidationError, match="cannot be tie_output"):
+        tiny(tiny_bert_dir, output_layer="reference", tie_output=True)

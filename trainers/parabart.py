@@ -63,7 +63,7 @@ Args (config keys, see :class:`ParaBARTConfig`)
     discriminator_warmup (idle | fit), lr_discriminator, discriminator_bias (default | prior), adversary_objective
     (reverse | confusion), freeze_encoder_steps (0), word_dropout (0.2), train.lr (2e-5: E_sem, D), lr_syntax_decoder
     (1e-4), syntax_layers (1), syntax_heads, syntax_encoder (prenorm | reference), decoder_layers (1), parse_max_length (160), model.max_length (40),
-    syntax_guidance (true), tie_output (false), selection (valid_para_loss | last | stsb_dev)
+    syntax_guidance (true), tie_output (false), output_layer (embeddings | reference), selection (valid_para_loss | last | stsb_dev)
 
 Example
     python jobs/train.py --method parabart --preset smoke
@@ -145,6 +145,11 @@ class ParaBARTConfig(EncoderMethodConfig):
     tie_output: bool = Field(
         False, description="true: the output projection is E_sem's word-embedding matrix"
     )
+    output_layer: Literal["embeddings", "reference"] = Field(
+        "embeddings",
+        description="reference: a fresh linear layer with bias on the decoder's states (the reference code's); "
+        "embeddings: the backbone's own head, its projection a copy of the pretrained embeddings (ours so far)",
+    )
     selection: Literal["valid_para_loss", "last", "stsb_dev"] = Field(
         "valid_para_loss", description="checkpoint: validation L_para (the paper), last, or STS-B dev"
     )
@@ -157,6 +162,12 @@ class ParaBARTConfig(EncoderMethodConfig):
 
     def data_sources(self) -> list[tuple[str, str]]:
         return [(f"data.pairs[{i}].path", p.path) for i, p in enumerate(self.data.pairs)]
+
+    @model_validator(mode="after")
+    def _a_fresh_output_layer_is_not_tied(self):
+        if self.output_layer == "reference" and self.tie_output:
+            raise ValueError("output_layer 'reference' is a fresh layer of its own: it cannot be tie_output")
+        return self
 
     @model_validator(mode="after")
     def _freeze_needs_a_plain_optimiser(self):
@@ -327,7 +338,23 @@ def build_model(cfg: ParaBARTConfig, syntax: Vocab, tags: Vocab, skeleton: str |
         syntax_encoder=cfg.syntax_encoder,
     )
     model.pretrained = b.pretrained
+    if cfg.output_layer == "reference":
+        reference_output_layer(model.decoder, model.hidden_size)
+        model.pretrained = {n for n in b.pretrained if not n.startswith(("decoder.cls.", "decoder.lm_head."))}
     return model, b.tokenizer
+
+
+def reference_output_layer(decoder: nn.Module, d: int) -> None:
+    """The reference code's output layer in place of the backbone's head: a fresh ``nn.Linear(d, vocab)`` with
+    bias straight on the decoder's states (BART's init: N(0, 0.02), bias 0) - no MLM transform, no copy of the
+    pretrained embeddings."""
+    head = nn.Linear(d, decoder.config.vocab_size)
+    nn.init.normal_(head.weight, std=0.02)
+    nn.init.zeros_(head.bias)
+    if hasattr(decoder, "cls"):  # BERT's LM head model: cls = transform + projection
+        decoder.cls = head
+    else:  # BART's causal LM: lm_head
+        decoder.lm_head = head
 
 
 def parameter_groups(model: ParaBART, cfg: ParaBARTConfig) -> list[dict]:
