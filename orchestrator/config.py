@@ -287,6 +287,24 @@ class GradCacheBlock(StrictModel):
     mini_batch: int = Field(gt=0, description="sequences per forward pass; divides train.batch_size")
 
 
+class CollapseGuard(StrictModel):
+    """Watched at every evaluation: a run whose dev score falls more than ``dev_margin`` below the untouched
+    model's (measured before the first step), or whose embeddings' mean pairwise cosine passes ``max_cosine``,
+    stops there - that evaluation writes no checkpoint, so the best kept one is from before the fall. Both unset
+    (the default): off."""
+
+    dev_margin: float | None = Field(
+        None, gt=0, description="dev points (a fraction: 0.05 = 5) below the base"
+    )
+    dev_metric: str | None = Field(
+        None, description="the dev metric watched (default: the run's selection metric)"
+    )
+    max_cosine: float | None = Field(None, gt=-1, le=1, description="bound on the logged cosine metric")
+    cosine_metric: str = Field(
+        "u_cosine_mean", description="the dev metric that logs the mean pairwise cosine"
+    )
+
+
 class TrainLoopConfig(StrictModel):
     """The optimisation loop. ``batch_size`` is per worker; the global batch is ``batch_size × workers``."""
 
@@ -307,6 +325,10 @@ class TrainLoopConfig(StrictModel):
     seed: int = Field(42, ge=0, lt=2**32, description="every generator's seed (numpy's take 0 .. 2**32-1)")
     grad_cache: GradCacheBlock | None = Field(
         None, description="contrastive recipes: cached gradients (a large batch on a small batch's memory)"
+    )
+    collapse_guard: CollapseGuard = Field(
+        CollapseGuard(),
+        description="stop a run whose dev falls or whose embeddings collapse (off by default)",
     )
 
     @model_validator(mode="after")

@@ -25,7 +25,10 @@ class Ray:
     def __init__(self, root, resume_from=None):
         self.root, self.reports, self.resume_from = root, [], resume_from
 
-    def report(self, metrics, stepper, state):
+    def report(self, metrics, stepper=None, state=None):
+        if stepper is None:  # a report without a checkpoint
+            self.reports.append((metrics, None))
+            return
         folder = self.root / f"ckpt-{len(self.reports)}"
         stepper.save(folder, state)
         self.reports.append((metrics, folder))
@@ -164,3 +167,121 @@ def test_a_nan_loss_stops_training_before_its_step_and_names_it(tmp_path, monkey
         run(tmp_path, monkeypatch, nan_at=5, ray=ray, made=(made := []))
     assert [m["step"] for m, _ in ray.reports] == [3]  # the evaluations before it, nothing after
     assert all(torch.isfinite(p).all() for p in made[0].parameters())  # the NaN step was never taken
+
+
+@pytest.mark.parametrize("guard", [None, {"max_cosine": 0.9}, {"dev_margin": 0.1}])
+def test_the_collapse_guard_stops_a_run_driven_together_and_keeps_no_checkpoint_of_it(
+    tmp_path, monkeypatch, guard
+):
+    """Four orthogonal inputs, a linear encoder: four healthy steps push their embeddings apart, then a planted
+    loss pulls them together. Unguarded (the control) the run trains to its end with the embeddings collapsed;
+    guarded by the cosine bound, or by a dev margin under the untouched model's dev (measured before the first
+    step), it stops at the first evaluation past the bound with one line, that evaluation reports no checkpoint and
+    is never the best, and the checkpoints it kept are all from before the fall."""
+    import torch.nn.functional as F
+
+    train = {"batch_size": 2, "epochs": 1, "eval_steps": 2, "lr": 0.1, "lr_schedule": "constant"}
+    cfg = ContrastiveConfig.model_validate(
+        {"train": {**train, **({"collapse_guard": guard} if guard else {})}}
+    )
+    torch.manual_seed(0)
+    encoder, points = torch.nn.Linear(4, 4), torch.eye(4)
+    stepper = common.make_stepper(encoder, cfg, rows_per_worker=40)
+    ray = Ray(tmp_path)
+    monkeypatch.setattr(loop, "report", ray.report)
+    monkeypatch.setattr(loop, "resumed_checkpoint", ray.resumed)
+
+    def cosine(m) -> torch.Tensor:
+        u = F.normalize(m(points), dim=-1)
+        return ((u @ u.T).sum() - 4) / 12  # mean over the 12 ordered pairs
+
+    def loss_fn(batch, state):
+        c = cosine(stepper.model)
+        loss = c if state["step"] < 4 else -c  # apart, then the planted collapse
+        return loss, {"loss": loss.item()}
+
+    with torch.no_grad():
+        untouched = -cosine(encoder).item()
+    history = loop.train_loop(
+        cfg,
+        stepper,
+        rows_per_worker=40,
+        loss_fn=loss_fn,
+        dev_fn=lambda m: {"dev": -cosine(m).item(), "u_cosine_mean": cosine(m).item()},
+        metric="dev",
+        build_plain=lambda: None,
+        batches=lambda epoch: ((epoch, i) for i in range(20)),
+    )
+    cos = [h["u_cosine_mean"] for h in history]
+    if guard is None:
+        assert history[-1]["step"] == 20 and cos[-1] > 0.9 and "collapse_guard" not in ray.reports[-1][0]
+        return
+    last, folder = ray.reports[-1]
+    assert (
+        history[-1]["step"] < 20
+        and folder is None
+        and last["collapse_guard"].startswith("collapse guard: stopped")
+    )
+    if "max_cosine" in guard:
+        assert cos[-1] > 0.9 and all(c <= 0.9 for c in cos[:-1])
+    else:
+        assert f"{untouched:.4f}" in last["collapse_guard"]  # the dev of the model before its first step
+        assert history[-1]["dev"] < untouched - 0.1 and all(h["dev"] >= untouched - 0.1 for h in history[:-1])
+    assert all(f is not None for _, f in ray.reports[:-1]) and len(ray.reports) >= 3  # the healthy ones kept
+    assert history[-1]["best_dev"] == max(h["dev"] for h in history[:-1])
+
+
+def _guarded_rank(rank: int, out_dir: str, init: str) -> None:
+    """One of two gloo ranks training the planted collapse under DDP with the cosine guard; rank 0 alone reads
+    the dev score (as in a real run), so rank 1 learns of the stop only from rank 0."""
+    import os
+    from pathlib import Path
+
+    import ray.train.torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
+    ray.train.torch.prepare_model = torch.nn.parallel.DistributedDataParallel  # no Ray Train context here
+    train = {"batch_size": 2, "epochs": 1, "eval_steps": 2, "lr": 0.1, "lr_schedule": "constant"}
+    cfg = ContrastiveConfig.model_validate({"train": {**train, "collapse_guard": {"max_cosine": 0.9}}})
+    torch.manual_seed(0)
+    encoder, points = torch.nn.Linear(4, 4), torch.eye(4)
+    stepper = common.make_stepper(encoder, cfg, rows_per_worker=40)
+    loop.report = lambda metrics, stepper=None, state=None: None
+    loop.resumed_checkpoint = Ray(Path(out_dir)).resumed
+
+    def cosine(m):
+        u = F.normalize(m(points), dim=-1)
+        return ((u @ u.T).sum() - 4) / 12
+
+    def loss_fn(batch, state):
+        c = cosine(stepper.model)
+        return (c if state["step"] < 4 else -c), {"loss": c.item()}
+
+    history = loop.train_loop(
+        cfg,
+        stepper,
+        rows_per_worker=40,
+        loss_fn=loss_fn,
+        dev_fn=lambda m: {"dev": -cosine(m).item(), "u_cosine_mean": cosine(m).item()},
+        metric="dev",
+        build_plain=lambda: None,
+        batches=lambda epoch: ((epoch, i) for i in range(20)),
+    )
+    Path(out_dir, f"rank{rank}").write_text(str(history[-1]["step"]))
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_collapse_guard_stops_every_worker_at_the_same_step(tmp_path):
+    """Two workers under DDP: the one that reads the dev score decides, and both stop at that evaluation (a
+    worker that trained on alone would wait for its partner's gradients for ever)."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_guarded_rank, args=(str(tmp_path), str(tmp_path / "init")), nprocs=2, join=True)
+    steps = [int((tmp_path / f"rank{r}").read_text()) for r in range(2)]
+    assert steps[0] == steps[1] < 20

@@ -10,6 +10,8 @@ else is a :class:`Callback`, called in list order at four points of a step - ``o
 - :class:`LiveLog`: the step's losses to the driver's MLflow run every ``log_steps``, with samples per second.
 - :class:`Evaluation`: every ``eval_steps`` (and at the end) the dev score on rank 0, then a Ray Train report
   with a checkpoint; the reports' list travels in the checkpoint state, so it survives a restart.
+  With ``train.collapse_guard`` set it also measures the untouched model's dev before the first step, and stops
+  the run at an evaluation that falls below it by the margin or whose embeddings' cosine passes the bound.
 - :class:`FaultInjection`: installed only when a test sets a ``SIEVE_`` hook (a crash or a hold at a step).
 """
 
@@ -73,7 +75,7 @@ def train_loop(
     stepper.module.train()
     logs: dict = {}
     skip = state["step"] - state["epoch"] * steps_per_epoch  # batches of this epoch trained before a restart
-    while state["step"] < total_steps and state["epoch"] < cfg.train.epochs:
+    while state["step"] < total_steps and state["epoch"] < cfg.train.epochs and not state.get("stopped"):
         for batch in batches(state["epoch"]):
             if skip > 0:
                 skip -= 1
@@ -91,7 +93,7 @@ def train_loop(
                 c.on_step(state, logs)
             for c in callbacks:
                 c.after_step(state, logs)
-            if state["step"] >= total_steps:
+            if state["step"] >= total_steps or state.get("stopped"):
                 break
         else:  # the epoch's data ran out
             state["epoch"] += 1
@@ -188,9 +190,46 @@ class Evaluation(Callback):
         )
         self.metric, self.total_steps = metric, total_steps
 
+    def on_batch(self, state):
+        guard = self.cfg.train.collapse_guard
+        if guard.dev_margin and "guard_base" not in state:  # the untouched model's dev, before the first step
+            state["guard_base"] = self.dev(guard.dev_metric or self.metric).get(
+                guard.dev_metric or self.metric
+            )
+
     def on_step(self, state, logs):
         if state["step"] % self.cfg.train.eval_steps == 0 or state["step"] >= self.total_steps:
             self.evaluate(state, logs)
+
+    def dev(self, metric) -> dict[str, float]:
+        with self.stepper.eval_module(self.build_plain) as evaluated, eval_threads(self.cfg):
+            dev = self.dev_fn(evaluated) if rank() == 0 else {metric: float("nan")}
+        self.stepper.module.train()
+        return {k: float(v) for k, v in dev.items()} if isinstance(dev, dict) else {metric: float(dev)}
+
+    def collapsed(self, state, dev: dict[str, float]) -> str:
+        """Why the run stops here (rank 0 decides, every rank hears it), or ''."""
+        guard, why = self.cfg.train.collapse_guard, ""
+        if rank() == 0:
+            name = guard.dev_metric or self.metric
+            base, now = state.get("guard_base"), dev.get(name)
+            cosine = dev.get(guard.cosine_metric)
+            if guard.dev_margin and base is not None and now is not None and now < base - guard.dev_margin:
+                why = f"{name} {now:.4f} is more than {guard.dev_margin:g} below the untouched model's {base:.4f}"
+            elif guard.max_cosine is not None and cosine is not None and cosine > guard.max_cosine:
+                why = (
+                    f"{guard.cosine_metric} {cosine:.4f} passed {guard.max_cosine:g}: the embeddings collapse"
+                )
+        if world_size() > 1:
+            box = [why]
+            torch.distributed.broadcast_object_list(box, src=0)
+            why = box[0]
+        if why:
+            return (
+                f"collapse guard: stopped at step {state['step']}: {why}; this evaluation keeps no checkpoint, "
+                "the best kept one is from before"
+            )
+        return ""
 
     def on_epoch_end(self, state, logs):
         if state["epoch"] >= self.cfg.train.epochs and state["step"] % self.cfg.train.eval_steps != 0:
@@ -198,11 +237,11 @@ class Evaluation(Callback):
 
     def evaluate(self, state, logs):
         metric = self.metric
-        with self.stepper.eval_module(self.build_plain) as evaluated, eval_threads(self.cfg):
-            dev = self.dev_fn(evaluated) if rank() == 0 else {metric: float("nan")}
-        dev = {k: float(v) for k, v in dev.items()} if isinstance(dev, dict) else {metric: float(dev)}
-        self.stepper.module.train()
-        if rank() == 0 and metric in dev:  # a method may train without any dev score (TSDAE's protocol)
+        dev = self.dev(metric)
+        guard = self.cfg.train.collapse_guard
+        stop = self.collapsed(state, dev) if guard.dev_margin or guard.max_cosine is not None else ""
+        # a method may train without any dev score (TSDAE's protocol); a stopped evaluation never counts as the best
+        if rank() == 0 and metric in dev and not stop:
             state["best_dev"] = max(state["best_dev"], dev[metric])
         metrics = {
             **logs,
@@ -215,6 +254,12 @@ class Evaluation(Callback):
         if self.live is not None:
             self.live.log({k: v for k, v in metrics.items() if k not in ("step", "epoch")}, state["step"])
         state["history"].append(metrics)
+        if stop:
+            state["stopped"] = stop
+            if rank() == 0:
+                print(stop, flush=True)
+            report({**metrics, "collapse_guard": stop})
+            return
         report(metrics, self.stepper, dict(state))
 
 

@@ -424,6 +424,8 @@ class ProgressLines(tune.Callback):
         self.metric, self.label, self.best, self.done = metric, label, {}, 0
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
+        if result.get("collapse_guard"):  # the trial stopped itself (train.collapse_guard): said once, in its words
+            print(f"[{trial}] {result['collapse_guard']}", flush=True)
         value = result.get(self.metric)
         if value is None:
             return
