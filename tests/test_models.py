@@ -206,3 +206,17 @@ def test_all_mpnet_base_v2_resolves_from_its_five_packages(tmp_path):
     cfg = json.loads((path / "config.json").read_text())
     assert cfg["model_type"] == "mpnet" and cfg["hidden_size"] == 768 and cfg["num_hidden_layers"] == 12
     assert resolve_model_source("all-mpnet-base-v2", cache_dir=tmp_path) == path  # unpacked once, reused
+
+
+def test_an_mpnet_encoder_loads_without_its_pooler_for_ddp(tmp_path):
+    """DDP refuses parameters that get no gradient: an MPNet folder (the large variant's family) loaded with
+    ``add_pooling_layer=False`` has no pooler, as BERT's does (a pooler left in failed the second DDP step)."""
+    from transformers import MPNetConfig, MPNetModel
+
+    MPNetModel(
+        MPNetConfig(
+            vocab_size=100, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32
+        )
+    ).save_pretrained(tmp_path)
+    assert load_encoder(str(tmp_path), add_pooling_layer=True)[0].pooler is not None
+    assert load_encoder(str(tmp_path), add_pooling_layer=False)[0].pooler is None
