@@ -921,3 +921,66 @@ def test_the_reference_output_layer_is_a_fresh_linear_with_bias_on_the_decoder_s
     assert next(g["weight_decay"] for g in groups if any(p is head.bias for p in g["params"])) == 0
     with pytest.raises(ValidationError, match="cannot be tie_output"):
         tiny(tiny_bert_dir, output_layer="reference", tie_output=True)
+
+
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_the_discriminator_prefit_learns_a_learnable_bag_and_not_a_shuffled_one(shuffled):
+    """D pre-fitted on cached ū: on planted bags that ū determines (each row's shares a softmax of a fixed
+    projection of ū) its held-out loss ends well below the average bag's; on the same bags shuffled across rows
+    (nothing to learn) it does not get below it."""
+    from trainers.parabart import Discriminator
+    from trainers.parabart_prefit import prefit_discriminator
+
+    g = torch.Generator().manual_seed(0)
+    u = torch.randn(1200, 16, generator=g)
+    bags = torch.softmax(u @ torch.randn(16, 10, generator=g) / 2, dim=-1)
+    if shuffled:
+        bags = bags[torch.randperm(len(bags), generator=g)]
+    torch.manual_seed(0)
+    dis = Discriminator(16, 10)
+    out = prefit_discriminator(dis, u, bags, lr=1e-2, epochs=200, batch_size=64, seed=0)
+    gap = out["prefit_average_bag"] - out["prefit_valid_loss_adv"]
+    if shuffled:
+        assert gap < 0.002 * out["prefit_average_bag"]
+    else:
+        assert gap > 0.05 * out["prefit_average_bag"] and out["prefit_epochs"] < 200  # converged, stopped
+    val = torch.randperm(1200, generator=torch.Generator().manual_seed(0))[:120]
+    with torch.no_grad():  # the returned figure is D's own held-out loss in the state it was left in
+        assert adv_loss(dis(u[val]), bags[val]).item() == pytest.approx(
+            out["prefit_valid_loss_adv"], rel=1e-6
+        )
+
+
+def test_the_recipes_prefit_encodes_each_training_source_once_untouched_and_fits_d(
+    tiny_bert_dir, tmp_path, capsys
+):
+    """``discriminator_prefit``'s glue on one worker: the training shard's sources read, each distinct one
+    encoded once by E_sem as it is (eval mode: what :meth:`ParaBART.embed` gives on clean ids), D fitted on them
+    and its figures returned and said in one line; a ZeRO-3 config is refused (E_sem must be whole)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pydantic import ValidationError
+
+    from trainers.parabart_prefit import cached_embeddings, prefit
+
+    cfg, model, dis, batcher = setup(tiny_bert_dir, discriminator_prefit=True, prefit_epochs=5)
+    rows = {"src": ROWS["src"] * 3, "src_bag": ROWS["src_bag"] * 3}  # each source three times
+    (tmp_path / "shards").mkdir()
+    pq.write_table(pa.table(rows), tmp_path / "shards" / "part-00000.parquet")
+    model.train()
+    u, bags = cached_embeddings(model, batcher, rows, "cpu")
+    assert len(u) == 2 and model.training  # two distinct sources; the mode given back
+    clean = batcher({**ROWS}, train=False)
+    with torch.no_grad():
+        model.eval()
+        assert torch.allclose(u, model.embed(clean["src_ids"], clean["src_mask"]), atol=1e-6)
+    assert torch.equal(bags, clean["bags"])
+    before = dis.linear.weight.detach().clone()
+    out = prefit(model, dis, batcher, str(tmp_path), cfg, "cpu")
+    assert set(out) == {"prefit_valid_loss_adv", "prefit_average_bag", "prefit_epochs"}
+    assert (
+        not torch.equal(before, dis.linear.weight)
+        and "discriminator pre-fit on 2 cached" in capsys.readouterr().out
+    )
+    with pytest.raises(ValidationError, match="not under ZeRO-3"):
+        tiny(tiny_bert_dir, discriminator_prefit=True, deepspeed={"stage": 3})

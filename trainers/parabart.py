@@ -60,7 +60,7 @@ vocabularies and the backbone's config (for generation) are saved beside it.
 
 Args (config keys, see :class:`ParaBARTConfig`)
     architecture (auto), lambda_adv (0.1), adversary_start_step, discriminator (reference | softmax),
-    discriminator_warmup (idle | fit), lr_discriminator, discriminator_bias (default | prior), adversary_objective
+    discriminator_warmup (idle | fit), discriminator_prefit (false), prefit_epochs (100), lr_discriminator, discriminator_bias (default | prior), adversary_objective
     (reverse | confusion), freeze_encoder_steps (0), word_dropout (0.2), train.lr (2e-5: E_sem, D), lr_syntax_decoder
     (1e-4), syntax_layers (1), syntax_heads, syntax_encoder (prenorm | reference), decoder_layers (1), parse_max_length (160), model.max_length (40),
     syntax_guidance (true), tie_output (false), output_layer (embeddings | reference), selection (valid_para_loss | last | stsb_dev)
@@ -128,6 +128,14 @@ class ParaBARTConfig(EncoderMethodConfig):
         description="before adversary_start_step D is not trained (idle, the reference code) or fitted "
         "on the detached embedding (fit)",
     )
+    discriminator_prefit: bool = Field(
+        False,
+        description="before the first step, D fitted to convergence on the untouched E_sem's ū of every training "
+        "source (cached; ours: trainers/parabart_prefit.py)",
+    )
+    prefit_epochs: int = Field(
+        100, ge=1, description="at most this many passes over the cached ū (early stop)"
+    )
     lr_discriminator: float | None = Field(
         None, gt=0, description="D's learning rate (None: train.lr, the paper's)"
     )
@@ -162,6 +170,15 @@ class ParaBARTConfig(EncoderMethodConfig):
 
     def data_sources(self) -> list[tuple[str, str]]:
         return [(f"data.pairs[{i}].path", p.path) for i, p in enumerate(self.data.pairs)]
+
+    @model_validator(mode="after")
+    def _prefit_reads_whole_parameters(self):
+        if self.discriminator_prefit and self.deepspeed.stage == 3:
+            raise ValueError(
+                "discriminator_prefit encodes on one worker and needs E_sem whole: not under ZeRO-3 "
+                "(deepspeed.stage=3); use stage 0-2"
+            )
+        return self
 
     @model_validator(mode="after")
     def _a_fresh_output_layer_is_not_tied(self):

@@ -31,6 +31,7 @@ from trainers.parabart import (
     validation_loss,
 )
 from trainers.parabart_batch import Batch
+from trainers.parabart_prefit import prefit
 from trainers.recipe import Recipe
 
 
@@ -121,6 +122,10 @@ class ParaBARTRecipe(Recipe):
         self.adversary_on = state["step"] >= cfg.adversary_start_step
         if state["step"] == 0 and cfg.discriminator_bias == "prior":  # a fresh run (a resumed one loads D)
             set_prior_bias(self.dis, b["bags"])
+        if state["step"] == 0 and cfg.discriminator_prefit:  # D fitted on the untouched E_sem's cached ū
+            self.prefit = prefit(
+                self.stepper.module, self.dis, self.batcher, self.job["shards"], cfg, self.device
+            )
         hold_encoder(self.stepper.optimizer, frozen=state["step"] < cfg.freeze_encoder_steps)
         return main_loss(
             model,
@@ -134,6 +139,7 @@ class ParaBARTRecipe(Recipe):
 
     def dev(self, module):
         return {
+            **getattr(self, "prefit", {}),  # the pre-fit's figures, beside D's loss at every evaluation
             "stsb_dev_spearman": dev_score(module.sem, self.tokenizer, self.cfg),
             **validation_loss(
                 module,

@@ -195,6 +195,12 @@ def load_valid_rows(shards: str) -> dict[str, list]:
     return pq.read_table(io.BytesIO(storage.read_bytes(path))).to_pydict()
 
 
+def load_train_rows(shards: str, columns: tuple[str, ...] = ("src", "src_bag")) -> dict[str, list]:
+    """The training pairs' ``columns`` (the one shard every worker's split is read from)."""
+    path = storage.join(shards, "shards", "part-00000.parquet")
+    return pq.read_table(io.BytesIO(storage.read_bytes(path)), columns=list(columns)).to_pydict()
+
+
 def load_vocabs(shards: str) -> tuple[Vocab, Vocab]:
     v = json.loads(storage.read_bytes(storage.join(shards, "vocab.json")))
     return Vocab(v["syntax"]), Vocab(v["tags"])
