@@ -87,6 +87,13 @@ def test_a_sweeps_resume_reads_the_plan_it_kept_and_refuses_another(tmp_path, mo
         r"4e-05 vs 5e-05; kept at \S+plan.json\): resume it without --config",
     ):
         plan("--preset", "smoke", "--name", "s", "--resume", "train.lr=5e-05")
+    # a plan kept before a config key existed: the key, at its default today, is no difference
+    data = json.loads(kept.read_text())
+    del data["base"]["train"]["collapse_guard"]
+    kept.write_text(json.dumps(data))
+    assert plan("--preset", "smoke", "--name", "s", "--resume", "train.lr=4e-05").base == started.base
+    with pytest.raises(ConfigError, match=r"another plan \(base.train.lr: 4e-05 vs 5e-05"):
+        plan("--preset", "smoke", "--name", "s", "--resume", "train.lr=5e-05")
     (tmp_path / "st" / "sweeps" / "old").mkdir()  # a sweep made before plans were kept
     with pytest.raises(
         ConfigError,
@@ -96,3 +103,30 @@ def test_a_sweeps_resume_reads_the_plan_it_kept_and_refuses_another(tmp_path, mo
     assert (
         plan("--preset", "smoke", "--name", "old", "--resume").base.train.lr != 4e-05
     )  # read from the file named
+
+
+def test_a_comparisons_resume_reads_a_plan_kept_before_a_config_key_existed(tmp_path, monkeypatch):
+    """A comparison's kept plan lacks a config key added since (here: train.collapse_guard): resumed with its
+    file it is read with that key at its default - no difference - while a changed key is still refused."""
+    from orchestrator.drivers import compare_plan
+    from orchestrator.errors import ConfigError
+
+    monkeypatch.delenv("SIEVE_STORAGE", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)
+
+    def plan(*argv):
+        monkeypatch.setattr(sys, "argv", ["jobs/compare.py", *argv, "--storage", str(tmp_path / "st")])
+        from orchestrator.drivers import compare
+
+        return compare_plan.resolve(compare.parse_args("doc"))
+
+    started = plan("--preset", "smoke", "--name", "c")
+    kept = tmp_path / "st" / "sweeps" / "c" / "plan.json"
+    data = json.loads(kept.read_text())
+    for arm in data["arms"].values():
+        del arm["config"]["train"]["collapse_guard"]
+    kept.write_text(json.dumps(data))
+    assert plan("--preset", "smoke", "--name", "c", "--resume").arms == started.arms
+    with pytest.raises(ConfigError, match=r"another plan \(arms\.\w+\.config\.train\.lr: "):
+        plan("--preset", "smoke", "--name", "c", "--resume", "train.lr=0.5")

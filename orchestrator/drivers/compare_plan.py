@@ -185,10 +185,14 @@ def resolve(args: argparse.Namespace) -> ComparePlan:
         given = bool(args.config or args.preset or args.overrides)
         kept = kept_plan(kept_at, CompareJobConfig, f"comparison {name!r}", given)
         if kept is not None:
-            if args.resume and given:
+            kept_job, kept_arms, kept_starts = arms_of(kept, kept_at, location_overrides(args))
+            if (
+                args.resume and given
+            ):  # both read by today's config models: a key added since is no difference
                 now = inlined(job, settle(arms), settle(starts))
-                refuse_another_plan(kept, now, f"comparison {name!r}", kept_at)
-            job, arms, starts = arms_of(kept, kept_at, location_overrides(args))
+                was = inlined(kept_job, settle(kept_arms), settle(kept_starts))
+                refuse_another_plan(was, now, f"comparison {name!r}", kept_at)
+            job, arms, starts = kept_job, kept_arms, kept_starts
         exp_ids = set() if reads else {preflight(cfg) for _, cfg in [*arms.values(), *starts.values()]}
         arms, starts = settle(arms), settle(starts)
     return ComparePlan(

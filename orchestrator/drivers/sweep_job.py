@@ -124,10 +124,11 @@ def resolve(args: argparse.Namespace, default_dir: str) -> SweepPlan:
         kept_at = plan_uri(sweep_dir(base.run.storage, name))
         given = bool(args.config or args.preset or args.overrides)
         if (kept := kept_plan(kept_at, SweepJobConfig, f"sweep {name!r}", given)) is not None:
-            if given:
-                refuse_another_plan(kept, inlined(job, settled(base)), f"sweep {name!r}", kept_at)
+            now = inlined(job, settled(base))
             job = kept
             recipe, base, configs, seeds = typed(kept, kept_at, location_overrides(args))
+            if given:  # both read by today's config models: a key added since is no difference
+                refuse_another_plan(inlined(kept, settled(base)), now, f"sweep {name!r}", kept_at)
         exp_id = preflight(base)
         base = settled(base)
     configs = {k: settled(c) for k, c in configs.items()}  # a typed copy each: nothing validated again
