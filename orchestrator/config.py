@@ -458,6 +458,21 @@ class MethodConfig(StrictModel):
     run: RunBlock = RunBlock()
     tracking: TrackingConfig = TrackingConfig()
 
+    @model_validator(mode="before")
+    @classmethod
+    def _location_keys_keep_the_methods_defaults(cls, data):
+        """``tracking`` and ``run`` given in part (a file's ``tracking: {uri: ...}``, a job's ``--tracking-uri`` or
+        ``--storage``) keep the method's own defaults for the keys left out - TSDAE's registry name, say - not the
+        block's. (Other blocks given in part start from the block's defaults: a data block names its own file.)"""
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        for name in ("tracking", "run"):
+            given, default = out.get(name), cls.model_fields[name].default
+            if isinstance(given, dict) and isinstance(default, BaseModel):
+                out[name] = {**default.model_dump(mode="json", exclude_unset=True), **given}
+        return out
+
     @model_validator(mode="after")
     def _grad_cache_supported(self):
         if self.train.grad_cache is not None and not self.supports_grad_cache:

@@ -151,3 +151,15 @@ def test_preflight_changes_nothing_and_settled_resolves_the_pooling_on_a_copy(ti
     assert cfg.model_dump() == before and cfg.model.pooling is None
     done = settled(cfg)
     assert done.model.pooling == "mean" and cfg.model.pooling is None and settled(done) is done
+
+
+def test_a_location_given_in_part_keeps_the_methods_tracking_defaults():
+    """``--tracking-uri`` (``tracking.tracking_uri=...``) or a file's ``tracking: {tracking_uri: ...}`` keeps the
+    method's own registry name (TSDAE's ``tsdae``), not the bare block's None; a name given still wins."""
+    from orchestrator.config import apply_overrides, validate
+    from trainers.tsdae import TSDAEConfig
+
+    got = validate(TSDAEConfig, apply_overrides({}, ["tracking.tracking_uri=http://mlflow:5000"]), "x.yaml")
+    assert got.tracking.tracking_uri == "http://mlflow:5000" and got.tracking.registry_model_name == "tsdae"
+    named = {"tracking": {"tracking_uri": "u", "registry_model_name": "mine"}}
+    assert validate(TSDAEConfig, named, "x.yaml").tracking.registry_model_name == "mine"
