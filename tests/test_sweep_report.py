@@ -517,3 +517,21 @@ def test_the_card_says_the_steps_the_run_trained_and_lists_its_settings():
     )
     assert "- config: `configs/x.yaml`\n- params.lambdas: `[1, 0]`\n- params.train.lr: `3e-05`\n" in card
     assert "```json" not in card
+
+
+def test_a_failed_trial_is_named_by_the_exception_its_worker_raised_without_colour_codes():
+    """The one line a failed comparison or sweep ends with names what the worker raised, not Ray's wrapper
+    (``ray::ImplicitFunc.train() (pid=...)``) with its terminal colour codes."""
+    from orchestrator.drivers.engine import error_line
+
+    wrapped = (
+        "ray.exceptions.RayTaskError(WorkerGroupError): \x1b[36mray::ImplicitFunc.train()\x1b[39m (pid=1, ip=x)\n"
+        '  File "trainers/loop.py", line 194, in on_batch\n    guard = cfg.train.collapse_guard\n'
+        "AttributeError: 'TrainLoopConfig' object has no attribute 'collapse_guard'\n"
+    )
+    assert error_line(wrapped) == "AttributeError: 'TrainLoopConfig' object has no attribute 'collapse_guard'"
+    assert error_line(RuntimeError("the worker died")) == "the worker died"
+    assert (
+        "\x1b" not in error_line("\x1b[31mred\x1b[0m only")
+        and error_line("\x1b[31mred\x1b[0m only") == "red only"
+    )

@@ -190,6 +190,19 @@ def train_trial(
     storage.write_bytes(done, b"")
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def error_line(error) -> str:
+    """A trial's error in one readable line: the exception the worker raised (the traceback's last
+    ``Name: message`` line), not Ray's wrapper (``ray::ImplicitFunc.train() (pid=...)``), without colour codes."""
+    lines = [ln.strip() for ln in _ANSI.sub("", str(error)).splitlines() if ln.strip()]
+    raised = [
+        ln for ln in lines if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Failed)\b.*?:", ln)
+    ]
+    return (raised[-1] if raised else lines[0] if lines else type(error).__name__)[:300]
+
+
 def require_finished(lost: list[dict], total: int, what: str, rerun: str) -> None:
     """A job whose trials did not all end with a result stops here, non-zero, in one line naming them and the
     command that trains only those (a finished trial is replayed, never trained again)."""
@@ -424,7 +437,9 @@ class ProgressLines(tune.Callback):
         self.metric, self.label, self.best, self.done = metric, label, {}, 0
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        if result.get("collapse_guard"):  # the trial stopped itself (train.collapse_guard): said once, in its words
+        if result.get(
+            "collapse_guard"
+        ):  # the trial stopped itself (train.collapse_guard): said once, in its words
             print(f"[{trial}] {result['collapse_guard']}", flush=True)
         value = result.get(self.metric)
         if value is None:
@@ -462,7 +477,7 @@ def trial_rows(result_grid, metric: str, select: str | None = "") -> list[dict]:
                 metric,
                 select,
                 filesystem=r.filesystem,
-                error=str(r.error).splitlines()[0][:300] if r.error else None,
+                error=error_line(r.error) if r.error else None,
             )
         )
     most = max((len(x["history"]) for x in rows), default=0)
