@@ -169,49 +169,58 @@ def test_a_nan_loss_stops_training_before_its_step_and_names_it(tmp_path, monkey
     assert all(torch.isfinite(p).all() for p in made[0].parameters())  # the NaN step was never taken
 
 
-@pytest.mark.parametrize("guard", [None, {"max_cosine": 0.9}, {"dev_margin": 0.1}])
-def test_the_collapse_guard_stops_a_run_driven_together_and_keeps_no_checkpoint_of_it(
-    tmp_path, monkeypatch, guard
-):
-    """Four orthogonal inputs, a linear encoder: four healthy steps push their embeddings apart, then a planted
-    loss pulls them together. Unguarded (the control) the run trains to its end with the embeddings collapsed;
-    guarded by the cosine bound, or by a dev margin under the untouched model's dev (measured before the first
-    step), it stops at the first evaluation past the bound with one line, that evaluation reports no checkpoint and
-    is never the best, and the checkpoints it kept are all from before the fall."""
-    import torch.nn.functional as F
+COLLAPSE_TRAIN = {"batch_size": 2, "epochs": 1, "eval_steps": 2, "lr": 0.1, "lr_schedule": "constant"}
+POINTS = torch.eye(4)  # four orthogonal inputs
 
-    train = {"batch_size": 2, "epochs": 1, "eval_steps": 2, "lr": 0.1, "lr_schedule": "constant"}
+
+def mean_cosine(m) -> torch.Tensor:
+    """The mean pairwise cosine of the four inputs' embeddings (over the 12 ordered pairs)."""
+    u = torch.nn.functional.normalize(m(POINTS), dim=-1)
+    return ((u @ u.T).sum() - 4) / 12
+
+
+def collapse_run(guard: dict | None) -> tuple[list[dict], float]:
+    """(the loop's history, the untouched dev score) for a linear encoder on :data:`POINTS`: four healthy steps push the
+    embeddings apart, then a planted loss pulls them together; dev = minus the mean cosine."""
     cfg = ContrastiveConfig.model_validate(
-        {"train": {**train, **({"collapse_guard": guard} if guard else {})}}
+        {"train": {**COLLAPSE_TRAIN, **({"collapse_guard": guard} if guard else {})}}
     )
     torch.manual_seed(0)
-    encoder, points = torch.nn.Linear(4, 4), torch.eye(4)
+    encoder = torch.nn.Linear(4, 4)
     stepper = common.make_stepper(encoder, cfg, rows_per_worker=40)
-    ray = Ray(tmp_path)
-    monkeypatch.setattr(loop, "report", ray.report)
-    monkeypatch.setattr(loop, "resumed_checkpoint", ray.resumed)
-
-    def cosine(m) -> torch.Tensor:
-        u = F.normalize(m(points), dim=-1)
-        return ((u @ u.T).sum() - 4) / 12  # mean over the 12 ordered pairs
+    with torch.no_grad():
+        untouched = -mean_cosine(encoder).item()
 
     def loss_fn(batch, state):
-        c = cosine(stepper.model)
+        c = mean_cosine(stepper.model)
         loss = c if state["step"] < 4 else -c  # apart, then the planted collapse
         return loss, {"loss": loss.item()}
 
-    with torch.no_grad():
-        untouched = -cosine(encoder).item()
     history = loop.train_loop(
         cfg,
         stepper,
         rows_per_worker=40,
         loss_fn=loss_fn,
-        dev_fn=lambda m: {"dev": -cosine(m).item(), "u_cosine_mean": cosine(m).item()},
+        dev_fn=lambda m: {"dev": -mean_cosine(m).item(), "u_cosine_mean": mean_cosine(m).item()},
         metric="dev",
         build_plain=lambda: None,
         batches=lambda epoch: ((epoch, i) for i in range(20)),
     )
+    return history, untouched
+
+
+@pytest.mark.parametrize("guard", [None, {"max_cosine": 0.9}, {"dev_margin": 0.1}])
+def test_the_collapse_guard_stops_a_run_driven_together_and_keeps_no_checkpoint_of_it(
+    tmp_path, monkeypatch, guard
+):
+    """Unguarded (the control) the planted collapse (:func:`collapse_run`) trains to its end with the embeddings
+    collapsed; guarded by the cosine bound, or by a dev margin under the untouched model's dev (measured before
+    the first step), it stops at the first evaluation past the bound with one line, that evaluation reports no
+    checkpoint and is never the best, and the checkpoints it kept are all from before the fall."""
+    ray = Ray(tmp_path)
+    monkeypatch.setattr(loop, "report", ray.report)
+    monkeypatch.setattr(loop, "resumed_checkpoint", ray.resumed)
+    history, untouched = collapse_run(guard)
     cos = [h["u_cosine_mean"] for h in history]
     if guard is None:
         assert history[-1]["step"] == 20 and cos[-1] > 0.9 and "collapse_guard" not in ray.reports[-1][0]
@@ -239,38 +248,14 @@ def _guarded_rank(rank: int, out_dir: str, init: str) -> None:
 
     import ray.train.torch
     import torch.distributed as dist
-    import torch.nn.functional as F
 
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
     ray.train.torch.prepare_model = torch.nn.parallel.DistributedDataParallel  # no Ray Train context here
-    train = {"batch_size": 2, "epochs": 1, "eval_steps": 2, "lr": 0.1, "lr_schedule": "constant"}
-    cfg = ContrastiveConfig.model_validate({"train": {**train, "collapse_guard": {"max_cosine": 0.9}}})
-    torch.manual_seed(0)
-    encoder, points = torch.nn.Linear(4, 4), torch.eye(4)
-    stepper = common.make_stepper(encoder, cfg, rows_per_worker=40)
     loop.report = lambda metrics, stepper=None, state=None: None
     loop.resumed_checkpoint = Ray(Path(out_dir)).resumed
-
-    def cosine(m):
-        u = F.normalize(m(points), dim=-1)
-        return ((u @ u.T).sum() - 4) / 12
-
-    def loss_fn(batch, state):
-        c = cosine(stepper.model)
-        return (c if state["step"] < 4 else -c), {"loss": c.item()}
-
-    history = loop.train_loop(
-        cfg,
-        stepper,
-        rows_per_worker=40,
-        loss_fn=loss_fn,
-        dev_fn=lambda m: {"dev": -cosine(m).item(), "u_cosine_mean": cosine(m).item()},
-        metric="dev",
-        build_plain=lambda: None,
-        batches=lambda epoch: ((epoch, i) for i in range(20)),
-    )
+    history, _ = collapse_run({"max_cosine": 0.9})
     Path(out_dir, f"rank{rank}").write_text(str(history[-1]["step"]))
     dist.destroy_process_group()
 
