@@ -193,9 +193,8 @@ class Evaluation(Callback):
     def on_batch(self, state):
         guard = self.cfg.train.collapse_guard
         if guard.dev_margin and "guard_base" not in state:  # the untouched model's dev, before the first step
-            state["guard_base"] = self.dev(guard.dev_metric or self.metric).get(
-                guard.dev_metric or self.metric
-            )
+            name = guard.dev_metric or self.metric
+            state["guard_base"] = self.dev(name).get(name)
 
     def on_step(self, state, logs):
         if state["step"] % self.cfg.train.eval_steps == 0 or state["step"] >= self.total_steps:

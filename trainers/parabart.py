@@ -448,24 +448,27 @@ def encoder_adv_term(
     return adv_loss(dis_logits, average, form)
 
 
-def average_bag_loss(bags: torch.Tensor, form: str = "reference") -> float:
-    """The loss of the best constant guess - the average bag of ``bags`` - on ``bags``: a D whose loss is not
-    below it has learnt nothing about a sentence's syntax from ū."""
-    mean = bags.mean(0, keepdim=True).clamp(1e-12, 1 - 1e-12)
+def average_bag_loss(
+    bags: torch.Tensor, form: str = "reference", fitted_on: torch.Tensor | None = None
+) -> float:
+    """The loss of the best constant guess - the average bag of ``bags`` (or of ``fitted_on``: a guess fitted on
+    training bags, scored on held-out ones) - on ``bags``: a D whose loss is not below it has learnt nothing
+    about a sentence's syntax from ū."""
+    mean = (bags if fitted_on is None else fitted_on).mean(0, keepdim=True).clamp(1e-12, 1 - 1e-12)
     if form == "reference":
         return float(F.binary_cross_entropy(mean.expand_as(bags), bags))
     return float(-(bags * mean.log()).sum(-1).mean())
 
 
 @torch.no_grad()
-def set_prior_bias(dis: Discriminator, bags: torch.Tensor) -> None:
+def set_prior_bias(dis: Discriminator, bags: torch.Tensor, across_workers: bool = True) -> None:
     """``discriminator_bias: prior``: D's bias set to the best constant guess for ``bags`` (the first training
     batch, averaged over the workers) - per tag the log-odds of its mean share (``reference``), or its log
     (``softmax``) - so D starts at the average bag's loss and learns only what ū tells about a sentence's
     syntax. From PyTorch's default bias (near 0, σ ≈ 0.5 against shares near 1/n_tags) D first spends its
     steps lowering the bias: at 1e-3 an Adam step moves it 1e-3, so 120 smoke steps never got there."""
     mean = bags.float().mean(0)
-    if common.world_size() > 1:
+    if across_workers and common.world_size() > 1:
         torch.distributed.all_reduce(mean)
         mean /= common.world_size()
     mean = mean.clamp(1e-6, 1 - 1e-6)

@@ -18,7 +18,7 @@ import torch
 
 from orchestrator.data.paraphrase import load_train_rows
 from trainers import common
-from trainers.parabart import Discriminator, adv_loss, average_bag_loss
+from trainers.parabart import Discriminator, adv_loss, average_bag_loss, set_prior_bias
 
 
 def prefit_discriminator(
@@ -42,13 +42,10 @@ def prefit_discriminator(
     n_val = max(1, int(len(u) * held_out))
     val, train = order[:n_val], order[n_val:]
     y_tr, u_val, y_val = bags[train], u[val], bags[val]
-    mean = y_tr.mean(0, keepdim=True).clamp(1e-12, 1 - 1e-12)  # the constant guess, from the training share
-    if dis.form == "reference":
-        constant = float(torch.nn.functional.binary_cross_entropy(mean.expand_as(y_val), y_val))
-    else:
-        constant = average_bag_loss(y_val, dis.form)
-    with torch.no_grad():
-        set_prior_bias_local(dis, y_tr)
+    constant = average_bag_loss(
+        y_val, dis.form, fitted_on=y_tr
+    )  # the constant guess, from the training share
+    set_prior_bias(dis, y_tr, across_workers=False)  # one worker fits
     opt = torch.optim.AdamW(dis.parameters(), lr=lr, weight_decay=0.0)
 
     def held_out_loss() -> float:
@@ -72,12 +69,6 @@ def prefit_discriminator(
                 break
     dis.load_state_dict(best_state)
     return {"prefit_valid_loss_adv": best, "prefit_average_bag": constant, "prefit_epochs": float(ran)}
-
-
-def set_prior_bias_local(dis: Discriminator, bags: torch.Tensor) -> None:
-    """The prior bias from these bags alone (no averaging across workers: one worker fits)."""
-    mean = bags.float().mean(0).clamp(1e-6, 1 - 1e-6)
-    dis.linear.bias.copy_((mean / (1 - mean)).log() if dis.form == "reference" else mean.log())
 
 
 @torch.inference_mode()
