@@ -286,6 +286,88 @@ def test_the_losses_are_teacher_forced_cross_entropy_and_minus_lambda_times_d_s_
     assert loss.item() == pytest.approx(expected.item() - 0.3 * logs["loss_adv"], rel=1e-5)
 
 
+# a pair's row (data.row: pair): the reverse direction's target parse and source bag beside the forward's
+PAIR_ROWS = {
+    **ROWS,
+    "src_parse": ["(S (NP (DT) (NN)) (VP (VBD) (PP)) (.))", "(S (NP (DT) (NN)) (VP (VBZ) (VP)) (.))"],
+    "tgt_bag": [
+        json.dumps({"(": 7, ")": 7, "ROOT": 1, "S": 1, "PP": 1, "NP": 2, "VP": 1}),
+        json.dumps({"(": 6, ")": 6, "ROOT": 1, "S": 1, "NP": 2, "VP": 2}),
+    ],
+}
+BACK_ROWS = {
+    "src": PAIR_ROWS["tgt"],
+    "tgt": PAIR_ROWS["src"],
+    "tgt_parse": PAIR_ROWS["src_parse"],
+    "src_bag": PAIR_ROWS["tgt_bag"],
+}
+
+
+def test_a_pair_row_trains_both_directions_in_one_step_summed_as_the_reference_code(tiny_bert_dir):
+    """``data.row: pair``: a batch of 2 pairs is 4 examples, every source → target, then every target → source;
+    the step's loss is the reference code's two passes summed, (L_para(x→y) − λ·L_adv(x)) + (L_para(y→x) −
+    λ·L_adv(y)), each pass's loss computed here apart, on its own batch of directions; D's update is its two
+    backward passes' summed gradient (plain SGD at lr 1: the step is minus the gradient)."""
+    import copy
+
+    from orchestrator.data.paraphrase import directions
+    from trainers.parabart import adversary_step, para_loss
+
+    cfg, model, dis, batcher = setup(tiny_bert_dir, lambda_adv=0.3)
+    model.eval()
+    b = batcher(PAIR_ROWS, train=False)
+    assert b["both_directions"] and len(b["src_ids"]) == 4
+    assert directions(PAIR_ROWS) == {k: list(ROWS[k]) + list(BACK_ROWS[k]) for k in ROWS}
+    loss, logs = main_loss(model, dis, b, cfg, adversary_on=True)
+    passes = [
+        main_loss(model, dis, batcher(rows, train=False), cfg, adversary_on=True)
+        for rows in (ROWS, BACK_ROWS)
+    ]
+    assert loss.item() == pytest.approx(sum(p[0].item() for p in passes), rel=1e-5)
+    assert logs["loss_para"] == pytest.approx(sum(p[1]["loss_para"] for p in passes), rel=1e-5)
+    assert logs["loss_adv"] == pytest.approx(sum(p[1]["loss_adv"] for p in passes), rel=1e-5)
+    assert (
+        abs(passes[0][1]["loss_para"] - passes[1][1]["loss_para"]) > 1e-3
+    )  # the halves differ: a mean would not do
+
+    # L_para by hand: a pair whose x→y target has 1 token, y→x 3 (the sum of the halves' means, not twice the mean
+    # over the 4 tokens: 5.0 + 1.0, where twice the mean would be 2 × (5 + 3 × 1) / 4 = 4.0)
+    tgt_ids = torch.tensor([[9, 0, 0, 0], [9, 1, 1, 1]])
+    tgt_mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]])
+    nll = torch.tensor([5.0, 1.0, 1.0, 1.0])  # each token's −log p of its target (targets 0, 1, 1, 1)
+    logits = torch.zeros(4, 2)
+    logits[torch.arange(4), 1 - torch.tensor([0, 1, 1, 1])] = torch.log(torch.exp(nll) - 1)
+    assert para_loss(logits, tgt_ids, tgt_mask, both_directions=True).item() == pytest.approx(6.0, rel=1e-6)
+    assert para_loss(logits, tgt_ids, tgt_mask).item() == pytest.approx(2.0, rel=1e-6)
+
+    with torch.no_grad():
+        u = model.embed(b["src_ids"], b["src_mask"])
+    ours, ref = copy.deepcopy(dis), copy.deepcopy(dis)
+    adversary_step(ours, torch.optim.SGD(ours.parameters(), lr=1.0), u, b["bags"], directions=2)
+    for half in (slice(0, 2), slice(2, 4)):  # the reference: one backward pass per direction, then one step
+        adv_loss(ref(u[half]), b["bags"][half], ref.form).backward()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p -= p.grad
+    for a, r in zip(ours.parameters(), ref.parameters(), strict=True):
+        assert torch.allclose(a, r, atol=1e-6)
+
+
+def test_a_pair_row_is_read_once_per_pair_and_needs_both_directions():
+    """``read_pairs`` gives a pair once with ``row: pair`` (its directions made per batch), twice as directions;
+    ``row: pair`` without both directions is refused by the config."""
+    from pydantic import ValidationError
+
+    from orchestrator.data.paraphrase import ParaphraseData, read_pairs
+
+    src = [{"path": str(Path(__file__).resolve().parents[1] / "data" / "paraphrase" / "mrpc-train.tsv")}]
+    pairs, rows = read_pairs(ParaphraseData(pairs=src, row="pair")), read_pairs(ParaphraseData(pairs=src))
+    assert len(rows) == 2 * len(pairs) and {frozenset(p) for p in pairs} == {frozenset(p) for p in rows}
+    assert len({frozenset(p) for p in pairs}) == len(pairs) > 100
+    with pytest.raises(ValidationError, match="data.row 'pair' .* needs data.both_directions"):
+        ParaphraseData(pairs=src, row="pair", both_directions=False)
+
+
 def test_generation_projects_only_the_next_token_and_gets_the_full_projections_last_row(tiny_bert_dir):
     """``generate`` asks the decoder for the last position's logits only (``keep=1``): the same numbers as the
     last row of every position projected onto the vocabulary, at a 1/T of the projection's cost per token."""
@@ -337,7 +419,8 @@ ENGINES = ("ddp", "zero2")
 def parabart_trained(ray_cluster, tiny_bert_dir, parabart_store):
     """Pairs → the spaCy pipeline's parses → shards + vocabularies; ParaBART on 2 workers under DDP and under
     DeepSpeed ZeRO-2, both trained at once (2 + 2 workers on the cluster's 4 CPUs; suite time - each run's
-    numbers depend on its own seed and threads only): {engine: (config, outcome)}."""
+    numbers depend on its own seed and threads only), ZeRO-2's rows pairs trained both ways in a step (``data.row:
+    pair``, the reference code's), DDP's directions: {engine: (config, outcome)}."""
     from concurrent.futures import ThreadPoolExecutor
 
     from orchestrator.drivers.registry import get_method
@@ -355,25 +438,36 @@ def parabart_trained(ray_cluster, tiny_bert_dir, parabart_store):
                 "train": {
                     "batch_size": 8,
                     "max_steps": 4,
+                    "epochs": 2,  # a pair's rows are half the directions': 2 steps an epoch on each worker
                     "eval_steps": 2,
                     "grad_clip": 1.0,
                     "lr_schedule": "constant",
                 },
                 "scaling": {"num_workers": 2, "cpus_per_worker": 1},
                 "deepspeed": {"stage": 2 if engine == "zero2" else 0},
-                "data": {"pairs": [{"path": str(lines)}], "parser_workers": 1, "valid_pairs": 8},
+                "data": {
+                    "pairs": [{"path": str(lines)}],
+                    "parser_workers": 1,
+                    "valid_pairs": 8,
+                    "row": "pair" if engine == "zero2" else "direction",
+                },
                 "eval": {"batch_size": 256, "max_length": 32},
                 "run": {"storage": str(parabart_store / "runs")},
             },
         )
         for engine in ENGINES
     }
-    shards = method.prepare_data(cfgs["ddp"])  # the same data for both: one build
-    manifest = json.loads((Path(shards) / "manifest.json").read_text())
+    shards = {e: method.prepare_data(cfgs[e]) for e in ENGINES}
+    manifest, pairs = (json.loads((Path(shards[e]) / "manifest.json").read_text()) for e in ENGINES)
     assert manifest["valid_rows"] == 16  # 8 pairs held out, both directions
     assert manifest["rows"] > 64 and manifest["syntax_vocab"] > 10 and manifest["tags"] > 5
-    assert method.prepare_data(cfgs["zero2"]) == shards
-    trainers = {e: build_trainer(method, cfgs[e], shards, name=f"parabart-{e}") for e in ENGINES}
+    # a row per pair: half the rows, the same held-out pairs and the same vocabularies (both parses, both bags)
+    assert (pairs["rows"] * 2, pairs["valid_rows"] * 2) == (manifest["rows"], manifest["valid_rows"])
+    assert (pairs["syntax_vocab"], pairs["tags"]) == (manifest["syntax_vocab"], manifest["tags"])
+    assert (Path(shards["zero2"]) / "vocab.json").read_text() == (
+        Path(shards["ddp"]) / "vocab.json"
+    ).read_text()
+    trainers = {e: build_trainer(method, cfgs[e], shards[e], name=f"parabart-{e}") for e in ENGINES}
     with ThreadPoolExecutor(len(ENGINES)) as pool:
         outcomes = dict(
             zip(ENGINES, pool.map(lambda e: fit(trainers[e], method, cfgs[e]), ENGINES), strict=True)
@@ -748,7 +842,7 @@ def test_before_the_adversary_starts_d_is_fitted_and_no_adversarial_gradient_rea
 
 
 def test_the_checkpoint_is_chosen_on_the_paraphrase_loss_alone(tiny_bert_dir):
-    from trainers.parabart import validation_loss
+    from trainers.parabart_recipe import validation_loss
     from trainers.parabart_recipe import ParaBARTRecipe
 
     cfg, model, dis, batcher = setup(tiny_bert_dir)

@@ -26,6 +26,8 @@ up to ``parse_max_length`` (160) tokens, from the corpus pipeline.
   without parameters, then a linear layer to every constituent tag, trained with a binary cross-entropy per
   tag against the *source's* bag of constituents (counts + 1, normalised): L_adv = mean_t BCE(σ(D(ū))_t, h_t).
 
+A step's batch is ``train.batch_size`` directions of pairs (``data.row: direction``), or that many pairs, each
+trained both ways (``pair``, the reference code's: the two directions' losses summed, one update).
 Training alternates, each step: (1) update D alone to minimise L_adv on ū.detach(); (2) update
 E_sem, E_syn and the decoder on L_para − λ_adv·L_adv with the updated D - the encoder learns to
 make ū *useless* for predicting syntax. Before ``adversary_start_step`` (the reference code: the first
@@ -87,8 +89,7 @@ from orchestrator.data.paraphrase import (
     ParaphraseData,
     Vocab,
 )
-from orchestrator.evaluation import sts
-from orchestrator.evaluation.encode import HFEncoder, mean_pool
+from orchestrator.evaluation.encode import mean_pool
 from trainers import common
 from trainers.parabart_batch import Batch, bag_targets  # noqa: F401  (bag_targets: D's targets, re-exported)
 
@@ -476,11 +477,17 @@ def set_prior_bias(dis: Discriminator, bags: torch.Tensor, across_workers: bool 
 
 
 def adversary_step(
-    dis: Discriminator, opt_dis: torch.optim.Optimizer, u: torch.Tensor, bags: torch.Tensor
+    dis: Discriminator,
+    opt_dis: torch.optim.Optimizer,
+    u: torch.Tensor,
+    bags: torch.Tensor,
+    directions: int = 1,
 ) -> float:
-    """(1) D alone minimises L_adv on ū.detach(): no gradient reaches the encoders."""
+    """(1) D alone minimises L_adv on ū.detach(): no gradient reaches the encoders. ``directions`` 2: a batch of
+    both directions of its pairs, halves of equal size; D's loss is the sum of the halves' (the reference code's
+    two backward passes before one step)."""
     opt_dis.zero_grad(set_to_none=True)
-    loss = adv_loss(dis(u.detach()), bags, dis.form)
+    loss = directions * adv_loss(dis(u.detach()), bags, dis.form)
     loss.backward()
     common.average_gradients(dis.parameters())
     opt_dis.step()
@@ -495,9 +502,17 @@ def discriminator_optimizer(dis: nn.Module, cfg) -> torch.optim.Optimizer:
 
 
 # ---------------------------------------------------------------- the losses (the inputs and their noise: parabart_batch.py)
-def para_loss(logits: torch.Tensor, tgt_ids: torch.Tensor, tgt_mask: torch.Tensor) -> torch.Tensor:
-    """L_para: mean cross-entropy over the target's real tokens (``logits``: :meth:`ParaBART.forward`'s)."""
-    return F.cross_entropy(logits, tgt_ids[:, 1:][tgt_mask[:, 1:].bool()])
+def para_loss(
+    logits: torch.Tensor, tgt_ids: torch.Tensor, tgt_mask: torch.Tensor, both_directions: bool = False
+) -> torch.Tensor:
+    """L_para: mean cross-entropy over the target's real tokens (``logits``: :meth:`ParaBART.forward`'s).
+    ``both_directions``: the batch's first half is its pairs one way, the second the other way; L_para is the sum
+    of the two halves' means (the reference code's para_1_2 + para_2_1)."""
+    targets = tgt_ids[:, 1:][tgt_mask[:, 1:].bool()]
+    if not both_directions:
+        return F.cross_entropy(logits, targets)
+    first = int(tgt_mask[: len(tgt_ids) // 2, 1:].sum())  # the first half's tokens come first (row order)
+    return F.cross_entropy(logits[:first], targets[:first]) + F.cross_entropy(logits[first:], targets[first:])
 
 
 def main_loss(
@@ -512,76 +527,22 @@ def main_loss(
     """One step's loss for the encoders and decoder: L_para + λ·:func:`encoder_adv_term` (−L_adv, the paper's)
     once ``adversary_on``, L_para alone before. D is updated first (given ``opt_dis``) when ``fit_discriminator``
     (default: ``adversary_on``), on ū.detach() - so before the start no gradient of L_adv reaches E_sem.
-    ``model``: the ParaBART module or its DDP / DeepSpeed wrapper (one forward and one backward a step)."""
+    ``model``: the ParaBART module or its DDP / DeepSpeed wrapper (one forward and one backward a step). A batch
+    of both directions (``data.row: pair``) sums each loss over its two halves, as the reference code's step:
+    (L_para(x→y) − λ·L_adv(x)) + (L_para(y→x) − λ·L_adv(y)); the logged losses are those sums."""
     logits, u = model(
         b["src_ids"], b["src_mask"], b["parse_ids"], b["parse_mask"], b["tgt_ids"], b["tgt_mask"]
     )
-    l_para = para_loss(logits, b["tgt_ids"], b["tgt_mask"])
+    both = bool(b.get("both_directions"))
+    directions = 2 if both else 1  # halves of equal size: the sum of their mean L_adv is twice the batch's
+    l_para = para_loss(logits, b["tgt_ids"], b["tgt_mask"], both)
     logs = {"loss_para": float(l_para.detach())}
     if opt_dis is not None and (adversary_on if fit_discriminator is None else fit_discriminator):
-        logs["loss_dis"] = adversary_step(dis, opt_dis, u, b["bags"])
+        logs["loss_dis"] = adversary_step(dis, opt_dis, u, b["bags"], directions)
     if not adversary_on:
         return l_para, {**logs, "loss": logs["loss_para"]}
     logits_dis = dis(u)
-    term = encoder_adv_term(logits_dis, b["bags"], dis.form, cfg.adversary_objective)
+    term = directions * encoder_adv_term(logits_dis, b["bags"], dis.form, cfg.adversary_objective)
     loss = l_para + cfg.lambda_adv * term
-    l_adv = adv_loss(logits_dis.detach(), b["bags"], dis.form)
+    l_adv = directions * adv_loss(logits_dis.detach(), b["bags"], dis.form)
     return loss, {**logs, "loss_adv": float(l_adv), "loss": float(loss.detach())}
-
-
-def dev_score(encoder, tokenizer, cfg: ParaBARTConfig) -> float:
-    enc = HFEncoder(
-        encoder, tokenizer, pooling="mean", batch_size=cfg.eval.batch_size, max_length=cfg.eval.max_length
-    )
-    return sts.evaluate_data(enc, sts.load_task("stsb_dev"))["spearman"]["all"]
-
-
-@torch.inference_mode()
-def validation_loss(
-    model: ParaBART,
-    dis: Discriminator,
-    batcher: Batch,
-    rows: dict,
-    cfg: ParaBARTConfig,
-    *,
-    adversary_on: bool,
-    device="cpu",
-    batch_size: int = 64,
-) -> dict[str, float]:
-    """On the held-out pairs: the paraphrase loss L_para (``valid_loss_para``; ``neg_valid_loss_para`` is what
-    the checkpoint choice maximises), D's loss beside the average bag's (``valid_loss_adv``,
-    ``valid_loss_adv_average_bag``), the reference code's printed L_para − λ·L_adv (``valid_loss``, λ counted
-    once the adversary is on; information, never the selection), ū's mean norm and mean pairwise cosine
-    (``u_norm_mean``, ``u_cosine_mean``: an encoder that beats D by collapsing or scaling ū shows here)."""
-    if not rows or not len(rows.get("src", [])):
-        return {}
-    was = model.training
-    model.eval()
-    para, adv, n = 0.0, 0.0, len(rows["src"])
-    us, bags = [], []
-    for k in range(0, n, batch_size):
-        b = batcher({c: v[k : k + batch_size] for c, v in rows.items()}, train=False, device=device)
-        logits, u = model(
-            b["src_ids"], b["src_mask"], b["parse_ids"], b["parse_mask"], b["tgt_ids"], b["tgt_mask"]
-        )
-        w = len(b["src_ids"]) / n
-        para += w * float(para_loss(logits, b["tgt_ids"], b["tgt_mask"]))
-        adv += w * float(adv_loss(dis(u), b["bags"], dis.form))
-        us.append(u.float().cpu())
-        bags.append(b["bags"].cpu())
-    model.train(was)
-    u = torch.cat(us)
-    unit = F.normalize(u, dim=-1)
-    cos = unit @ unit.T
-    m = len(u)
-    cosine = float((cos.sum() - cos.diagonal().sum()) / max(m * (m - 1), 1))
-    loss = para - (cfg.lambda_adv * adv if adversary_on else 0.0)
-    return {
-        "valid_loss_para": para,
-        "neg_valid_loss_para": -para,
-        "valid_loss": loss,
-        "valid_loss_adv": adv,
-        "valid_loss_adv_average_bag": average_bag_loss(torch.cat(bags), dis.form),
-        "u_norm_mean": float(u.norm(dim=-1).mean()),
-        "u_cosine_mean": cosine,
-    }

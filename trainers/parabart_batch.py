@@ -8,7 +8,7 @@ import json
 
 import torch
 
-from orchestrator.data.paraphrase import Vocab, parse_tokens
+from orchestrator.data.paraphrase import Vocab, directions, parse_tokens
 
 
 def word_dropout(
@@ -44,7 +44,9 @@ def bag_targets(bags: list[str], tags: Vocab, form: str = "reference") -> torch.
 
 
 class Batch:
-    """Tokenised source (word-dropped), target, target parse and source bag tensors."""
+    """Tokenised source (word-dropped), target, target parse and source bag tensors; rows of pairs (``data.row:
+    pair``) become their two directions, every source → target first (``both_directions``: the losses sum the
+    two halves, as the reference code's two passes)."""
 
     def __init__(self, tokenizer, syntax: Vocab, tags: Vocab, cfg):
         """``cfg``: a :class:`trainers.parabart.ParaBARTConfig` (its lengths, word dropout and D's form)."""
@@ -52,6 +54,8 @@ class Batch:
         self.keep = {tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id}
 
     def __call__(self, rows: dict, *, train: bool, generator: torch.Generator | None = None, device="cpu"):
+        both = "tgt_bag" in rows
+        rows = directions(rows)
         kw = dict(
             padding=True,
             truncation=True,
@@ -89,4 +93,4 @@ class Batch:
             "tgt_mask": tgt["attention_mask"],
             "bags": bags,
         }
-        return {k: v.to(device) for k, v in out.items()}
+        return {**{k: v.to(device) for k, v in out.items()}, "both_directions": both}

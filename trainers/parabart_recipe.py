@@ -9,26 +9,31 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from orchestrator.data.paraphrase import Vocab, load_valid_rows, load_vocabs, prepare_paraphrase_data
+from orchestrator.evaluation import sts
 from orchestrator.evaluation.domain import evaluate_encoder
+from orchestrator.evaluation.encode import HFEncoder
 from orchestrator.export import export_encoder, standalone_encoder
 from orchestrator.spec import BaseResult, measure_base
 from trainers import common
 from trainers.checkpoint import load_weights_only, onnx_copies
 from trainers.parabart import (
+    Discriminator,
     ParaBART,
     ParaBARTConfig,
+    adv_loss,
+    average_bag_loss,
     build_model,
-    dev_score,
     discriminator,
     discriminator_optimizer,
     hold_encoder,
     main_loss,
+    para_loss,
     parameter_groups,
     set_prior_bias,
-    validation_loss,
 )
 from trainers.parabart_batch import Batch
 from trainers.parabart_prefit import prefit
@@ -83,6 +88,65 @@ def evaluate(cfg: ParaBARTConfig, model_dir, tasks: list[str] | None = None):
     return report
 
 
+# ---------------------------------------------------------------- the dev score and the validation diagnostics
+def dev_score(encoder, tokenizer, cfg: ParaBARTConfig) -> float:
+    enc = HFEncoder(
+        encoder, tokenizer, pooling="mean", batch_size=cfg.eval.batch_size, max_length=cfg.eval.max_length
+    )
+    return sts.evaluate_data(enc, sts.load_task("stsb_dev"))["spearman"]["all"]
+
+
+@torch.inference_mode()
+def validation_loss(
+    model: ParaBART,
+    dis: Discriminator,
+    batcher: Batch,
+    rows: dict,
+    cfg: ParaBARTConfig,
+    *,
+    adversary_on: bool,
+    device="cpu",
+    batch_size: int = 64,
+) -> dict[str, float]:
+    """On the held-out pairs: the paraphrase loss L_para (``valid_loss_para``; ``neg_valid_loss_para`` is what
+    the checkpoint choice maximises), D's loss beside the average bag's (``valid_loss_adv``,
+    ``valid_loss_adv_average_bag``), the reference code's printed L_para − λ·L_adv (``valid_loss``, λ counted
+    once the adversary is on; information, never the selection), ū's mean norm and mean pairwise cosine
+    (``u_norm_mean``, ``u_cosine_mean``: an encoder that beats D by collapsing or scaling ū shows here)."""
+    if not rows or not len(rows.get("src", [])):
+        return {}
+    was = model.training
+    model.eval()
+    para, adv, n = 0.0, 0.0, len(rows["src"])
+    us, bags = [], []
+    for k in range(0, n, batch_size):
+        b = batcher({c: v[k : k + batch_size] for c, v in rows.items()}, train=False, device=device)
+        logits, u = model(
+            b["src_ids"], b["src_mask"], b["parse_ids"], b["parse_mask"], b["tgt_ids"], b["tgt_mask"]
+        )
+        w = len(b["src_ids"]) / n
+        para += w * float(para_loss(logits, b["tgt_ids"], b["tgt_mask"]))
+        adv += w * float(adv_loss(dis(u), b["bags"], dis.form))
+        us.append(u.float().cpu())
+        bags.append(b["bags"].cpu())
+    model.train(was)
+    u = torch.cat(us)
+    unit = F.normalize(u, dim=-1)
+    cos = unit @ unit.T
+    m = len(u)
+    cosine = float((cos.sum() - cos.diagonal().sum()) / max(m * (m - 1), 1))
+    loss = para - (cfg.lambda_adv * adv if adversary_on else 0.0)
+    return {
+        "valid_loss_para": para,
+        "neg_valid_loss_para": -para,
+        "valid_loss": loss,
+        "valid_loss_adv": adv,
+        "valid_loss_adv_average_bag": average_bag_loss(torch.cat(bags), dis.form),
+        "u_norm_mean": float(u.norm(dim=-1).mean()),
+        "u_cosine_mean": cosine,
+    }
+
+
 # ---------------------------------------------------------------- the recipe
 class ParaBARTRecipe(Recipe):
     name = "parabart"
@@ -91,7 +155,9 @@ class ParaBARTRecipe(Recipe):
     config_cls = ParaBARTConfig
     metric, metric_label = "stsb_dev_spearman", "STS-B dev Spearman"
     reads = "STS-B dev Spearman of E_sem (or the paraphrase loss, `selection`) → the STS tasks (Pearson)"
-    columns = ("src", "tgt", "tgt_parse", "src_bag")
+    columns = (
+        None  # every column: a pair's row (data.row: pair) carries the reverse direction's parse and bag
+    )
 
     @classmethod
     def dev_tasks(cls, cfg):

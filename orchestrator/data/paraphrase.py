@@ -1,7 +1,9 @@
 """Paraphrase pairs for ParaBART: read the pair files, parse every sentence with the corpus pipeline,
 join each pair with its target's linearized parse and its source's bag of constituents, and build the
 two small vocabularies (parse tokens, constituent tags). Written content-addressed under
-``<storage>/parabart/<hash>``: ``shards/`` + ``vocab.json`` + ``manifest.json`` (last).
+``<storage>/parabart/<hash>``: ``shards/`` + ``vocab.json`` + ``manifest.json`` (last). A row is one direction of
+a pair (source, target, target's parse, source's bag), or with ``row: pair`` one pair with both parses and both
+bags, which :func:`directions` turns into its two directions in one batch (the reference code's step).
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ import re
 import tempfile
 from collections import Counter
 from pathlib import Path
+from typing import Literal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from orchestrator import storage
 from orchestrator.config import StrictModel
@@ -48,8 +51,14 @@ class ParaphraseData(StrictModel):
         PairFile(path="data/paraphrase/qqp-train-duplicates.tsv"),
     ]
     both_directions: bool = True
+    row: Literal["direction", "pair"] = Field(
+        "direction",
+        description="what a shard row (one of train.batch_size's) is - direction: one direction of a pair, the "
+        "two directions apart (ours so far); pair: a pair trained in both directions in one step (the reference "
+        "code: a batch of 64 pairs is 128 examples, an epoch is one pass over the pairs)",
+    )
     seed: int = 0
-    limit: int | None = Field(None, gt=0, description="at most this many pairs (after both directions)")
+    limit: int | None = Field(None, gt=0, description="at most this many rows (after both directions)")
     valid_pairs: int = Field(
         500,
         ge=0,
@@ -60,6 +69,14 @@ class ParaphraseData(StrictModel):
         None, ge=1, description="cut the target parse here (None: the whole tree)"
     )
     parser_workers: int = Field(2, ge=1)
+
+    @model_validator(mode="after")
+    def _a_pair_row_has_both_directions(self):
+        if self.row == "pair" and not self.both_directions:
+            raise ValueError(
+                "data.row 'pair' trains both directions of a pair: it needs data.both_directions"
+            )
+        return self
 
 
 def parse_tokens(linearized: str) -> list[str]:
@@ -95,7 +112,7 @@ def read_pairs(data: ParaphraseData) -> list[tuple[str, str]]:
         for (s1, y), (s2, _) in zip(rows, others, strict=True):
             if f.label is None or y == "1":
                 pairs.append((s1, s2))
-                if data.both_directions:
+                if data.both_directions and data.row == "direction":
                     pairs.append((s2, s1))
     random.Random(data.seed).shuffle(pairs)
     return pairs[: data.limit] if data.limit else pairs
@@ -121,9 +138,10 @@ def prepare_paraphrase_data(data: ParaphraseData, storage_root: str, *, progress
             f"data.valid_pairs={data.valid_pairs} would hold out more than half of the {unique} "
             f"paraphrase pairs read from {files}; lower it (at most {unique // 2})"
         )
-    key = hashlib.sha256(
-        json.dumps([pairs, data.valid_pairs, data.parse_max_depth, ROW_FORMAT]).encode()
-    ).hexdigest()[:16]
+    key = [pairs, data.valid_pairs, data.parse_max_depth, ROW_FORMAT]
+    if data.row == "pair":  # the key of a direction-rows build unchanged
+        key.append("pair")
+    key = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
     out = storage.join(storage.absolute(storage_root), "parabart", key)
     return storage.build_committed(out, lambda folder: _build(pairs, data, folder, progress))
 
@@ -156,6 +174,8 @@ def _build(pairs: list[tuple[str, str]], data: ParaphraseData, out: str, progres
     norm = {s: " ".join(s.split()) for s in sentences}
     valid_set = held_out(pairs, data.valid_pairs)
     rows = {"src": [], "tgt": [], "tgt_parse": [], "src_bag": []}
+    if data.row == "pair":  # the reverse direction's target parse and source bag
+        rows |= {"src_parse": [], "tgt_bag": []}
     valid = {k: [] for k in rows}
     for s, t in pairs:
         ps, pt = parsed.get(norm[s]), parsed.get(norm[t])
@@ -166,8 +186,12 @@ def _build(pairs: list[tuple[str, str]], data: ParaphraseData, out: str, progres
         side["tgt"].append(t)
         side["tgt_parse"].append(pt[0])
         side["src_bag"].append(ps[1])
-    syntax = Vocab.build(parse_tokens(p) for p in rows["tgt_parse"])
-    tags = Vocab.build(json.loads(b).keys() for b in rows["src_bag"])
+        if data.row == "pair":
+            side["src_parse"].append(ps[0])
+            side["tgt_bag"].append(pt[1])
+    both = directions(rows)
+    syntax = Vocab.build(parse_tokens(p) for p in both["tgt_parse"])
+    tags = Vocab.build(json.loads(b).keys() for b in both["src_bag"])
     for name, table in (("shards/part-00000.parquet", rows), ("valid.parquet", valid)):
         buf = io.BytesIO()
         pq.write_table(pa.table(table), buf)
@@ -177,6 +201,7 @@ def _build(pairs: list[tuple[str, str]], data: ParaphraseData, out: str, progres
     )
     manifest = {
         "pairs": len(pairs),
+        "row": data.row,
         "rows": len(rows["src"]),
         "valid_rows": len(valid["src"]),
         "dropped_unparsed": len(pairs) - len(rows["src"]) - len(valid["src"]),
@@ -187,18 +212,31 @@ def _build(pairs: list[tuple[str, str]], data: ParaphraseData, out: str, progres
     storage.write_bytes(storage.join(out, "manifest.json"), json.dumps(manifest, indent=2).encode())
 
 
+def directions(rows: dict) -> dict[str, list]:
+    """Rows of pairs (``row: pair``: src, tgt, both parses, both bags) as their directions, every pair's
+    source → target first, then every target → source (the reference code's two passes of a step, in one batch:
+    columns src, tgt, tgt_parse, src_bag); rows that are directions already, as they are."""
+    if "tgt_bag" not in rows:
+        return rows
+    forward, back = (("src", "tgt", "tgt_parse", "src_bag"), ("tgt", "src", "src_parse", "tgt_bag"))
+    return {k: list(rows[k]) + list(rows[r]) for k, r in zip(forward, back, strict=True)}
+
+
 def load_valid_rows(shards: str) -> dict[str, list]:
-    """The held-out validation pairs (columns src, tgt, tgt_parse, src_bag); empty when none were held out."""
+    """The held-out validation pairs, as directions (columns src, tgt, tgt_parse, src_bag); empty when none were
+    held out."""
     path = storage.join(shards, "valid.parquet")
     if not storage.exists(path):
         return {}
-    return pq.read_table(io.BytesIO(storage.read_bytes(path))).to_pydict()
+    return directions(pq.read_table(io.BytesIO(storage.read_bytes(path))).to_pydict())
 
 
-def load_train_rows(shards: str, columns: tuple[str, ...] = ("src", "src_bag")) -> dict[str, list]:
-    """The training pairs' ``columns`` (the one shard every worker's split is read from)."""
+def load_train_rows(shards: str) -> dict[str, list]:
+    """Every training direction's source and its bag (columns src, src_bag; the one shard every worker's split is
+    read from)."""
     path = storage.join(shards, "shards", "part-00000.parquet")
-    return pq.read_table(io.BytesIO(storage.read_bytes(path)), columns=list(columns)).to_pydict()
+    rows = pq.read_table(io.BytesIO(storage.read_bytes(path))).to_pydict()
+    return {k: v for k, v in directions(rows).items() if k in ("src", "src_bag")}
 
 
 def load_vocabs(shards: str) -> tuple[Vocab, Vocab]:
