@@ -842,8 +842,7 @@ def test_before_the_adversary_starts_d_is_fitted_and_no_adversarial_gradient_rea
 
 
 def test_the_checkpoint_is_chosen_on_the_paraphrase_loss_alone(tiny_bert_dir):
-    from trainers.parabart_recipe import validation_loss
-    from trainers.parabart_recipe import ParaBARTRecipe
+    from trainers.parabart_recipe import ParaBARTRecipe, validation_loss
 
     cfg, model, dis, batcher = setup(tiny_bert_dir)
     assert (
