@@ -864,6 +864,38 @@ def test_the_checkpoint_is_chosen_on_the_paraphrase_loss_alone(tiny_bert_dir):
     assert v["u_cosine_mean"] != 1.0
 
 
+def test_the_validation_figures_are_the_same_whatever_the_batches(tiny_bert_dir):
+    """``validation_loss`` batches the held-out rows by parse length: its L_para is the mean over every held-out
+    target token (torch's cross-entropy over the full projection of all four rows at once, derived apart), D's
+    loss the mean over rows, whatever ``batch_size``; the rows differ in target length, so a mean of batch means
+    would not be."""
+    import torch.nn.functional as F
+
+    from orchestrator.data.paraphrase import directions
+    from trainers.parabart_recipe import validation_loss
+
+    cfg, model, dis, batcher = setup(tiny_bert_dir)
+    rows = directions(PAIR_ROWS)
+    got = [
+        validation_loss(model, dis, batcher, rows, cfg, adversary_on=True, batch_size=k) for k in (1, 3, 4)
+    ]
+    model.eval()
+    b = batcher(rows, train=False)
+    tgt, mask = b["tgt_ids"], b["tgt_mask"]
+    with torch.no_grad():
+        u = model.embed(b["src_ids"], b["src_mask"])
+        full = model.decode(
+            u, model.syntax(b["parse_ids"], b["parse_mask"]), b["parse_mask"], tgt[:, :-1], mask[:, :-1]
+        )
+        labels = tgt[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
+        para = F.cross_entropy(full.reshape(-1, full.size(-1)), labels.reshape(-1), ignore_index=-100).item()
+        adv = adv_loss(dis(u), b["bags"], dis.form).item()
+    assert len(set(mask[:, 1:].sum(1).tolist())) > 1  # the targets differ in length
+    for v in got:
+        assert v["valid_loss_para"] == pytest.approx(para, rel=1e-5)
+        assert v["valid_loss_adv"] == pytest.approx(adv, rel=1e-5)
+
+
 def test_a_frozen_encoder_stays_bit_identical_for_n_steps_then_moves(tiny_bert_dir):
     from trainers import common
     from trainers.parabart import hold_encoder

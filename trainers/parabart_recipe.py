@@ -12,7 +12,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from orchestrator.data.paraphrase import Vocab, load_valid_rows, load_vocabs, prepare_paraphrase_data
+from orchestrator.data.paraphrase import (
+    Vocab,
+    load_valid_rows,
+    load_vocabs,
+    parse_tokens,
+    prepare_paraphrase_data,
+)
 from orchestrator.evaluation import sts
 from orchestrator.evaluation.domain import evaluate_encoder
 from orchestrator.evaluation.encode import HFEncoder
@@ -108,28 +114,36 @@ def validation_loss(
     device="cpu",
     batch_size: int = 64,
 ) -> dict[str, float]:
-    """On the held-out pairs: the paraphrase loss L_para (``valid_loss_para``; ``neg_valid_loss_para`` is what
-    the checkpoint choice maximises), D's loss beside the average bag's (``valid_loss_adv``,
+    """On the held-out pairs: the paraphrase loss L_para, the mean over every held-out target token
+    (``valid_loss_para``; ``neg_valid_loss_para`` is what the checkpoint choice maximises), D's loss beside the average bag's (``valid_loss_adv``,
     ``valid_loss_adv_average_bag``), the reference code's printed L_para − λ·L_adv (``valid_loss``, λ counted
     once the adversary is on; information, never the selection), ū's mean norm and mean pairwise cosine
-    (``u_norm_mean``, ``u_cosine_mean``: an encoder that beats D by collapsing or scaling ū shows here)."""
+    (``u_norm_mean``, ``u_cosine_mean``: an encoder that beats D by collapsing or scaling ū shows here). Every
+    figure is the same whatever the batches, so the rows are batched by their parse's length: a batch's parses are
+    padded to its longest, and in the held-out order a third of E_syn's positions were padding
+    (``bench/results/parabart_step.md``)."""
     if not rows or not len(rows.get("src", [])):
         return {}
     was = model.training
     model.eval()
-    para, adv, n = 0.0, 0.0, len(rows["src"])
-    us, bags = [], []
+    n = len(rows["src"])
+    order = sorted(range(n), key=[len(parse_tokens(str(p))) for p in rows["tgt_parse"]].__getitem__)
+    nll, tokens, adv, us, bags = 0.0, 0, 0.0, [], []
     for k in range(0, n, batch_size):
-        b = batcher({c: v[k : k + batch_size] for c, v in rows.items()}, train=False, device=device)
+        pick = order[k : k + batch_size]
+        b = batcher({c: [v[i] for i in pick] for c, v in rows.items()}, train=False, device=device)
         logits, u = model(
             b["src_ids"], b["src_mask"], b["parse_ids"], b["parse_mask"], b["tgt_ids"], b["tgt_mask"]
         )
-        w = len(b["src_ids"]) / n
-        para += w * float(para_loss(logits, b["tgt_ids"], b["tgt_mask"]))
-        adv += w * float(adv_loss(dis(u), b["bags"], dis.form))
+        real = int(b["tgt_mask"][:, 1:].sum())
+        nll, tokens = nll + real * float(para_loss(logits, b["tgt_ids"], b["tgt_mask"])), tokens + real
+        adv += (
+            len(pick) / n * float(adv_loss(dis(u), b["bags"], dis.form))
+        )  # a mean over rows, as D's loss is
         us.append(u.float().cpu())
         bags.append(b["bags"].cpu())
     model.train(was)
+    para = nll / tokens
     u = torch.cat(us)
     unit = F.normalize(u, dim=-1)
     cos = unit @ unit.T
@@ -155,9 +169,8 @@ class ParaBARTRecipe(Recipe):
     config_cls = ParaBARTConfig
     metric, metric_label = "stsb_dev_spearman", "STS-B dev Spearman"
     reads = "STS-B dev Spearman of E_sem (or the paraphrase loss, `selection`) → the STS tasks (Pearson)"
-    columns = (
-        None  # every column: a pair's row (data.row: pair) carries the reverse direction's parse and bag
-    )
+    # every column: a pair's row (data.row: pair) carries the reverse direction's parse and bag
+    columns = None
 
     @classmethod
     def dev_tasks(cls, cfg):
