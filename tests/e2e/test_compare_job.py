@@ -110,7 +110,6 @@ def test_compare_killed_and_resumed_trains_and_tests_each_trial_once(
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(30)
     tested_before = {p.stem for p in (where / "tests").iterdir()}
-    trained_before = {p.name for p in (where / "done").iterdir()}  # may hold one trained but not yet tested
     assert (where / "base" / "mean.json").is_file()  # the base, measured once, kept for the resume
     # the finished trials' leaderboard, read from the storage by the name alone: the plan the comparison kept
     # (2 steps × 8), not the default preset's (20 × 32)
@@ -134,6 +133,9 @@ def test_compare_killed_and_resumed_trains_and_tests_each_trial_once(
         refused.strip(),
     ), refused[-2000:]
     started_before = {p.name for p in (where / "invocations").iterdir()}
+    # read here, not at the kill: the killed driver's trial workers live on the cluster until Ray reaps them; one
+    # trial may be trained and not yet tested
+    trained_before = {p.name for p in (where / "done").iterdir()}
     proc = run_job(
         job_server, tmp_path, store, "--config", str(cfg), "--name", "cmp", "--resume", "--take-over"
     )
