@@ -1,12 +1,13 @@
-"""Where a ParaBART smoke step spends its time on one CPU thread (a 1-CPU Ray Train worker), and the step
-before / after the cuts the profile named, side by side in one run (issue 53, item 4).
+"""Where a ParaBART smoke step spends its time on one CPU thread (a 1-CPU Ray Train worker), and the time per
+step before / after the cut the profile named, side by side in one run (issue 53, item 4).
 
-The step as the recipe and the loop run it, on the smoke preset's model (MiniLM bert2bert, the reference E_syn
-and output layer of ``--set``'s overrides if given), batch 16 of MRPC paraphrase pairs parsed by the spaCy
-pipeline's parser (the trees ParaBART trains on): the batch built (tokenised, word-dropped, D's targets), L_para
-and D's step with the adversary on, the backward pass, the clip at 1.0, the fused AdamW update. The evaluation
-the smoke preset runs every 40 steps (STS-B dev on E_sem, the validation loss on 400 held-out directions) is
-timed apart and spread over those 40 steps.
+The step as the recipe and the loop run it, on the smoke preset's model (MiniLM bert2bert; ``--set key=value``
+overrides, e.g. ``syntax_encoder=reference``), batch 16 directions of MRPC paraphrase pairs parsed by the corpus
+pipeline's spaCy parser: the batch built (tokenised, word-dropped, D's targets), L_para and D's step with the
+adversary on, the backward pass, the clip at 1.0, the fused AdamW update. The evaluation the smoke preset runs
+every 40 steps (STS-B dev on E_sem, the validation pass on 400 held-out directions) is timed apart and spread
+over those 40 steps; the validation as it ran before the cut (its own order, a mean of batch means) and as it
+runs now (batched by parse length, a mean over tokens) interleaved.
 
     python bench/parabart_step.py [--steps 6] [--rounds 2]
 """
@@ -214,7 +215,9 @@ def main() -> None:
     bs = batches(train, cfg.train.batch_size, args.steps + 1)
     m, d, step = step_fn(cfg, model, dis, batcher, groups, dis_opt)
     step(bs[0])  # warm
-    forward = module_forward_ms(m, step, bs[1:])  # before the profiler: after it, the hooks read nonsense here
+    forward = module_forward_ms(
+        m, step, bs[1:]
+    )  # before the profiler: after it, the hooks read nonsense here
     phases, ops = profile(step, bs[1:])
     step_s = statistics.median(timed_steps(step, bs[1:])[0] for _ in range(args.rounds))
     t0 = time.perf_counter()
