@@ -217,7 +217,7 @@ def main() -> None:
     step(bs[0])  # warm
     forward = module_forward_ms(
         m, step, bs[1:]
-    )  # before the profiler: after it, the hooks read nonsense here
+    )  # before the profiler (after it, these hook times exceeded the whole step: not understood)
     phases, ops = profile(step, bs[1:])
     step_s = statistics.median(timed_steps(step, bs[1:])[0] for _ in range(args.rounds))
     t0 = time.perf_counter()
