@@ -215,9 +215,8 @@ def main() -> None:
     bs = batches(train, cfg.train.batch_size, args.steps + 1)
     m, d, step = step_fn(cfg, model, dis, batcher, groups, dis_opt)
     step(bs[0])  # warm
-    forward = module_forward_ms(
-        m, step, bs[1:]
-    )  # before the profiler (after it, these hook times exceeded the whole step: not understood)
+    # before the profiler (after it, these hook times exceeded the whole step: not understood)
+    forward = module_forward_ms(m, step, bs[1:])
     phases, ops = profile(step, bs[1:])
     step_s = statistics.median(timed_steps(step, bs[1:])[0] for _ in range(args.rounds))
     t0 = time.perf_counter()
