@@ -259,18 +259,11 @@ def test_lambda_zero_keeps_the_adversary_out_of_the_encoder(tiny_bert_dir):
     assert all(p.grad is None for p in model.sem.parameters())
 
 
-def test_the_losses_are_teacher_forced_cross_entropy_and_minus_lambda_times_d_s_loss(tiny_bert_dir):
-    """L_para, derived apart from ``para_loss``: every target position's next-token logits (the decoder's full
-    projection, nothing gathered), shifted by hand, padding set to ``ignore_index`` and torch's
-    ``cross_entropy`` averaging over the real tokens. With the adversary on, the encoders' loss is
-    L_para − λ_adv·L_adv (the paper's reverse objective), L_adv D's loss on the same ū (its formula: the
-    hand-computed example below). Eval mode: no dropout, no word dropout."""
+def full_projection_loss(model, b: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ū, L_para) derived apart from ``para_loss``: every target position's next-token logits (the decoder's full
+    projection, nothing gathered), shifted by hand, padding set to ``ignore_index``, torch's ``cross_entropy``."""
     import torch.nn.functional as F
 
-    cfg, model, dis, batcher = setup(tiny_bert_dir, lambda_adv=0.3)
-    model.eval()
-    b = batcher(ROWS, train=False)
-    loss, logs = main_loss(model, dis, b, cfg, adversary_on=False)
     tgt, mask = b["tgt_ids"], b["tgt_mask"]
     with torch.no_grad():
         u = model.embed(b["src_ids"], b["src_mask"])
@@ -278,8 +271,23 @@ def test_the_losses_are_teacher_forced_cross_entropy_and_minus_lambda_times_d_s_
             u, model.syntax(b["parse_ids"], b["parse_mask"]), b["parse_mask"], tgt[:, :-1], mask[:, :-1]
         )
     labels = tgt[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
-    expected = F.cross_entropy(full.reshape(-1, full.size(-1)), labels.reshape(-1), ignore_index=-100)
-    assert mask[:, 1:].sum() < labels.numel()  # the rows differ in length: padding is really ignored
+    return u, F.cross_entropy(full.reshape(-1, full.size(-1)), labels.reshape(-1), ignore_index=-100)
+
+
+def test_the_losses_are_teacher_forced_cross_entropy_and_minus_lambda_times_d_s_loss(tiny_bert_dir):
+    """L_para, derived apart from ``para_loss``: every target position's next-token logits (the decoder's full
+    projection, nothing gathered), shifted by hand, padding set to ``ignore_index`` and torch's
+    ``cross_entropy`` averaging over the real tokens. With the adversary on, the encoders' loss is
+    L_para − λ_adv·L_adv (the paper's reverse objective), L_adv D's loss on the same ū (its formula: the
+    hand-computed example below). Eval mode: no dropout, no word dropout."""
+
+    cfg, model, dis, batcher = setup(tiny_bert_dir, lambda_adv=0.3)
+    model.eval()
+    b = batcher(ROWS, train=False)
+    loss, logs = main_loss(model, dis, b, cfg, adversary_on=False)
+    mask = b["tgt_mask"]
+    u, expected = full_projection_loss(model, b)
+    assert mask[:, 1:].sum() < mask[:, 1:].numel()  # the rows differ in length: padding is really ignored
     assert loss.item() == pytest.approx(expected.item(), rel=1e-5) == logs["loss_para"]
     loss, logs = main_loss(model, dis, b, cfg, adversary_on=True)
     assert logs["loss_adv"] == pytest.approx(adv_loss(dis(u), b["bags"], dis.form).item(), rel=1e-5)
@@ -869,7 +877,6 @@ def test_the_validation_figures_are_the_same_whatever_the_batches(tiny_bert_dir)
     target token (torch's cross-entropy over the full projection of all four rows at once, derived apart), D's
     loss the mean over rows, whatever ``batch_size``; the rows differ in target length, so a mean of batch means
     would not be."""
-    import torch.nn.functional as F
 
     from orchestrator.data.paraphrase import directions
     from trainers.parabart_recipe import validation_loss
@@ -881,16 +888,11 @@ def test_the_validation_figures_are_the_same_whatever_the_batches(tiny_bert_dir)
     ]
     model.eval()
     b = batcher(rows, train=False)
-    tgt, mask = b["tgt_ids"], b["tgt_mask"]
+    u, para = full_projection_loss(model, b)
     with torch.no_grad():
-        u = model.embed(b["src_ids"], b["src_mask"])
-        full = model.decode(
-            u, model.syntax(b["parse_ids"], b["parse_mask"]), b["parse_mask"], tgt[:, :-1], mask[:, :-1]
-        )
-        labels = tgt[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
-        para = F.cross_entropy(full.reshape(-1, full.size(-1)), labels.reshape(-1), ignore_index=-100).item()
         adv = adv_loss(dis(u), b["bags"], dis.form).item()
-    assert len(set(mask[:, 1:].sum(1).tolist())) > 1  # the targets differ in length
+    assert len(set(b["tgt_mask"][:, 1:].sum(1).tolist())) > 1  # the targets differ in length
+    para = para.item()
     for v in got:
         assert v["valid_loss_para"] == pytest.approx(para, rel=1e-5)
         assert v["valid_loss_adv"] == pytest.approx(adv, rel=1e-5)
