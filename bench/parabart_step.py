@@ -24,8 +24,6 @@ import time
 import torch
 from _common import ROOT, write_results
 
-from orchestrator.data.paraphrase import parse_tokens
-
 
 def pairs(n: int) -> list[dict]:
     """The first ``n`` MRPC paraphrase pairs (label 1) parsed as the corpus pipeline parses them, as pair rows
@@ -56,16 +54,10 @@ def pairs(n: int) -> list[dict]:
 
 
 def setup(overrides: list[str], data: dict):
+    """(config, model, D, batcher): the smoke preset with ``overrides``, vocabularies from ``data``, seeded."""
     from orchestrator.config import load_config
     from orchestrator.data.paraphrase import Vocab, parse_tokens
-    from trainers.parabart import (
-        Batch,
-        ParaBARTConfig,
-        build_model,
-        discriminator,
-        discriminator_optimizer,
-        parameter_groups,
-    )
+    from trainers.parabart import Batch, ParaBARTConfig, build_model, discriminator
 
     cfg = load_config(ParaBARTConfig, ROOT / "configs" / "parabart" / "smoke.yaml", overrides)
     syntax = Vocab.build(parse_tokens(p) for p in data["tgt_parse"])
@@ -73,16 +65,18 @@ def setup(overrides: list[str], data: dict):
     torch.manual_seed(0)
     model, tok = build_model(cfg, syntax, tags)
     dis = discriminator(model, cfg.discriminator)
-    return cfg, model, dis, Batch(tok, syntax, tags, cfg), parameter_groups, discriminator_optimizer
+    return cfg, model, dis, Batch(tok, syntax, tags, cfg)
 
 
-def step_fn(cfg, model, dis, batcher, groups, dis_opt):
+def step_fn(cfg, model, dis, batcher):
     """A fresh copy's training step (the recipe's loss, the loop's backward, clip and update) as a closure."""
-    from trainers.parabart import main_loss
+    from trainers.parabart import discriminator_optimizer, main_loss, parameter_groups
 
     m, d = copy.deepcopy(model).train(), copy.deepcopy(dis)
-    opt = torch.optim.AdamW(groups(m, cfg), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, fused=True)
-    opt_dis = dis_opt(d, cfg)
+    opt = torch.optim.AdamW(
+        parameter_groups(m, cfg), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, fused=True
+    )
+    opt_dis = discriminator_optimizer(d, cfg)
     gen = torch.Generator().manual_seed(1)
 
     def step(rows: dict) -> float:
@@ -107,12 +101,12 @@ def batches(data: dict, size: int, steps: int) -> list[dict]:
     return [{k: v[i * size : (i + 1) * size] for k, v in data.items()} for i in range(steps)]
 
 
-def timed_steps(step, bs: list[dict]) -> tuple[float, float]:
-    """(s per step, last loss)."""
+def timed_steps(step, bs: list[dict]) -> float:
+    """Seconds per step."""
     t0 = time.perf_counter()
     for b in bs:
-        last = step(b)
-    return (time.perf_counter() - t0) / len(bs), last
+        step(b)
+    return (time.perf_counter() - t0) / len(bs)
 
 
 def validation_before(model, dis, batcher, rows: dict, batch_size: int = 64) -> float:
@@ -203,7 +197,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     from orchestrator.data.paraphrase import directions
-    from trainers.parabart_recipe import dev_score
+    from trainers.parabart_recipe import by_parse_length, dev_score
 
     rows = pairs(8 * (args.steps + 1) + 200)  # 16 directions a step, the first step a warm-up; 400 held out
 
@@ -211,14 +205,14 @@ def main() -> None:
         return directions({k: [r[k] for r in part] for k in part[0]})
 
     train, valid = columns(rows[:-200]), columns(rows[-200:])
-    cfg, model, dis, batcher, groups, dis_opt = setup(args.set, train)
+    cfg, model, dis, batcher = setup(args.set, train)
     bs = batches(train, cfg.train.batch_size, args.steps + 1)
-    m, d, step = step_fn(cfg, model, dis, batcher, groups, dis_opt)
+    m, d, step = step_fn(cfg, model, dis, batcher)
     step(bs[0])  # warm
     # before the profiler (after it, these hook times exceeded the whole step: not understood)
     forward = module_forward_ms(m, step, bs[1:])
     phases, ops = profile(step, bs[1:])
-    step_s = statistics.median(timed_steps(step, bs[1:])[0] for _ in range(args.rounds))
+    step_s = statistics.median(timed_steps(step, bs[1:]) for _ in range(args.rounds))
     t0 = time.perf_counter()
     dev_score(m.sem, batcher.tok, cfg)
     dev_s = time.perf_counter() - t0
@@ -235,11 +229,7 @@ def main() -> None:
     n = len(valid["src"])
     pad = {
         "before": padding(batcher, valid, list(range(n))),
-        "after": padding(
-            batcher,
-            valid,
-            sorted(range(n), key=[len(parse_tokens(p)) for p in valid["tgt_parse"]].__getitem__),
-        ),
+        "after": padding(batcher, valid, by_parse_length(valid)),
     }
     valid_s = {v: statistics.median(t) for v, t in times.items()}
     every = cfg.train.eval_steps
